@@ -1,0 +1,68 @@
+"""Mount options as one value, and the parsing of sizes like ``4MiB`` and buffers like ``10%``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .strategies.base import ShuffleSpec
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """``4MiB`` -> 4194304, ``1.5GB`` -> 1500000000, ``4096`` -> 4096; units are case-insensitive."""
+    if isinstance(text, int):
+        value = text
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"not a size: {text!r} (examples: 4096, 64KiB, 4MiB, 1GB)")
+        value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"size must be positive: {text!r}")
+    return value
+
+
+def parse_buffer(text: str | int | float) -> int | float:
+    """A buffer is bytes (``64MiB``) or a share of each file's record bytes (``10%``, ``0.1%``)."""
+    if isinstance(text, float):
+        frac = text
+    elif isinstance(text, str) and text.strip().endswith("%"):
+        try:
+            frac = float(text.strip()[:-1]) / 100.0
+        except ValueError:
+            raise ValueError(f"not a percentage: {text!r}") from None
+    else:
+        return parse_size(text)
+    if not 0.0 < frac <= 1.0:
+        raise ValueError(f"buffer percentage must be in (0%, 100%]: {text!r}")
+    return frac
+
+
+def format_buffer(buffer: int | float) -> str:
+    return f"{buffer * 100:g}%" if isinstance(buffer, float) else f"{buffer}"
+
+
+@dataclass
+class MountConfig:
+    """Everything a mount needs; built by the CLI, read by the filesystem."""
+
+    source: Path
+    mountpoint: Path
+    spec: ShuffleSpec = field(default_factory=ShuffleSpec)
+    epoch: int = 0
+    rank: int = 0
+    world: int = 1
+    rules: list[Any] = field(default_factory=list)
+    """`shufflefs.formats.FormatRule`s from ``--format`` and the config file, first match wins."""
+    format_defaults: dict[str, Any] = field(default_factory=dict)
+    """Parameters for formats chosen by extension, e.g. ``record_size`` and ``header_bytes``."""
+    cache_dir: Path | None = None
+    """Where indexes are cached; None means the user's cache directory."""

@@ -1,0 +1,30 @@
+"""Errors that carry what a reader, a log line and `shufflefs stat` need: an errno, a file and an offset."""
+
+from __future__ import annotations
+
+import errno as _errno
+
+
+class ShuffleError(Exception):
+    """Base class: a problem with one source file that must never turn into wrong bytes."""
+
+    errno: int = _errno.EIO
+
+    def __init__(self, path: str, offset: int | None, message: str) -> None:
+        self.path = str(path)
+        self.offset = offset
+        self.message = message
+        where = f" at offset {offset}" if offset is not None else ""
+        super().__init__(f"{self.path}{where}: {message}")
+
+
+class FormatError(ShuffleError):
+    """The source is not a valid file of its format (truncated, corrupt, inconsistent header)."""
+
+    errno = _errno.EIO
+
+
+class StaleSourceError(ShuffleError):
+    """The source file changed or disappeared since its index was built."""
+
+    errno = _errno.ESTALE

@@ -1,0 +1,177 @@
+"""Plan -> bytes: where each window sits in the view, which source ranges it needs, and the gather.
+
+The view of a file is ``header | window 0 | window 1 | ... | trailer``.  A window's bytes are
+built from its records alone, so any ``read(off, size)`` only needs the windows it overlaps.
+Reading a window's records is planned as few, large reads in source order (`source_runs`):
+consecutive record ids are adjacent in the source and merge into one run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .index import RecordIndex
+from .strategies.base import Plan
+
+HEADER = -1
+TRAILER = -2
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Part of a read: bytes ``[lo, hi)`` of window ``part`` (or of the header / trailer)."""
+
+    part: int
+    lo: int
+    hi: int
+
+
+class Layout:
+    """Virtual offsets of header, windows and trailer; O(windows) memory."""
+
+    def __init__(self, index: RecordIndex, plan: Plan) -> None:
+        self.index = index
+        self.plan = plan
+        sizes = np.asarray(plan.window_sizes, dtype=np.int64)
+        self.header_size = index.header_end
+        self.trailer_size = index.size - index.trailer_start
+        self.window_starts = self.header_size + np.concatenate(([0], np.cumsum(sizes)))
+        self.trailer_offset = int(self.window_starts[-1])
+        self.size = self.trailer_offset + self.trailer_size
+
+    @property
+    def n_windows(self) -> int:
+        return len(self.window_starts) - 1
+
+    def window_size(self, k: int) -> int:
+        return int(self.window_starts[k + 1] - self.window_starts[k])
+
+    def pieces(self, off: int, size: int) -> list[Piece]:
+        """Split the virtual range ``[off, off+size)`` (clipped at EOF) into per-part pieces."""
+        end = min(off + size, self.size)
+        out: list[Piece] = []
+        if off >= end:
+            return out
+        if off < self.header_size:
+            out.append(Piece(HEADER, off, min(end, self.header_size)))
+        lo, hi = max(off, self.header_size), min(end, self.trailer_offset)
+        if lo < hi:
+            k = int(np.searchsorted(self.window_starts, lo, side="right")) - 1
+            while lo < hi:
+                # skip empty windows: they own no bytes
+                ws, we = int(self.window_starts[k]), int(self.window_starts[k + 1])
+                if we > lo:
+                    out.append(Piece(k, lo - ws, min(hi, we) - ws))
+                    lo = min(hi, we)
+                k += 1
+        if end > self.trailer_offset:
+            t = self.trailer_offset
+            out.append(Piece(TRAILER, max(off, t) - t, end - t))
+        return out
+
+
+def source_runs(index: RecordIndex, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Source byte ranges holding records ``ids``, merged and in ascending order.
+
+    Returns ``(starts, ends)``.  Records tile the data region, so a run of consecutive ids is one
+    contiguous range: a CorgiPile window becomes one read per block run, ``full`` one per record.
+    """
+    s = np.sort(ids)
+    if len(s) == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    breaks = np.flatnonzero(np.diff(s) != 1) + 1
+    first = s[np.concatenate(([0], breaks))]
+    last = s[np.concatenate((breaks - 1, [len(s) - 1]))]
+    return index.bounds[first], index.bounds[last + 1]
+
+
+Fetch = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""Reads source ranges ``(starts, ends)`` and returns their bytes concatenated (uint8 array)."""
+
+
+def assemble(index: RecordIndex, ids: np.ndarray, fetch: Fetch, out: np.ndarray | None = None) -> np.ndarray:
+    """The view bytes of records ``ids`` in that order.
+
+    ``fetch`` does the I/O (a pread loop in the daemon, a slice of an in-memory file in tests),
+    so this one function defines the bytes everywhere.
+    """
+    ids = np.asarray(ids, dtype=np.int64)
+    lengths = index.lengths[ids]
+    out_len = index.out_lengths(ids)
+    total = int(out_len.sum())
+    if out is None or len(out) < total:
+        out = np.empty(total, np.uint8)
+    else:
+        out = out[:total]
+    if len(ids) == 0:
+        return out
+    starts, ends = source_runs(index, ids)
+    src = fetch(starts, ends)
+    if len(src) != int((ends - starts).sum()):
+        raise ValueError("fetch returned the wrong number of bytes")
+
+    # position of each record inside ``src``: records sorted by id are laid out back to back
+    order = np.argsort(ids, kind="stable")
+    src_pos_sorted = np.concatenate(([0], np.cumsum(lengths[order])[:-1]))
+    src_pos = np.empty_like(src_pos_sorted)
+    src_pos[order] = src_pos_sorted
+    out_pos = np.concatenate(([0], np.cumsum(out_len)[:-1]))
+    gather(src, src_pos, lengths, out, out_pos)
+    if index.add_newline:
+        hit = np.flatnonzero(ids == index.n - 1)
+        if len(hit):
+            j = int(hit[0])
+            out[out_pos[j] + lengths[j]] = 0x0A
+    return out
+
+
+_GATHER_CHUNK = 1 << 22  # bytes of index array per step, bounds the temporary memory
+
+
+def gather(src: np.ndarray, src_pos: np.ndarray, lengths: np.ndarray, out: np.ndarray, out_pos: np.ndarray) -> None:
+    """``out[out_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]]`` for all i, vectorised."""
+    n = len(lengths)
+    if n == 0:
+        return
+    L = int(lengths[0])
+    if L > 0 and len(src) == n * L and np.all(lengths == L) and int(out_pos[-1]) == (n - 1) * L:
+        # fixed-size records packed on both sides: one row gather (fixed / npy / equal lines)
+        np.take(src.reshape(n, L), src_pos // L, axis=0, out=out[: n * L].reshape(n, L))
+        return
+    # variable lengths: byte indices for a bounded chunk of records at a time
+    cum = np.cumsum(lengths)
+    i = 0
+    while i < n:
+        base = int(cum[i - 1]) if i else 0
+        j = max(i + 1, int(np.searchsorted(cum, base + _GATHER_CHUNK, side="right")))
+        ln = lengths[i:j]
+        tot = int(ln.sum())
+        if tot:
+            rel = np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(ln) - ln, ln)
+            out[np.repeat(out_pos[i:j], ln) + rel] = src[np.repeat(src_pos[i:j], ln) + rel]
+        i = j
+
+
+def render(index: RecordIndex, plan: Plan, data: bytes | np.ndarray) -> bytes:
+    """The whole view as bytes, from the source in memory: the reference every read must match."""
+    buf = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
+    fetch = slice_fetch(buf)
+    parts = [bytes(buf[: index.header_end])]
+    for k in range(plan.n_windows):
+        parts.append(assemble(index, plan.window(k), fetch).tobytes())
+    parts.append(bytes(buf[index.trailer_start:]))
+    return b"".join(parts)
+
+
+def slice_fetch(buf: np.ndarray) -> Fetch:
+    """A `Fetch` over an in-memory copy of the source."""
+
+    def fetch(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        if len(starts) == 1:
+            return buf[int(starts[0]): int(ends[0])]
+        return np.concatenate([buf[int(s): int(e)] for s, e in zip(starts, ends)])
+
+    return fetch

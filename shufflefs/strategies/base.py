@@ -1,0 +1,75 @@
+"""What every shuffle strategy provides: a plan, i.e. the epoch's output order window by window."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..index import RecordIndex
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ShuffleSpec:
+    """The user's choice of strategy and its parameters; identical on every rank and mount."""
+
+    strategy: str = "corgipile"
+    seed: int = 0
+    block_size: int = 4 * MiB
+    buffer: int | float = 64 * MiB
+    """Bytes (int) or a fraction of the file's record bytes (float in (0, 1])."""
+    page_size: int = 4096
+
+    def buffer_bytes(self, data_bytes: int) -> int:
+        if isinstance(self.buffer, float):
+            return max(1, int(round(self.buffer * data_bytes)))
+        return max(1, int(self.buffer))
+
+
+def rng(*key: int) -> np.random.Generator:
+    """The one way strategies draw randomness: a pure function of its integer key."""
+    return np.random.default_rng([int(k) for k in key])
+
+
+class Plan(ABC):
+    """The output order of one (file, spec, epoch, rank, world), produced a window at a time.
+
+    Windows are the unit of prefetching: the view reads a whole window's records from the
+    source and assembles its bytes while the previous window is being served.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int, world: int):
+        if not (0 <= rank < world):
+            raise ValueError(f"rank {rank} outside world size {world}")
+        if epoch < 0:
+            raise ValueError("epoch must be >= 0")
+        self.index, self.spec, self.epoch, self.rank, self.world = index, spec, epoch, rank, world
+
+    @property
+    @abstractmethod
+    def window_sizes(self) -> np.ndarray:
+        """int64 view bytes of each window, in output order (header and trailer excluded)."""
+
+    @abstractmethod
+    def window(self, k: int) -> np.ndarray:
+        """int64 record ids of window k, in output order."""
+
+    @property
+    def n_windows(self) -> int:
+        return len(self.window_sizes)
+
+    def describe(self) -> dict:
+        """Read-only facts for xattrs and `shufflefs stat`."""
+        return {
+            "strategy": self.name,
+            "seed": self.spec.seed,
+            "epoch": self.epoch,
+            "records": self.index.n,
+            "windows": self.n_windows,
+        }
