@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from .index import RecordIndex
 from .strategies.base import Plan
@@ -128,9 +129,6 @@ def assemble(index: RecordIndex, ids: np.ndarray, fetch: Fetch, out: np.ndarray 
     return out
 
 
-_GATHER_CHUNK = 1 << 22  # bytes of index array per step, bounds the temporary memory
-
-
 def gather(src: np.ndarray, src_pos: np.ndarray, lengths: np.ndarray, out: np.ndarray, out_pos: np.ndarray) -> None:
     """``out[out_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]]`` for all i, vectorised."""
     n = len(lengths)
@@ -141,18 +139,19 @@ def gather(src: np.ndarray, src_pos: np.ndarray, lengths: np.ndarray, out: np.nd
         # fixed-size records packed on both sides: one row gather (fixed / npy / equal lines)
         np.take(src.reshape(n, L), src_pos // L, axis=0, out=out[: n * L].reshape(n, L))
         return
-    # variable lengths: byte indices for a bounded chunk of records at a time
-    cum = np.cumsum(lengths)
-    i = 0
-    while i < n:
-        base = int(cum[i - 1]) if i else 0
-        j = max(i + 1, int(np.searchsorted(cum, base + _GATHER_CHUNK, side="right")))
-        ln = lengths[i:j]
-        tot = int(ln.sum())
-        if tot:
-            rel = np.arange(tot, dtype=np.int64) - np.repeat(np.cumsum(ln) - ln, ln)
-            out[np.repeat(out_pos[i:j], ln) + rel] = src[np.repeat(src_pos[i:j], ln) + rel]
-        i = j
+    # variable lengths: one vectorised row copy per distinct length.  Each byte range of length L
+    # is a row of an overlapping (stride 1) 2-d view of the buffer, so records of equal length
+    # move together by fancy indexing; the Python loop runs over lengths, not records.
+    order = np.argsort(lengths, kind="stable")
+    sorted_len = lengths[order]
+    edges = np.flatnonzero(np.diff(sorted_len)) + 1
+    for grp in np.split(order, edges):
+        L = int(lengths[grp[0]])
+        if L == 0:
+            continue
+        src_rows = as_strided(src, shape=(len(src) - L + 1, L), strides=(1, 1), writeable=False)
+        out_rows = as_strided(out, shape=(len(out) - L + 1, L), strides=(1, 1))
+        out_rows[out_pos[grp]] = src_rows[src_pos[grp]]
 
 
 def render(index: RecordIndex, plan: Plan, data: bytes | np.ndarray) -> bytes:

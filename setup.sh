@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Set up shufflefs on a fresh Debian/Ubuntu machine, then run the demo or the test suite.
+#
+#   bash setup.sh demo      # install, then mount a generated dataset and show two epochs
+#   bash setup.sh test      # install, then run the full test suite (what CI runs)
+#   bash setup.sh           # install only
+#
+# Installs the system packages FUSE needs (fuse3, libfuse3-dev, pkg-config, attr; a C compiler
+# and Python headers for building pyfuse3), creates .venv and installs shufflefs into it.
+# Mounting FUSE filesystems and the tests need root (or sudo).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "setup.sh: run as root or install sudo" >&2; exit 1; }
+  SUDO="sudo"
+fi
+
+need=()
+for pkg in fuse3 libfuse3-dev pkg-config attr gcc; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+PY=${PYTHON:-python3}
+if ! command -v "$PY" >/dev/null || ! "$PY" -c 'import venv, ensurepip, sysconfig, os; assert os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))' 2>/dev/null; then
+  need+=(python3 python3-venv python3-dev)
+  PY=python3
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${need[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e '.[test]'
+
+case "${1:-}" in
+  demo) shift; exec $SUDO .venv/bin/shufflefs demo "$@" ;;
+  test) shift; exec $SUDO .venv/bin/python -m pytest "$@" ;;
+  "") echo "setup.sh: installed; activate with: source .venv/bin/activate" ;;
+  *) echo "setup.sh: unknown command '$1' (use demo or test)" >&2; exit 2 ;;
+esac
