@@ -53,7 +53,7 @@ PROGRESS_EVERY = 64 << 20
 
 def as_bytes(data: np.ndarray | bytes | bytearray | memoryview) -> np.ndarray:
     """A plain 1-d uint8 ndarray over ``data`` without copying (np.memmap ufuncs are slower)."""
-    arr = np.asarray(np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data)
+    arr = np.asarray(data) if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
     if arr.dtype != np.uint8 or arr.ndim != 1:
         raise TypeError("scan expects a 1-d uint8 array")
     return arr

@@ -1,0 +1,249 @@
+"""Record formats, the rules that pick one per file, and building (or loading) a file's index.
+
+Which format a file gets: the first `FormatRule` whose glob matches its path relative to the
+mount root (or its basename), else its extension; files of no known format pass through
+unshuffled.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+import logging
+import mmap
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import StaleSourceError
+from ..index import IndexCache, RecordIndex, SourceStamp, cache_key
+from .base import Format, Progress
+from .fixed import FixedFormat
+from .lines import CsvFormat, LinesFormat
+from .npy import NpyFormat
+from .tfrecord import TFRecordFormat
+
+__all__ = [
+    "FORMATS",
+    "PASSTHROUGH",
+    "CsvFormat",
+    "FixedFormat",
+    "Format",
+    "FormatRule",
+    "LinesFormat",
+    "NpyFormat",
+    "TFRecordFormat",
+    "load_or_build_index",
+    "make_format",
+    "parse_format_option",
+    "resolve_format",
+    "scan_file",
+]
+
+log = logging.getLogger(__name__)
+
+FORMATS: dict[str, type[Format]] = {
+    cls.name: cls for cls in (LinesFormat, CsvFormat, FixedFormat, NpyFormat, TFRecordFormat)
+}
+
+PASSTHROUGH = frozenset({"none", "passthrough"})
+"""Format names a rule can use to serve matching files unchanged."""
+
+_BY_EXTENSION: dict[str, tuple[str, dict]] = {
+    ".jsonl": ("lines", {}),
+    ".ndjson": ("lines", {}),
+    ".txt": ("lines", {}),
+    ".csv": ("csv", {}),
+    ".tsv": ("lines", {"header_lines": 1}),
+    ".npy": ("npy", {}),
+    ".tfrecord": ("tfrecord", {}),
+    ".tfrecords": ("tfrecord", {}),
+}
+
+
+def _accepted(cls: type[Format]) -> dict[str, inspect.Parameter]:
+    params = inspect.signature(cls.__init__).parameters
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {k: p for k, p in params.items() if k != "self" and p.kind in kinds}
+
+
+def make_format(name: str, params: Mapping[str, object] | None = None) -> Format:
+    """Instantiate format ``name``; ValueError names the unknown format or parameter."""
+    params = dict(params or {})
+    cls = FORMATS.get(name)
+    if cls is None:
+        known = ", ".join(sorted(FORMATS) + sorted(PASSTHROUGH))
+        raise ValueError(f"unknown format {name!r} (known: {known})")
+    accepted = _accepted(cls)
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        allowed = ", ".join(accepted) or "none"
+        raise ValueError(f"format {name!r} has no parameter {', '.join(map(repr, unknown))} (parameters: {allowed})")
+    missing = [k for k, p in accepted.items() if p.default is p.empty and k not in params]
+    if missing:
+        raise ValueError(f"format {name!r} needs {', '.join(missing)} (e.g. {name}:{missing[0]}=...)")
+    try:
+        return cls(**params)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"format {name!r}: {e}") from None
+
+
+@dataclass(frozen=True)
+class FormatRule:
+    """Files matching ``glob`` use ``format`` (a `FORMATS` name, or "none"/"passthrough").
+
+    The glob is matched case-sensitively against the relative path and against the basename;
+    ``*`` also spans ``/``, so ``*.bin`` matches ``a/b/x.bin``.
+    """
+
+    glob: str
+    format: str
+    params: dict = field(default_factory=dict)
+
+    def matches(self, relpath: str) -> bool:
+        return fnmatch.fnmatchcase(relpath, self.glob) or fnmatch.fnmatchcase(os.path.basename(relpath), self.glob)
+
+
+def _with_defaults(name: str, params: Mapping[str, object], defaults: Mapping[str, object]) -> dict:
+    """Global defaults (e.g. ``record_size``) fill the parameters a format accepts and a rule left out."""
+    accepted = _accepted(FORMATS[name]) if name in FORMATS else {}
+    merged = {k: v for k, v in defaults.items() if k in accepted}
+    merged.update(params)
+    return merged
+
+
+def resolve_format(relpath: str, rules: Sequence[FormatRule], defaults: Mapping[str, object] | None = None) -> Format | None:
+    """The format for the file at ``relpath`` (relative to the mount root); None means pass-through.
+
+    ``defaults`` may carry ``record_size`` (which turns ``.bin`` files into fixed-size records)
+    and ``header_bytes``, and fill any parameter a matching rule leaves out.
+    """
+    defaults = defaults or {}
+    relpath = relpath.replace(os.sep, "/").lstrip("/")
+    while relpath.startswith("./"):
+        relpath = relpath[2:]
+    for rule in rules:
+        if rule.matches(relpath):
+            if rule.format in PASSTHROUGH:
+                return None
+            return make_format(rule.format, _with_defaults(rule.format, rule.params, defaults))
+    ext = os.path.splitext(relpath)[1].lower()
+    if ext == ".bin":
+        if defaults.get("record_size") is None:
+            return None
+        return make_format("fixed", _with_defaults("fixed", {}, defaults))
+    hit = _BY_EXTENSION.get(ext)
+    if hit is None:
+        return None
+    name, params = hit
+    return make_format(name, _with_defaults(name, params, defaults))
+
+
+def _parse_value(text: str) -> object:
+    low = text.strip().lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    try:
+        return int(text, 0)
+    except ValueError:
+        return text
+
+
+def parse_format_option(text: str, defaults: Mapping[str, object] | None = None) -> FormatRule:
+    """Parse ``GLOB=NAME[:key=value,...]``, e.g. ``*.rec=fixed:record_size=128,header_bytes=16``.
+
+    Values become ints (``0x`` prefixes allowed) or booleans where they look like one.  The rule is
+    checked by building its format (with ``defaults`` filling missing parameters), so a typo fails
+    at the command line rather than at the first matching file.
+    """
+    glob, sep, spec = text.partition("=")
+    glob = glob.strip()
+    if not sep or not glob:
+        raise ValueError(f"bad format rule {text!r}: expected GLOB=FORMAT[:key=value,...], e.g. '*.rec=fixed:record_size=128'")
+    name, _, arglist = spec.partition(":")
+    name = name.strip().lower()
+    if not name:
+        raise ValueError(f"bad format rule {text!r}: no format name after '='")
+    params: dict[str, object] = {}
+    for item in filter(None, (s.strip() for s in arglist.split(","))):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key or not value.strip():
+            raise ValueError(f"bad format rule {text!r}: parameter {item!r} is not key=value")
+        if key in params:
+            raise ValueError(f"bad format rule {text!r}: parameter {key!r} given twice")
+        params[key] = _parse_value(value.strip())
+    if name in PASSTHROUGH:
+        if params:
+            raise ValueError(f"bad format rule {text!r}: {name!r} takes no parameters")
+    else:
+        try:
+            make_format(name, _with_defaults(name, params, defaults or {}))
+        except ValueError as e:
+            raise ValueError(f"bad format rule {text!r}: {e}") from None
+    return FormatRule(glob, name, params)
+
+
+# --------------------------------------------------------------------------- scanning files
+
+
+def scan_file(path: str | os.PathLike, fmt: Format, progress: Progress | None = None) -> RecordIndex:
+    """Index one file through a read-only mmap; the stamp is taken before mapping.
+
+    Raises `StaleSourceError` if the file's size or mtime changed while it was being scanned
+    (the index might then describe bytes that no longer exist).  Truncating a file while it is
+    mapped can still kill the process with SIGBUS; that is a property of mmap.
+    """
+    path = os.fspath(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        before = os.fstat(fd)
+        size = before.st_size
+        mm = None
+        if size == 0:
+            data = np.zeros(0, dtype=np.uint8)
+        else:
+            mm = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+            if hasattr(mm, "madvise") and hasattr(mmap, "MADV_SEQUENTIAL"):
+                mm.madvise(mmap.MADV_SEQUENTIAL)
+            data = np.frombuffer(mm, dtype=np.uint8)
+        try:
+            index = fmt.scan(data, path, progress)
+        finally:
+            del data
+            if mm is not None:
+                try:
+                    mm.close()
+                except BufferError:  # a view escaped (e.g. in an exception); the GC unmaps it later
+                    pass
+        after = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+        raise StaleSourceError(path, None, "file changed while it was being indexed")
+    if index.size != size:
+        raise ValueError(f"{fmt!r} indexed {index.size} bytes of a {size}-byte file")
+    return RecordIndex(index.size, index.bounds, index.add_newline, SourceStamp.of(before))
+
+
+def load_or_build_index(
+    path: str | os.PathLike, fmt: Format, cache: IndexCache, progress: Progress | None = None
+) -> RecordIndex:
+    """The cached index of ``path`` if its stamp still matches, else a fresh scan (then cached).
+
+    A cache that cannot be written is logged and ignored: it only costs a rescan next time.
+    """
+    stamp = SourceStamp.of(os.stat(path))
+    cached = cache.load(cache_key(path, stamp, fmt.name, fmt.params()), stamp)
+    if cached is not None:
+        return cached
+    index = scan_file(path, fmt, progress)
+    try:
+        cache.store(cache_key(path, index.stamp, fmt.name, fmt.params()), index)
+    except OSError as e:
+        log.warning("cannot write index cache for %s: %s", path, e)
+    return index

@@ -1,0 +1,125 @@
+"""Line-oriented text: JSON Lines, plain text, CSV (quote-aware) and TSV.
+
+A record is one line including its terminating ``\\n`` (so a ``\\r\\n`` ending stays inside the
+record).  Lone ``\\r`` line endings are not recognised.  Optional header lines are kept first in
+every view.  A last line without a newline is still a record; the view appends ``\\n`` to it so
+that it stays a separate line wherever the shuffle puts it.
+
+File shapes that have fewer lines than the header (with ``h`` header lines, ``k`` complete
+lines and possibly an unterminated tail ``t``):
+
+* ``k >= h``: the first ``h`` lines are the header, the rest are records.
+* ``k < h`` and no tail: the whole file is header, there are no records.
+* ``k < h`` with a tail: the complete lines are the header and the tail is the single record
+  (e.g. a CSV holding only a header row without its newline).  This keeps the rule "the view
+  is ``size + 1`` bytes exactly when the file is non-empty and does not end in ``\\n``", which
+  `view_size` can apply from the last byte alone, without scanning.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import FormatError
+from ..index import RecordIndex
+from .base import SCAN_CHUNK, Format, Progress, as_bytes, iter_chunks
+
+NEWLINE = 0x0A
+QUOTE = 0x22
+
+
+def _check_header_lines(header_lines: int) -> int:
+    if isinstance(header_lines, bool) or not isinstance(header_lines, (int, np.integer)) or header_lines < 0:
+        raise ValueError(f"header_lines must be a non-negative integer, got {header_lines!r}")
+    return int(header_lines)
+
+
+def record_ends(
+    data: np.ndarray, progress: Progress | None = None, quote_aware: bool = False, chunk: int = SCAN_CHUNK
+) -> tuple[np.ndarray, int]:
+    """Offsets just past every record-ending newline, and the number of quote bytes seen.
+
+    With ``quote_aware`` a newline ends a record only when an even number of ``"`` bytes precede
+    it (RFC 4180: quoted fields may hold newlines; an escaped quote ``""`` counts twice).
+    """
+    buf = np.empty(min(chunk, len(data)), dtype=bool)
+    parts = []
+    quotes = 0
+    for start, piece in iter_chunks(data, progress, chunk):
+        mask = buf[: len(piece)]
+        np.equal(piece, NEWLINE, out=mask)
+        nl = np.flatnonzero(mask)
+        if quote_aware:
+            np.equal(piece, QUOTE, out=mask)
+            q = np.flatnonzero(mask)
+            if len(q):
+                before = np.searchsorted(q, nl) + quotes
+                nl = nl[(before & 1) == 0]
+            elif quotes & 1:
+                nl = nl[:0]
+            quotes += len(q)
+        nl = nl.astype(np.int64, copy=False)
+        nl += start + 1
+        parts.append(nl)
+    ends = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return ends, quotes
+
+
+def lines_index(ends: np.ndarray, size: int, header_lines: int) -> RecordIndex:
+    """Lay out records from the record ends (see the module docstring for short files)."""
+    k = len(ends)
+    last_end = int(ends[-1]) if k else 0
+    tail = size > last_end
+    kept = min(header_lines, k)
+    header_end = int(ends[kept - 1]) if kept else 0
+    pieces = [np.array([header_end], dtype=np.int64), ends[header_lines:]]
+    if tail:
+        pieces.append(np.array([size], dtype=np.int64))
+    return RecordIndex(size, np.concatenate(pieces), add_newline=tail)
+
+
+class LinesFormat(Format):
+    """Newline-terminated records (``.jsonl``, ``.ndjson``, ``.txt``; ``.tsv`` with one header line).
+
+    TSV has no quoting convention that could put a newline inside a field, so plain lines with
+    ``header_lines=1`` are exact for it.
+    """
+
+    name = "lines"
+
+    def __init__(self, header_lines: int = 0) -> None:
+        self.header_lines = _check_header_lines(header_lines)
+
+    def params(self) -> dict:
+        return {"header_lines": self.header_lines}
+
+    def scan(self, data: np.ndarray, path: str, progress: Progress | None = None) -> RecordIndex:
+        data = as_bytes(data)
+        ends, _ = record_ends(data, progress)
+        return lines_index(ends, len(data), self.header_lines)
+
+    def view_size(self, size: int, last_byte: int | None) -> int:
+        return size + 1 if size > 0 and last_byte != NEWLINE else size
+
+
+class CsvFormat(LinesFormat):
+    """RFC 4180 CSV: like lines with one header line, but a quoted field may span lines.
+
+    Quotes are counted from the start of the file, so a stray ``"`` inside an unquoted field
+    (not valid RFC 4180) merges the following lines into one record or, at the end of the file,
+    is reported as an unterminated quote.  Either way the view still holds exactly the source
+    bytes.
+    """
+
+    name = "csv"
+
+    def __init__(self, header_lines: int = 1) -> None:
+        super().__init__(header_lines)
+
+    def scan(self, data: np.ndarray, path: str, progress: Progress | None = None) -> RecordIndex:
+        data = as_bytes(data)
+        ends, quotes = record_ends(data, progress, quote_aware=True)
+        if quotes & 1:
+            start = int(ends[-1]) if len(ends) else 0
+            raise FormatError(path, start, "unterminated quoted field in the record starting here")
+        return lines_index(ends, len(data), self.header_lines)

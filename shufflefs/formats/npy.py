@@ -1,0 +1,104 @@
+"""NumPy ``.npy`` arrays: each row along axis 0 is a record; the header is kept first.
+
+The view keeps the source header byte for byte, so ``numpy.load`` reads it as the same array
+with its rows permuted.  A 0-d array is a single record (the view equals the file).  Arrays whose
+rows have no bytes (``shape[0] == 0``, or a zero-sized row such as ``shape (5, 0)``) have no
+records: every order of empty rows is the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.lib.format as npformat
+
+from ..errors import FormatError
+from ..index import RecordIndex
+from .base import Format, Progress, as_bytes
+
+MAGIC = b"\x93NUMPY"
+_LENGTH_BYTES = {(1, 0): 2, (2, 0): 4, (3, 0): 4}
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    version: tuple[int, int]
+    header_end: int
+    shape: tuple[int, ...]
+    fortran_order: bool
+    dtype: np.dtype
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+    @property
+    def row_bytes(self) -> int:
+        return self.dtype.itemsize * math.prod(self.shape[1:])
+
+
+def read_npy_header(data: np.ndarray, path: str) -> NpyHeader:
+    """Parse and check the header with numpy's own parser; refuse what rows cannot describe."""
+    size = len(data)
+    if size < len(MAGIC) + 2 or bytes(data[: len(MAGIC)]) != MAGIC:
+        raise FormatError(path, 0, "not a .npy file (bad magic string)")
+    version = (int(data[6]), int(data[7]))
+    nlen = _LENGTH_BYTES.get(version)
+    if nlen is None:
+        raise FormatError(path, 6, f"unsupported .npy format version {version[0]}.{version[1]}")
+    if size < 8 + nlen:
+        raise FormatError(path, 8, "truncated .npy header length")
+    header_end = 8 + nlen + int.from_bytes(bytes(data[8 : 8 + nlen]), "little")
+    if header_end > size:
+        raise FormatError(path, 8, f"header of {header_end} bytes runs past the end of a {size}-byte file")
+    fp = io.BytesIO(bytes(data[:header_end]))
+    npformat.read_magic(fp)
+    limit = header_end + 1
+    try:
+        if version == (1, 0):
+            shape, fortran, dtype = npformat.read_array_header_1_0(fp, max_header_size=limit)
+        else:
+            # Version 3 differs from 2 only in using UTF-8 for field names; decoding those bytes as
+            # latin-1 changes names, never offsets or sizes, which is all a scan needs.
+            shape, fortran, dtype = npformat.read_array_header_2_0(fp, max_header_size=limit)
+    except ValueError as e:
+        raise FormatError(path, 8 + nlen, f"invalid .npy header: {e}") from None
+    if any(d < 0 for d in shape):
+        raise FormatError(path, 8 + nlen, f"negative dimension in shape {shape}")
+    if dtype.hasobject:
+        raise FormatError(path, 8 + nlen, f"object dtype {dtype} holds pickled data, not fixed-size rows")
+    if fortran and len(shape) > 1:
+        raise FormatError(path, 8 + nlen, "Fortran-ordered arrays do not store rows contiguously")
+    return NpyHeader(version, header_end, tuple(shape), bool(fortran), dtype)
+
+
+class NpyFormat(Format):
+    name = "npy"
+
+    def scan(self, data: np.ndarray, path: str, progress: Progress | None = None) -> RecordIndex:
+        data = as_bytes(data)
+        size = len(data)
+        h = read_npy_header(data, path)
+        rows, row_bytes = h.rows, h.row_bytes
+        expected = rows * row_bytes
+        actual = size - h.header_end
+        if actual < expected:
+            start = h.header_end + (actual // row_bytes) * row_bytes
+            raise FormatError(
+                path, start, f"array data is {expected - actual} bytes shorter than shape {h.shape} needs"
+            )
+        if actual > expected:
+            raise FormatError(
+                path, h.header_end + expected, f"{actual - expected} bytes follow the array data of shape {h.shape}"
+            )
+        if progress is not None:
+            progress(size)
+        if expected == 0:
+            return RecordIndex(size, np.array([size], dtype=np.int64))
+        bounds = np.arange(rows + 1, dtype=np.int64)
+        bounds *= row_bytes
+        bounds += h.header_end
+        return RecordIndex(size, bounds)

@@ -1,0 +1,51 @@
+"""Shuffle strategies: each turns (index, spec, epoch, rank, world) into a `Plan`.
+
+Every plan is a pure function of its inputs; randomness comes only from `base.rng` keyed by the
+seed, the epoch (except `once`), a per-use salt and, where ranks differ, the rank.  Unit
+permutations are drawn without the rank, so every rank sees the same list and takes a disjoint
+contiguous piece of it.
+"""
+
+from __future__ import annotations
+
+from .base import Plan, ShuffleSpec, rng
+from .baselines import NoShufflePlan, ShuffleOncePlan
+from .corgipile import BlockOnlyPlan, CorgiPilePlan
+from .lirs import FullShufflePlan, PageShufflePlan
+from .sliding_window import SlidingWindowPlan
+from .units import check_params
+from ..index import RecordIndex
+
+STRATEGIES: dict[str, type[Plan]] = {
+    p.name: p
+    for p in (
+        NoShufflePlan, ShuffleOncePlan, FullShufflePlan, PageShufflePlan,
+        BlockOnlyPlan, CorgiPilePlan, SlidingWindowPlan,
+    )
+}
+
+STRATEGY_HELP: dict[str, str] = {
+    "none": "source order (no shuffle)",
+    "once": "one random permutation of all records, the same every epoch (Shuffle Once)",
+    "full": "a fresh random permutation of all records every epoch (LIRS, Epoch Shuffle)",
+    "lirs-page": "pages of page_size bytes permuted every epoch, records of a page kept together (LIRS page-aware)",
+    "block": "blocks permuted every epoch, records in source order inside blocks (Block-Only Shuffle)",
+    "corgipile": "blocks permuted, then buffer-sized groups of blocks shuffled record by record (CorgiPile)",
+    "window": "sliding window of buffer-sized record pool over the source order (tf.data shuffle)",
+}
+
+
+def check_spec(spec: ShuffleSpec) -> None:
+    """Raise ValueError for an unknown strategy or a parameter out of range."""
+    if spec.strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {spec.strategy!r}; valid: {', '.join(STRATEGIES)}")
+    check_params(spec)
+
+
+def make_plan(index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, world: int = 1) -> Plan:
+    """The output order of one file for (spec, epoch) as seen by ``rank`` of ``world``."""
+    check_spec(spec)
+    return STRATEGIES[spec.strategy](index, spec, epoch, rank, world)
+
+
+__all__ = ["Plan", "ShuffleSpec", "rng", "STRATEGIES", "STRATEGY_HELP", "check_spec", "make_plan"]

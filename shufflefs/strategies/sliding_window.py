@@ -1,0 +1,79 @@
+"""The tf.data sliding-window shuffle baseline (CorgiPile paper §3.3).
+
+A buffer of B records is filled in source order; each step emits a uniformly chosen buffered
+record and puts the next source record in its slot; at the end the buffer drains in random
+order.  The process is sequential, but its outcome is not: the record emitted at step t is
+whatever the chosen slot last received, i.e. the record put there at the previous step that
+chose the same slot (or the slot's initial record).  Grouping the steps by slot with one stable
+sort gives the whole order in numpy, O(m log m) for the rank's m records.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import rng
+from .units import OrderPlan, salt, share
+
+WINDOW = salt("window/steps")
+
+
+def sliding_window_order(m: int, picks: np.ndarray, drain: np.ndarray) -> np.ndarray:
+    """Output order (positions 0..m-1 of the source range) of a sliding window.
+
+    ``picks[t]`` is the slot chosen at step t (``m - B`` steps, slots 0..B-1) and ``drain`` the
+    order in which the B slots are emptied at the end.
+    """
+    B = len(drain)
+    steps = m - B
+    if len(picks) != steps:
+        raise ValueError("need one pick per record beyond the buffer")
+    out = np.empty(m, np.int64)
+    final = np.arange(B, dtype=np.int64)
+    if steps:
+        # narrow keys let numpy's stable sort use radix sort (several times faster for B <= 65536)
+        order = np.argsort(picks.astype(np.min_scalar_type(B - 1)), kind="stable")
+        slot = picks[order]
+        first = np.ones(steps, bool)
+        first[1:] = slot[1:] != slot[:-1]
+        prev = np.empty(steps, np.int64)
+        prev[0] = 0
+        prev[1:] = order[:-1]
+        prev += B
+        out[order] = np.where(first, slot, prev)
+        last = np.ones(steps, bool)
+        last[:-1] = first[1:]
+        final[slot[last]] = B + order[last]
+    out[steps:] = final[drain]
+    return out
+
+
+class SlidingWindowPlan(OrderPlan):
+    """Sliding window of B records over the rank's contiguous source range.
+
+    B = buffer bytes / mean record view length (at least 1).  With several ranks the source
+    records are split into contiguous ranges first and each rank slides its own window.
+    """
+
+    name = "window"
+
+    @property
+    def buffer_records(self) -> int:
+        n = self.index.n
+        if n == 0:
+            return 1
+        return max(1, int(round(self.buffer_bytes * n / self.index.data_bytes)))
+
+    def record_order(self) -> np.ndarray:
+        lo, hi = share(self.index.n, self.rank, self.world)
+        m = hi - lo
+        B = min(self.buffer_records, m)
+        gen = rng(self.spec.seed, self.epoch, WINDOW, self.rank)
+        picks = gen.integers(0, B, size=m - B, dtype=np.int64) if B else np.empty(0, np.int64)
+        drain = gen.permutation(B).astype(np.int64, copy=False)
+        out = sliding_window_order(m, picks, drain)
+        out += lo
+        return out
+
+    def describe(self) -> dict:
+        return {**super().describe(), "buffer_records": self.buffer_records}

@@ -1,0 +1,221 @@
+"""Shared machinery of the strategies: units, rank shares, windows cut by bytes.
+
+A *unit* is a run of consecutive records that a strategy moves as one piece: a block (CorgiPile,
+Block-Only, No Shuffle), a page (LIRS page-aware) or a single record (the full permutations).
+Unit-based plans keep O(units) state and expand a window to record ids only when it is asked for.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from ..index import RecordIndex
+from .base import Plan, ShuffleSpec
+
+I64 = np.int64
+
+
+def salt(label: str) -> int:
+    """A stable integer naming one use of randomness, so no two uses share a stream."""
+    return zlib.crc32(label.encode())
+
+
+def check_params(spec: ShuffleSpec) -> None:
+    """Reject parameters no strategy can honour (the strategy name is checked by `make_plan`)."""
+    for name in ("block_size", "page_size"):
+        v = getattr(spec, name)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+            raise ValueError(f"{name} must be a positive number of bytes, got {v!r}")
+    b = spec.buffer
+    if isinstance(b, bool):
+        raise ValueError(f"buffer must be bytes (int) or a fraction (float), got {b!r}")
+    if isinstance(b, (float, np.floating)):
+        if not 0.0 < b <= 1.0:
+            raise ValueError(f"a fractional buffer must be in (0, 1], got {b!r}")
+    elif isinstance(b, (int, np.integer)):
+        if b <= 0:
+            raise ValueError(f"buffer must be a positive number of bytes, got {b!r}")
+    else:
+        raise ValueError(f"buffer must be bytes (int) or a fraction (float), got {b!r}")
+    if isinstance(spec.seed, bool) or not isinstance(spec.seed, (int, np.integer)) or spec.seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {spec.seed!r}")
+
+
+def unit_firsts(bounds: np.ndarray, unit_size: int) -> np.ndarray:
+    """First record id of every non-empty unit of ``unit_size`` bytes, then n (int64[units+1]).
+
+    Unit u is the absolute source range ``[u*unit_size, (u+1)*unit_size)`` and owns the records
+    whose first byte lies in it; units owning no record (inside a large record) are dropped.
+    Costs O(min(spanned units, n)) with a searchsorted per unit boundary, never a Python loop.
+    """
+    starts = bounds[:-1]
+    n = len(starts)
+    if n == 0:
+        return np.zeros(1, I64)
+    u0, u1 = int(starts[0]) // unit_size, int(starts[-1]) // unit_size
+    if u1 - u0 + 1 <= n:
+        edges = np.arange(u0 + 1, u1 + 1, dtype=I64) * unit_size
+        inner = np.searchsorted(starts, edges, side="left").astype(I64)
+    else:
+        # units far smaller than records: most units are empty, so look at the records instead
+        owner = starts // unit_size
+        inner = np.flatnonzero(owner[1:] != owner[:-1]).astype(I64) + 1
+    firsts = np.concatenate((np.zeros(1, I64), inner, np.full(1, n, I64)))
+    keep = np.concatenate((firsts[1:] != firsts[:-1], [True]))
+    return firsts[keep]
+
+
+def unit_bytes(index: RecordIndex, firsts: np.ndarray) -> np.ndarray:
+    """View bytes of each unit (the unit holding the last record carries the added newline)."""
+    b = index.bounds
+    out = b[firsts[1:]] - b[firsts[:-1]]
+    if index.add_newline and len(out):
+        out[-1] += 1
+    return out
+
+
+def share(count: int, rank: int, world: int) -> tuple[int, int]:
+    """Rank's piece ``[lo, hi)`` of ``count`` items, split like `np.array_split`."""
+    q, r = divmod(count, world)
+    lo = rank * q + min(rank, r)
+    return lo, lo + q + (rank < r)
+
+
+def concat_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(a, b) for a, b in zip(lo, hi)])`` without the loop."""
+    counts = hi - lo
+    total = int(counts.sum())
+    out = np.arange(total, dtype=I64)
+    if total:
+        offsets = np.cumsum(counts) - counts
+        out += np.repeat(lo - offsets, counts)
+    return out
+
+
+def cuts_by_count(m: int, per_window: int) -> np.ndarray:
+    """Window boundaries taking ``per_window`` items at a time (int64[windows+1])."""
+    return np.append(np.arange(0, m, per_window, dtype=I64), I64(m)) if m else np.zeros(1, I64)
+
+
+def cuts_by_bytes(cum: np.ndarray, target: int) -> np.ndarray:
+    """Window boundaries over items with running byte total ``cum`` (inclusive, int64).
+
+    Window k takes the items whose last byte falls in view bytes ``[k*target, (k+1)*target)`` of
+    the sequence, so a window is at most ``target`` plus one item; a window that would be empty
+    (one item spanning several stretches) is dropped.
+    """
+    m = len(cum)
+    if m == 0:
+        return np.zeros(1, I64)
+    stretches = (int(cum[-1]) - 1) // target
+    if stretches <= m:
+        inner = np.searchsorted(cum, np.arange(1, stretches + 1, dtype=I64) * target, side="right")
+    else:
+        w = cum - 1
+        w //= target
+        inner = np.flatnonzero(w[1:] != w[:-1]) + 1
+    cuts = np.concatenate((np.zeros(1, I64), inner.astype(I64), np.full(1, m, I64)))
+    keep = np.concatenate(([True], cuts[1:] != cuts[:-1]))
+    return cuts[keep]
+
+
+def frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+class UnitPlan(Plan):
+    """Units permuted (or not), split across ranks, and taken in consecutive groups as windows.
+
+    State is O(units): the rank's unit list and each window's first position in it.  Subclasses
+    choose the unit size, the unit order, the window grouping and what happens inside a window.
+    """
+
+    unit_label: str = "units"
+
+    def __init__(self, index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, world: int = 1):
+        super().__init__(index, spec, epoch, rank, world)
+        check_params(spec)
+        self.buffer_bytes = spec.buffer_bytes(index.data_bytes)
+        self.firsts = frozen(unit_firsts(index.bounds, self.unit_size()))
+        n_units = len(self.firsts) - 1
+        order = self.unit_order(n_units)
+        lo, hi = share(n_units, rank, world)
+        self.units = frozen(np.arange(lo, hi, dtype=I64) if order is None else order[lo:hi].copy())
+        sizes = unit_bytes(index, self.firsts)[self.units]
+        cum = np.cumsum(sizes)
+        self.cuts = frozen(self.window_cuts(cum))
+        ends = cum[self.cuts[1:] - 1]
+        self._sizes = frozen(np.diff(ends, prepend=I64(0)).astype(I64))
+
+    def unit_size(self) -> int:
+        return self.spec.block_size
+
+    def unit_order(self, n_units: int) -> np.ndarray | None:
+        """All units in output order, identical on every rank; None keeps source order."""
+        return None
+
+    def window_cuts(self, cum: np.ndarray) -> np.ndarray:
+        return cuts_by_bytes(cum, self.buffer_bytes)
+
+    def arrange(self, k: int, ids: np.ndarray) -> np.ndarray:
+        """Order of window k's records, given them unit by unit in source order inside units."""
+        return ids
+
+    @property
+    def window_sizes(self) -> np.ndarray:
+        return self._sizes
+
+    def window(self, k: int) -> np.ndarray:
+        if not 0 <= k < self.n_windows:
+            raise IndexError(f"window {k} outside 0..{self.n_windows - 1}")
+        u = self.units[self.cuts[k]: self.cuts[k + 1]]
+        return self.arrange(k, concat_ranges(self.firsts[u], self.firsts[u + 1]))
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d.update(rank=self.rank, world=self.world, buffer_bytes=self.buffer_bytes,
+                 **{self.unit_label: len(self.firsts) - 1, f"{self.unit_label}_in_share": len(self.units)})
+        return d
+
+
+class OrderPlan(Plan):
+    """A plan whose whole record order for the rank is computed up front (O(records) state).
+
+    For strategies that are inherently record-level (full permutations, the sliding window).
+    Windows are consecutive stretches of about the buffer's bytes.
+    """
+
+    def __init__(self, index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, world: int = 1):
+        super().__init__(index, spec, epoch, rank, world)
+        check_params(spec)
+        self.buffer_bytes = spec.buffer_bytes(index.data_bytes)
+        self.order = frozen(self.record_order())
+        cum = index.out_lengths(self.order)
+        np.cumsum(cum, out=cum)
+        self.cuts = frozen(cuts_by_bytes(cum, self.buffer_bytes))
+        ends = cum[self.cuts[1:] - 1]
+        del cum
+        self._sizes = frozen(np.diff(ends, prepend=I64(0)).astype(I64))
+
+    def record_order(self) -> np.ndarray:
+        """The rank's record ids in output order (int64)."""
+        raise NotImplementedError
+
+    @property
+    def window_sizes(self) -> np.ndarray:
+        return self._sizes
+
+    def window(self, k: int) -> np.ndarray:
+        """A read-only view into the plan's order."""
+        if not 0 <= k < self.n_windows:
+            raise IndexError(f"window {k} outside 0..{self.n_windows - 1}")
+        return self.order[self.cuts[k]: self.cuts[k + 1]]
+
+    def describe(self) -> dict:
+        d = super().describe()
+        d.update(rank=self.rank, world=self.world, buffer_bytes=self.buffer_bytes,
+                 records_in_share=len(self.order))
+        return d
