@@ -1,0 +1,957 @@
+"""The ``shufflefs`` command: mount, epoch, umount, index, stat and demo.
+
+Everything a mount needs is validated here, before any process is started, so that mistakes
+surface as a usage error (exit 2) in the user's terminal rather than in a daemon's log.  A
+background mount re-runs this same command with ``-f`` in a new session and waits on a pipe
+until the daemon reports the mount ready, so that the mount is usable the moment we return.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from . import __version__
+from .config import MountConfig, format_buffer, parse_buffer, parse_size
+from .strategies.base import ShuffleSpec
+
+PROG = "shufflefs"
+XATTR_PREFIX = "user.shufflefs."
+EPOCH_XATTR = XATTR_PREFIX + "epoch"
+STATS_XATTR = XATTR_PREFIX + "stats"
+PID_XATTR = XATTR_PREFIX + "pid"
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+
+
+# --------------------------------------------------------------------------- option values
+
+
+def _integer(lo: int, hi: int | None = None) -> Callable[[Any], int]:
+    def convert(value: Any) -> int:
+        if isinstance(value, bool) or isinstance(value, float):
+            raise ValueError(f"not an integer: {value!r}")
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"not an integer: {value!r}") from None
+        if n < lo or (hi is not None and n > hi):
+            bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            raise ValueError(f"must be an integer {bound}: {value!r}")
+        return n
+
+    return convert
+
+
+def _size_or_zero(value: Any) -> int:
+    if (isinstance(value, str) and value.strip() == "0") or (type(value) is int and value == 0):
+        return 0
+    return _size(value)
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, bool) or isinstance(value, float):
+        raise ValueError(f"not a size: {value!r} (examples: 4096, 64KiB, 4MiB, 1GB)")
+    return parse_size(value)
+
+
+def _buffer(value: Any) -> int | float:
+    if isinstance(value, bool):
+        raise ValueError(f"not a buffer size: {value!r}")
+    return parse_buffer(value)
+
+
+def _path(value: Any) -> Path:
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise ValueError(f"not a path: {value!r}")
+    return Path(os.path.abspath(os.path.expanduser(str(value))))
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"must be true or false: {value!r}")
+    return value
+
+
+def _strategy(value: Any) -> str:
+    from .strategies import STRATEGIES
+
+    if not isinstance(value, str) or value not in STRATEGIES:
+        raise ValueError(f"unknown strategy {value!r} (choose from {', '.join(STRATEGIES)})")
+    return value
+
+
+@dataclass(frozen=True)
+class _Option:
+    convert: Callable[[Any], Any]
+    default: Any
+
+
+MiB = 1 << 20
+
+OPTIONS: dict[str, _Option] = {
+    "strategy": _Option(_strategy, "corgipile"),
+    "block_size": _Option(_size, 4 * MiB),
+    "buffer": _Option(_buffer, 64 * MiB),
+    "seed": _Option(_integer(0), 0),
+    "epoch": _Option(_integer(0), 0),
+    "page_size": _Option(_size, 4096),
+    "rank": _Option(_integer(0), 0),
+    "world": _Option(_integer(1), 1),
+    "cache_dir": _Option(_path, None),
+    "record_size": _Option(_size, None),
+    "header_bytes": _Option(_size_or_zero, None),
+    "log_file": _Option(_path, None),
+    "verbose": _Option(_integer(0), 0),
+    "foreground": _Option(_flag, False),
+}
+"""Options that a ``--config`` file may also set (as top-level keys, dashes or underscores)."""
+
+FORMAT_KEYS = ("cache_dir", "record_size", "header_bytes")
+PATH_KEYS = ("cache_dir", "log_file")
+"""Relative paths in a config file are relative to the file's directory."""
+MOUNT_KEYS = tuple(OPTIONS)
+
+
+def _cli_name(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+# --------------------------------------------------------------------------- config file
+
+
+@dataclass
+class ConfigFile:
+    values: dict[str, Any]
+    formats: list[str]
+    """``[[format]]`` tables rewritten as ``--format`` texts, in file order."""
+
+
+def read_config(path: str | os.PathLike) -> ConfigFile:
+    """Parse a TOML config file; raises ValueError with a message naming the file and key."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError:
+            raise ValueError("reading --config needs Python 3.11 or the 'tomli' package") from None
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ValueError(f"cannot read config file {str(path)!r}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"config file {str(path)!r}: {e}") from None
+
+    values: dict[str, Any] = {}
+    formats: list[str] = []
+    for raw_key, value in data.items():
+        key = raw_key.replace("-", "_")
+        where = f"config file {str(path)!r}"
+        if key == "format":
+            tables = value if isinstance(value, list) else [value]
+            for i, table in enumerate(tables):
+                formats.append(_format_table_text(table, f"{where}: [[format]] #{i + 1}"))
+        elif key in OPTIONS:
+            values[key] = value
+        else:
+            known = ", ".join(sorted([*OPTIONS, "format"]))
+            raise ValueError(f"{where}: unknown key {raw_key!r} (known: {known})")
+    return ConfigFile(values, formats)
+
+
+def _format_table_text(table: Any, where: str) -> str:
+    """``{glob, format, params}`` -> ``GLOB=NAME:k=v,...``, the text ``--format`` takes."""
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: must be a table with keys glob, format and params")
+    unknown = set(table) - {"glob", "format", "params"}
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: glob, format, params)")
+    glob, name, params = table.get("glob"), table.get("format"), table.get("params", {})
+    if not isinstance(glob, str) or not glob:
+        raise ValueError(f"{where}: 'glob' must be a non-empty string")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}: 'format' must be a non-empty string")
+    if not isinstance(params, dict):
+        raise ValueError(f"{where}: 'params' must be a table")
+    parts = []
+    for k, v in params.items():
+        if isinstance(v, bool):
+            v = "true" if v else "false"
+        if isinstance(v, (dict, list)) or "," in str(v) or "=" in str(k):
+            raise ValueError(f"{where}: parameter {k!r} must be a plain value without commas")
+        parts.append(f"{k}={v}")
+    return f"{glob}={name}" + (":" + ",".join(parts) if parts else "")
+
+
+# --------------------------------------------------------------------------- argument parser
+
+
+def _strategy_lines() -> str:
+    from .strategies import STRATEGIES, STRATEGY_HELP
+
+    width = max(len(s) for s in STRATEGIES)
+    return "\n".join(f"  {name:<{width}}  {STRATEGY_HELP.get(name, '')}" for name in STRATEGIES)
+
+
+def _add_format_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("formats and index cache")
+    g.add_argument(
+        "--format", action="append", default=[], metavar="GLOB=NAME[:k=v,...]",
+        help="record format of files matching GLOB (relative to SRC), with its parameters; "
+        "repeatable, first match wins; files no rule matches are typed by extension",
+    )
+    g.add_argument("--record-size", metavar="SIZE", help="record size of fixed-size '.bin' files")
+    g.add_argument("--header-bytes", metavar="SIZE", help="header bytes of fixed-size '.bin' files (default 0)")
+    g.add_argument("--cache-dir", metavar="DIR", help="where indexes are cached (default: %s)" % _default_cache_text())
+    g.add_argument(
+        "--config", metavar="FILE",
+        help="TOML file: top-level keys are long option names, [[format]] tables hold glob, "
+        "format and params; options given here override it",
+    )
+
+
+def _default_cache_text() -> str:
+    from .index import default_cache_dir
+
+    return str(default_cache_dir())
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    from .strategies import STRATEGIES
+
+    strategies = _strategy_lines()
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Mount a dataset directory read-only; every data file shows its records in a "
+        "fresh shuffled order each epoch.",
+        epilog=f"strategies:\n{strategies}\n\nRun '{PROG} COMMAND --help' for the options of a command.",
+        formatter_class=raw,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subs: dict[str, argparse.ArgumentParser] = {}
+
+    p = subs["mount"] = sub.add_parser(
+        "mount", help="mount SRC at MNT with shuffled views", formatter_class=raw,
+        description="Mount SRC at MNT. Returns once the mount is ready; the daemon keeps running "
+        "in the background until 'shufflefs umount MNT'.",
+        epilog=f"strategies:\n{strategies}\n\n"
+        "sizes: 4096, 64KiB, 4MiB, 1GB; --buffer also takes a share of each file's record "
+        "bytes (10%).\nOne --buffer sizes the buffer of every strategy that has one, so "
+        "strategies compare at equal memory.",
+    )
+    p.add_argument("source", metavar="SRC", help="dataset directory")
+    p.add_argument("mountpoint", metavar="MNT", help="empty directory to mount on")
+    g = p.add_argument_group("shuffling")
+    g.add_argument("--strategy", choices=list(STRATEGIES), metavar="S", help="shuffle strategy (default corgipile; listed below)")
+    g.add_argument("--block-size", metavar="SIZE", help="bytes per block, the unit of storage reads (default 4MiB)")
+    g.add_argument("--buffer", metavar="SIZE|P%", help="shuffle buffer: bytes, or a percentage of each file's record bytes (default 64MiB)")
+    g.add_argument("--seed", metavar="N", help="seed of every order (default 0)")
+    g.add_argument("--epoch", metavar="N", help="initial epoch (default 0)")
+    g.add_argument("--page-size", metavar="SIZE", help="page size for page-aware strategies (default 4096)")
+    g.add_argument("--rank", metavar="R", help="this machine's rank in a distributed run (default 0)")
+    g.add_argument("--world", metavar="W", help="number of ranks (default 1)")
+    _add_format_options(p)
+    g = p.add_argument_group("daemon")
+    g.add_argument("--log-file", metavar="FILE", help="append the daemon's log here")
+    g.add_argument("-v", "--verbose", action="count", default=None, help="more output (repeatable)")
+    g.add_argument("-f", "--foreground", action="store_true", default=None, help="run the daemon in this process")
+    g.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+    p = subs["epoch"] = sub.add_parser(
+        "epoch", help="show or set the epoch",
+        description="Show the epoch of a mount (MNT is its root: every file), of a directory in it "
+        "(the files below) or of one file; with N set it, with 'next' advance it by one. Setting "
+        "it on the root or a directory replaces the epochs set below it.",
+    )
+    p.add_argument("path", metavar="MNT", help="mount root, or a directory or file inside the mount")
+    p.add_argument("value", metavar="N|next", nargs="?", help="new epoch, or 'next'")
+
+    p = subs["umount"] = sub.add_parser(
+        "umount", help="unmount and wait for the daemon to exit",
+        description="Unmount MNT (fusermount3 -u, or umount) and wait for its daemon to exit.",
+    )
+    p.add_argument("mountpoint", metavar="MNT")
+    p.add_argument("-l", "--lazy", action="store_true", help="detach now even if busy; the daemon exits when the last file closes")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="SEC", help="how long to wait for the daemon to exit (default 10)")
+
+    p = subs["index"] = sub.add_parser(
+        "index", help="build (or check) the index of every data file in SRC",
+        description="Build the index of every data file in SRC, or reuse the cached one, so a later "
+        "mount starts without scanning.",
+    )
+    p.add_argument("source", metavar="SRC", help="dataset directory")
+    _add_format_options(p)
+
+    p = subs["stat"] = sub.add_parser("stat", help="show a mount's settings and counters")
+    p.add_argument("mountpoint", metavar="MNT")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    p = subs["demo"] = sub.add_parser(
+        "demo", help="mount a small label-sorted dataset and show two shuffled epochs",
+    )
+    p.add_argument("--dir", metavar="DIR", help="work here instead of a new temporary directory")
+    p.add_argument("--keep", action="store_true", help="keep the generated files")
+    return parser, subs
+
+
+# --------------------------------------------------------------------------- resolving options
+
+
+@dataclass
+class Resolved:
+    values: dict[str, Any]
+    rules: list[Any]
+    """`shufflefs.formats.FormatRule`s: command line first, then the config file's."""
+
+    @property
+    def format_defaults(self) -> dict[str, Any]:
+        return _format_defaults(self.values)
+
+
+def _format_defaults(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: values[k] for k in ("record_size", "header_bytes") if values.get(k) is not None}
+
+
+def resolve_options(args: argparse.Namespace, keys: Sequence[str], parser: argparse.ArgumentParser) -> Resolved:
+    """Merge command line over config file over defaults, converting and checking every value."""
+    cfg = ConfigFile({}, [])
+    if getattr(args, "config", None):
+        try:
+            cfg = read_config(args.config)
+        except ValueError as e:
+            parser.error(str(e))
+    values: dict[str, Any] = {}
+    for key in keys:
+        opt = OPTIONS[key]
+        given = getattr(args, key, None)
+        if given is not None:
+            raw, where = given, f"argument {_cli_name(key)}"
+        elif key in cfg.values:
+            raw, where = cfg.values[key], f"config file {args.config!r}: {key}"
+            if key in PATH_KEYS and isinstance(raw, str):
+                raw = os.path.join(os.path.dirname(os.path.abspath(args.config)), os.path.expanduser(raw))
+        else:
+            values[key] = opt.default
+            continue
+        try:
+            values[key] = opt.convert(raw)
+        except ValueError as e:
+            parser.error(f"{where}: {e}")
+
+    from .formats import parse_format_option
+
+    rules = []
+    for text in [*args.format, *cfg.formats]:
+        try:
+            rules.append(parse_format_option(text, _format_defaults(values)))
+        except (ValueError, KeyError, TypeError) as e:
+            parser.error(f"argument --format: {_message(e)}")
+    return Resolved(values, rules)
+
+
+def _message(e: BaseException) -> str:
+    return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path != parent and os.path.commonpath([path, parent]) == parent
+
+
+def check_mount_paths(source: str, mountpoint: str, parser: argparse.ArgumentParser) -> tuple[Path, Path]:
+    if not os.path.exists(source):
+        parser.error(f"source {source!r} does not exist")
+    if not os.path.isdir(source):
+        parser.error(f"source {source!r} is not a directory")
+    try:
+        st = os.stat(mountpoint)
+    except FileNotFoundError:
+        parser.error(f"mount point {mountpoint!r} does not exist (create an empty directory)")
+    except OSError as e:
+        hint = f" (a dead mount? run '{PROG} umount {mountpoint}')" if e.errno == errno.ENOTCONN else ""
+        parser.error(f"mount point {mountpoint!r}: {e.strerror}{hint}")
+    import stat as _stat
+
+    if not _stat.S_ISDIR(st.st_mode):
+        parser.error(f"mount point {mountpoint!r} is not a directory")
+    # A daemon must never reach into its own mount: it would wait on itself.
+    src, mnt = os.path.realpath(source), os.path.realpath(mountpoint)
+    if src == mnt:
+        parser.error("source and mount point are the same directory")
+    if _inside(mnt, src):
+        parser.error(f"mount point {mountpoint!r} is inside the source {source!r}")
+    if _inside(src, mnt):
+        parser.error(f"source {source!r} is inside the mount point {mountpoint!r}")
+    if os.path.ismount(mountpoint):
+        parser.error(f"mount point {mountpoint!r} is already a mount point (unmount it first: {PROG} umount {mountpoint})")
+    try:
+        if os.listdir(mountpoint):
+            parser.error(f"mount point {mountpoint!r} is not empty")
+    except OSError as e:
+        parser.error(f"mount point {mountpoint!r}: {e.strerror}")
+    return Path(src), Path(mnt)
+
+
+def _check_writable_dir(path: Path, what: str, parser: argparse.ArgumentParser) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        parser.error(f"{what} {str(path)!r}: {e.strerror}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        parser.error(f"{what} {str(path)!r} is not writable")
+
+
+def _check_strategy(spec: ShuffleSpec, parser: argparse.ArgumentParser) -> None:
+    from .strategies import check_spec
+
+    try:
+        check_spec(spec)
+    except ValueError as e:
+        parser.error(f"strategy {spec.strategy!r}: {e}")
+
+
+def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[MountConfig, Resolved]:
+    """Validate every mount option; exits with a usage error (2) on the first problem."""
+    opts = resolve_options(args, MOUNT_KEYS, parser)
+    v = opts.values
+    src, mnt = check_mount_paths(args.source, args.mountpoint, parser)
+    if v["rank"] >= v["world"]:
+        parser.error(f"--rank {v['rank']} must be smaller than --world {v['world']}")
+    spec = ShuffleSpec(
+        strategy=v["strategy"], seed=v["seed"], block_size=v["block_size"], buffer=v["buffer"],
+        page_size=v["page_size"],
+    )
+    _check_strategy(spec, parser)
+    if v["cache_dir"] is not None:
+        cache = os.path.realpath(v["cache_dir"])
+        if cache == str(src) or _inside(cache, str(src)) or cache == str(mnt) or _inside(cache, str(mnt)):
+            parser.error(f"cache directory {str(v['cache_dir'])!r} must be outside the source and the mount point")
+        _check_writable_dir(v["cache_dir"], "cache directory", parser)
+    if v["log_file"] is not None:
+        log = v["log_file"]
+        if _inside(str(log), str(mnt)) or _inside(str(log), str(src)):
+            parser.error(f"log file {str(log)!r} must be outside the source and the mount point")
+        try:
+            with open(log, "a"):
+                pass
+        except OSError as e:
+            parser.error(f"log file {str(log)!r}: {e.strerror}")
+    config = MountConfig(
+        source=src, mountpoint=mnt, spec=spec, epoch=v["epoch"], rank=v["rank"], world=v["world"],
+        rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=v["cache_dir"],
+    )
+    return config, opts
+
+
+# --------------------------------------------------------------------------- mount
+
+
+def cmd_mount(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    config, opts = mount_config(args, parser)
+    v = opts.values
+    log_file = str(v["log_file"]) if v["log_file"] is not None else None
+    if v["foreground"] or args.ready_fd is not None:
+        return run_foreground(config, args.ready_fd, log_file, v["verbose"])
+    return start_background(argv, config, v["verbose"])
+
+
+def run_foreground(config: MountConfig, ready_fd: int | None, log_file: str | None, verbosity: int) -> int:
+    from . import daemon
+
+    if ready_fd is not None:
+        # Started by `start_background`: never pin the caller's working directory, and stop
+        # writing to the start-up capture file once the parent has stopped reading it.
+        os.chdir("/")
+        ready_fd = _relay_ready(ready_fd, log_file)
+    return daemon.run(config, ready_fd=ready_fd, log_file=log_file, verbosity=verbosity)
+
+
+def _relay_ready(parent_fd: int, log_file: str | None) -> int:
+    """Pass the daemon's "ready" on to the parent, first moving stdout/stderr off the capture file."""
+    r, w = os.pipe()
+
+    def relay() -> None:
+        data = b""
+        while b"ready" not in data:
+            chunk = os.read(r, 64)
+            if not chunk:
+                break
+            data += chunk
+        os.close(r)
+        if b"ready" in data:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            out = os.open(log_file or os.devnull, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.close(out)
+            os.write(parent_fd, b"ready\n")
+        os.close(parent_fd)
+
+    threading.Thread(target=relay, name="ready-relay", daemon=True).start()
+    return w
+
+
+def start_background(argv: list[str], config: MountConfig, verbosity: int) -> int:
+    """Run ``shufflefs mount -f ...`` in a new session and return once it has mounted."""
+    i = argv.index("mount")
+    r, w = os.pipe()
+    cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", "--ready-fd", str(w), *argv[i + 1:]]
+    env = dict(os.environ)
+    pkg_root = Path(__file__).resolve().parent.parent
+    if pkg_root.name not in ("site-packages", "dist-packages"):  # a source checkout
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pkg_root), env.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryFile() as capture:
+        try:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=capture, stderr=capture, pass_fds=(w,),
+                start_new_session=True, env=env,
+            )
+        finally:
+            os.close(w)
+        try:
+            ready = _wait_ready(r)
+        except KeyboardInterrupt:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            print(f"{PROG} mount: interrupted; the daemon (pid {proc.pid}) was stopped", file=sys.stderr)
+            return 130
+        finally:
+            os.close(r)
+        if ready:
+            if verbosity:
+                print(f"{PROG}: mounted {config.source} on {config.mountpoint} (daemon pid {proc.pid})")
+            return EXIT_OK
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        capture.seek(0)
+        output = capture.read().decode(errors="replace").rstrip()
+    if output:
+        print(output, file=sys.stderr)
+    status = "still running" if rc is None else f"exit status {rc}"
+    print(f"{PROG} mount: error: the daemon failed to mount {config.mountpoint} ({status})", file=sys.stderr)
+    return rc if rc else EXIT_FAIL
+
+
+def _wait_ready(fd: int) -> bool:
+    data = b""
+    while b"ready" not in data:
+        chunk = os.read(fd, 64)
+        if not chunk:
+            return False
+        data += chunk
+    return True
+
+
+# --------------------------------------------------------------------------- xattr helpers
+
+
+class CliError(Exception):
+    """A failure to report as ``shufflefs CMD: error: ...``; ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = EXIT_FAIL) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _xattr_failure(e: OSError, path: str, name: str) -> CliError:
+    if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return CliError(f"{path}: not a shufflefs mount or a data file in one (no {name} attribute)")
+    if e.errno == errno.ENOTCONN:
+        return CliError(f"{path}: the mount's daemon is gone (transport endpoint is not connected); "
+                        f"run '{PROG} umount' on the mount point")
+    if e.errno == errno.ENOENT:
+        return CliError(f"{path}: no such file or directory")
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return CliError(f"{path}: {e.strerror} (changing the epoch needs write permission on it)")
+    return CliError(f"{path}: {e.strerror or e}")
+
+
+def get_xattr(path: str, name: str) -> bytes:
+    try:
+        return os.getxattr(path, name)
+    except OSError as e:
+        raise _xattr_failure(e, path, name) from None
+
+
+# --------------------------------------------------------------------------- epoch
+
+
+def _parse_epoch(text: bytes | str, path: str) -> int:
+    try:
+        return int(text.decode() if isinstance(text, bytes) else text)
+    except ValueError:
+        raise CliError(f"{path}: unexpected epoch value {text!r}") from None
+
+
+def cmd_epoch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    path = args.path
+    current = _parse_epoch(get_xattr(path, EPOCH_XATTR).strip(), path)
+    if args.value is None:
+        print(current)
+        return EXIT_OK
+    if args.value == "next":
+        new = current + 1
+    else:
+        try:
+            new = _integer(0)(args.value.strip())
+        except ValueError as e:
+            parser.error(f"epoch {args.value!r}: {e} (or 'next')")
+    try:
+        os.setxattr(path, EPOCH_XATTR, str(new).encode())
+    except OSError as e:
+        if e.errno == errno.EINVAL:
+            raise CliError(f"{path}: invalid epoch {new} (rejected by the filesystem)", EXIT_USAGE) from None
+        raise _xattr_failure(e, path, EPOCH_XATTR) from None
+    if args.value == "next":
+        print(new)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- umount
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie counts as exited: it no longer holds the mount)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+
+def _unmount_command(mountpoint: str, lazy: bool) -> list[list[str]]:
+    flags = "-uz" if lazy else "-u"
+    return [["fusermount3", flags, mountpoint], ["umount", *(["-l"] if lazy else []), mountpoint]]
+
+
+def cmd_umount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    mnt = os.path.abspath(args.mountpoint)
+    pid: int | None = None
+    try:
+        pid = int(os.getxattr(mnt, PID_XATTR).decode().strip())
+    except OSError as e:
+        if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            if os.path.ismount(mnt):
+                raise CliError(f"{mnt}: not a shufflefs mount") from None
+            raise CliError(f"{mnt}: not mounted") from None
+        if e.errno == errno.ENOENT:
+            raise CliError(f"{mnt}: no such file or directory") from None
+        # ENOTCONN: the daemon died; the kernel mount is still there and can be removed.
+    except ValueError:
+        pid = None
+
+    result = None
+    for cmd in _unmount_command(mnt, args.lazy):
+        try:
+            result = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+            break
+        except FileNotFoundError:
+            continue
+    if result is None:
+        raise CliError("neither fusermount3 nor umount was found")
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout).strip() or f"{result.args[0]} exit status {result.returncode}"
+        hint = ""
+        if "busy" in detail.lower():
+            hint = ("\n  a process has a file open or its working directory under the mount; "
+                    f"close it, or detach now with '{PROG} umount --lazy {args.mountpoint}'")
+        raise CliError(f"cannot unmount {mnt}: {detail}{hint}")
+
+    if pid is not None and args.lazy:
+        time.sleep(0.2)
+        if _alive(pid):
+            print(f"{PROG} umount: {mnt} detached; its daemon (pid {pid}) exits when the last open file "
+                  "under it is closed", file=sys.stderr)
+    elif pid is not None:
+        deadline = time.monotonic() + args.timeout
+        while _alive(pid):
+            if time.monotonic() >= deadline:
+                raise CliError(f"{mnt} is unmounted but its daemon (pid {pid}) has not exited after {args.timeout:g} s")
+            time.sleep(0.05)
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- index
+
+
+class ProgressBar:
+    """One self-overwriting stderr line: files done / total, bytes, MB/s; silent unless a TTY."""
+
+    def __init__(self, files: int, total_bytes: int, enabled: bool) -> None:
+        self.files, self.total = files, total_bytes
+        self.enabled = enabled
+        self.done_files = 0
+        self.done_bytes = 0
+        self.current = 0
+        self.start = time.monotonic()
+        self._last = 0.0
+        self._width = 0
+
+    def file_progress(self, scanned: int) -> None:
+        self.current = scanned
+        self.draw()
+
+    def file_done(self, size: int) -> None:
+        self.done_files += 1
+        self.done_bytes += size
+        self.current = 0
+        self.draw()
+
+    def draw(self, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < 0.1 and self.done_files < self.files:
+            return
+        self._last = now
+        done = self.done_bytes + self.current
+        rate = done / max(now - self.start, 1e-9)
+        line = f"{self.done_files}/{self.files} files  {_human(done)} / {_human(self.total)}  {_human(rate)}/s"
+        sys.stderr.write("\r" + line.ljust(self._width))
+        sys.stderr.flush()
+        self._width = len(line)
+
+    def clear(self) -> None:
+        if self.enabled and self._width:
+            sys.stderr.write("\r" + " " * self._width + "\r")
+            sys.stderr.flush()
+            self._width = 0
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError
+
+
+def iter_source_files(source: Path) -> list[tuple[str, str]]:
+    """(path, path relative to source) of every regular file, sorted, hidden entries skipped."""
+    out = []
+    for root, dirs, files in os.walk(source):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if name.startswith("."):
+                continue
+            path = os.path.join(root, name)
+            if os.path.isfile(path):
+                out.append((path, os.path.relpath(path, source)))
+    return out
+
+
+def cmd_index(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .errors import ShuffleError
+    from .formats import resolve_format
+    from .index import IndexCache
+
+    opts = resolve_options(args, FORMAT_KEYS, parser)
+    if not os.path.isdir(args.source):
+        parser.error(f"source {args.source!r} is not a directory")
+    source = Path(os.path.realpath(args.source))
+    cache_dir = opts.values["cache_dir"]
+    if cache_dir is not None:
+        _check_writable_dir(cache_dir, "cache directory", parser)
+    cache = IndexCache(cache_dir)
+
+    jobs = []
+    skipped = 0
+    failures: list[str] = []
+    for path, rel in iter_source_files(source):
+        try:
+            fmt = resolve_format(rel, opts.rules, opts.format_defaults)
+        except (ShuffleError, ValueError) as e:
+            failures.append(f"{path}: {e}")
+            print(f"{PROG} index: {failures[-1]}", file=sys.stderr)
+            continue
+        if fmt is None:
+            skipped += 1
+            continue
+        jobs.append((path, fmt, os.path.getsize(path)))
+
+    bar = ProgressBar(len(jobs), sum(j[2] for j in jobs), sys.stderr.isatty())
+    records = cached = built = 0
+    reported = len(failures)
+    try:
+        for path, fmt, size in jobs:
+            try:
+                index, was_cached = _load_index(path, fmt, cache, bar.file_progress)
+            except ShuffleError as e:
+                failures.append(str(e))
+            except OSError as e:
+                failures.append(f"{path}: {e.strerror or e}")
+            else:
+                records += index.n
+                cached += was_cached
+                built += not was_cached
+            if len(failures) > reported:
+                bar.clear()
+                print(f"{PROG} index: {failures[-1]}", file=sys.stderr)
+                reported = len(failures)
+            bar.file_done(size)
+    finally:
+        bar.clear()
+    elapsed = time.monotonic() - bar.start
+    print(
+        f"{len(jobs)} files, {records} records, {_human(bar.total)}: {built} built, {cached} cached, "
+        f"{len(failures)} failed, {skipped} skipped (no format) in {elapsed:.1f} s"
+    )
+    return EXIT_FAIL if failures else EXIT_OK
+
+
+def _load_index(path: str, fmt: Any, cache: Any, progress: Callable[[int], None]) -> tuple[Any, bool]:
+    """(index, True if it came from the cache)."""
+    from .formats import load_or_build_index
+    from .index import SourceStamp, cache_key
+
+    stamp = SourceStamp.of(os.stat(path))
+    index = cache.load(cache_key(path, stamp, fmt.name, fmt.params()), stamp)
+    if index is not None:
+        return index, True
+    return load_or_build_index(path, fmt, cache, progress=progress), False
+
+
+# --------------------------------------------------------------------------- stat
+
+
+def cmd_stat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    raw = get_xattr(args.mountpoint, STATS_XATTR)
+    try:
+        stats = json.loads(raw)
+    except ValueError:
+        raise CliError(f"{args.mountpoint}: unreadable stats: {raw[:200]!r}") from None
+    if args.json:
+        print(json.dumps(stats, indent=2))
+    else:
+        print(format_stats(stats))
+    return EXIT_OK
+
+
+def format_stats(stats: dict) -> str:
+    """Readable lines for the known fields of ``user.shufflefs.stats``; any others are listed after."""
+    s = dict(stats)
+    take = s.pop
+    lines: list[tuple[str, str]] = []
+
+    pid, uptime = take("pid", None), take("uptime_s", None)
+    about = ", ".join(x for x in (pid is not None and f"daemon pid {pid}", uptime is not None and f"up {_duration(uptime)}") if x)
+    lines.append(("mount", f"{take('mountpoint', '?')}" + (f"  ({about})" if about else "")))
+    if "source" in s:
+        lines.append(("source", str(take("source"))))
+    params = [f"{k}={_param(k, take(k))}" for k in ("seed", "block_size", "buffer", "page_size") if k in s]
+    lines.append(("strategy", "  ".join([str(take("strategy", "?")), *params])))
+    rank, world = take("rank", None), take("world", None)
+    if world is not None and world != 1:
+        lines.append(("rank", f"{rank} of {world}"))
+    overrides = take("epoch_overrides", None)
+    epoch = str(take("epoch", "?"))
+    if overrides:
+        epoch += "  (own epochs: " + ", ".join(f"{k}={v}" for k, v in overrides.items()) + ")"
+    lines.append(("epoch", epoch))
+    counts = [f"{take(k)} {label}" for k, label in (("files_opened", "opened"), ("views", "views"),
+                                                     ("handles", "open handles"), ("inodes", "inodes")) if k in s]
+    if counts:
+        lines.append(("files", ", ".join(counts)))
+    if "bytes_served" in s or "reads" in s:
+        served = take("bytes_served", 0)
+        lines.append(("served", f"{_human(served) if isinstance(served, (int, float)) else served} in {take('reads', '?')} reads"))
+    memory = take("memory", None)
+    if isinstance(memory, dict):
+        lines.append(("memory", "  ".join(f"{k.removesuffix('_bytes')}={_human(v) if k.endswith('_bytes') else v}" for k, v in memory.items())))
+    if "cache_dir" in s:
+        lines.append(("cache dir", str(take("cache_dir"))))
+    recent = take("last_errors", None)
+    errors_ = take("errors", None)
+    for key, value in s.items():
+        if isinstance(value, dict):
+            value = "  ".join(f"{k}={v}" for k, v in value.items())
+        elif isinstance(value, list):
+            value = ", ".join(map(str, value))
+        lines.append((key.replace("_", " "), str(value)))
+    if errors_ is not None:
+        lines.append(("errors", str(errors_)))
+    width = max(len(k) for k, _ in lines)
+    out = [f"{k:<{width}}  {v}".rstrip() for k, v in lines]
+    if recent:
+        out.append("recent errors:")
+        out.extend(f"  {line}" for line in (recent if isinstance(recent, list) else [recent]))
+    return "\n".join(out)
+
+
+def _duration(seconds: float) -> str:
+    seconds = float(seconds)
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _param(key: str, value: Any) -> str:
+    if key == "buffer" and isinstance(value, float):
+        return format_buffer(value)
+    if key in ("block_size", "buffer") and isinstance(value, int):
+        for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+            if value >= 1 << shift and value % (1 << shift) == 0:
+                return f"{value >> shift}{unit}"
+    return str(value)
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .demo import run_demo
+
+    return run_demo(args.dir, keep=args.keep)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, subs = build_parser()
+    args = parser.parse_args(argv)
+    sub = subs[args.command]
+    try:
+        if args.command == "mount":
+            return cmd_mount(args, sub, argv)
+        handler = {
+            "epoch": cmd_epoch, "umount": cmd_umount, "index": cmd_index, "stat": cmd_stat,
+            "demo": cmd_demo,
+        }[args.command]
+        return handler(args, sub)
+    except CliError as e:
+        print(f"{PROG} {args.command}: error: {e}", file=sys.stderr)
+        return e.code
+    except KeyboardInterrupt:
+        return 130
