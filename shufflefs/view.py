@@ -100,11 +100,15 @@ class View:
     def size(self) -> int:
         return self.layout.size
 
-    def load_window(self, k: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Read window k's records in source order and assemble them in view order (blocking)."""
+    def load_window(self, k: int, out: np.ndarray | None = None, scratch: np.ndarray | None = None) -> np.ndarray:
+        """Read window k's records in source order and assemble them in view order (blocking).
+
+        ``out`` receives the window and ``scratch`` the source bytes when large enough; reusing
+        both across loads avoids first-touching fresh memory for every window.
+        """
         self.source.check(int(self.layout.window_starts[k]))
         ids = self.plan.window(k)
-        return assemble(self.index, ids, self.source.read_runs, out)
+        return assemble(self.index, ids, lambda s, e: self.source.read_runs(s, e, scratch), out)
 
     def close(self) -> None:
         self.source.close()

@@ -1,0 +1,224 @@
+"""Mount lifecycle: checks, logging, the trio loop, signals, and an unmount that always happens.
+
+`run` mounts in the calling process and returns when the filesystem is unmounted: by
+``fusermount3 -u``, by SIGINT/SIGTERM, or by an error.  It reports readiness on ``ready_fd``
+(``b"ready\\n"``, then the descriptor is closed) so that a launcher that forked it can return once
+the mount is usable.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+from .config import MountConfig
+from .fs import ShuffleFS
+
+log = logging.getLogger("shufflefs")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+LEVELS = {0: logging.WARNING, 1: logging.INFO}
+
+
+def setup_logging(log_file: str | os.PathLike | None, verbosity: int) -> logging.Handler:
+    """Send the ``shufflefs`` (and ``pyfuse3``) loggers to ``log_file`` or stderr."""
+    handler: logging.Handler
+    handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"))
+    level = LEVELS.get(verbosity, logging.DEBUG)
+    for name, lvl in (("shufflefs", level), ("pyfuse3", max(level, logging.INFO))):
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.setLevel(lvl)
+    return handler
+
+
+def _remove_logging(handler: logging.Handler) -> None:
+    for name in ("shufflefs", "pyfuse3"):
+        logging.getLogger(name).removeHandler(handler)
+    handler.close()
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def check_paths(config: MountConfig) -> str | None:
+    """A message saying what is wrong with the source / mountpoint / cache dir, or None."""
+    src, mnt = Path(config.source), Path(config.mountpoint)
+    if not src.exists():
+        return f"source {src} does not exist"
+    if not src.is_dir():
+        return f"source {src} is not a directory"
+    try:
+        os.listdir(src)
+    except OSError as e:
+        return f"cannot read source {src}: {e.strerror}"
+    try:
+        if not mnt.exists():
+            return f"mountpoint {mnt} does not exist (create it with: mkdir -p {mnt})"
+        if not mnt.is_dir():
+            return f"mountpoint {mnt} is not a directory"
+        if os.listdir(mnt):
+            return f"mountpoint {mnt} is not empty"
+    except OSError as e:
+        return f"mountpoint {mnt} is not usable ({e.strerror}); if a mount is left over, run: fusermount3 -u {mnt}"
+    rsrc, rmnt = os.path.realpath(src), os.path.realpath(mnt)
+    if _inside(rmnt, rsrc):
+        return f"mountpoint {mnt} is inside the source {src}; the mount would contain itself"
+    if _inside(rsrc, rmnt):
+        return f"source {src} is inside the mountpoint {mnt}"
+    if config.cache_dir is not None:
+        rcache = os.path.realpath(config.cache_dir)
+        if _inside(rcache, rsrc):
+            return f"cache directory {config.cache_dir} is inside the source {src}; the source is never written"
+        if _inside(rcache, rmnt):
+            return f"cache directory {config.cache_dir} is inside the mountpoint {mnt}"
+    return None
+
+
+def _fsname(source: str) -> str:
+    """``fsname=shufflefs:<src>``: libfuse splits options at commas (escaped with a backslash)."""
+    name = "shufflefs:" + source
+    if not name.isascii():
+        name = "shufflefs"
+    return "fsname=" + name.replace("\\", "\\\\").replace(",", "\\,")
+
+
+def _unescape_mount_field(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def is_mounted(mountpoint: str | os.PathLike) -> bool:
+    """Whether ``mountpoint`` appears in /proc/self/mounts (without touching the path itself)."""
+    target = os.path.abspath(mountpoint)
+    try:
+        with open("/proc/self/mounts") as f:
+            return any(
+                len(fields) > 2 and _unescape_mount_field(fields[1]) == target
+                for fields in (line.split() for line in f)
+            )
+    except OSError:
+        return False
+
+
+class _Ready:
+    """The launcher's pipe: written once, closed exactly once."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    def signal(self) -> None:
+        if self.fd is not None:
+            try:
+                os.write(self.fd, b"ready\n")
+            except OSError:
+                pass
+        self.close()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+
+
+async def _main(fs: ShuffleFS) -> None:
+    async with trio.open_nursery() as nursery:
+        fs.start(nursery)
+        if threading.current_thread() is threading.main_thread():
+            nursery.start_soon(_watch_signals)
+        try:
+            await pyfuse3.main()
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+async def _watch_signals() -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async for signum in signals:
+            log.info("%s received: unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+            return
+
+
+def run(config: MountConfig, ready_fd: int | None = None, log_file: str | os.PathLike | None = None,
+        verbosity: int = 0) -> int:
+    """Mount ``config.source`` at ``config.mountpoint`` and serve until unmounted.
+
+    Returns 0 after a clean unmount, 2 for unusable paths, 1 if mounting or serving failed.
+    """
+    ready = _Ready(ready_fd)
+    handler = setup_logging(log_file, verbosity)
+    try:
+        problem = check_paths(config)
+        if problem:
+            log.error("%s", problem)
+            if log_file:  # the log is elsewhere: the user must still see why
+                print(f"shufflefs: {problem}", file=sys.stderr)
+            return EXIT_USAGE
+        return _serve(config, ready, bool(log_file))
+    finally:
+        ready.close()
+        _remove_logging(handler)
+
+
+def _terminate_early(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
+    try:
+        fs = ShuffleFS(config)
+    except (OSError, ValueError) as e:
+        log.error("cannot start: %s", e)
+        return EXIT_FAILED
+    mnt = os.path.abspath(config.mountpoint)
+    options = {_fsname(os.path.abspath(config.source)), "subtype=shufflefs", "default_permissions"}
+    main_thread = threading.current_thread() is threading.main_thread()
+    if main_thread:  # until trio takes over the signals, a SIGTERM must still unmount
+        previous = signal.signal(signal.SIGTERM, _terminate_early)
+    code = EXIT_OK
+    mounted = False
+    try:
+        try:
+            pyfuse3.init(fs, mnt, options)
+        except RuntimeError as e:
+            log.error("cannot mount %s at %s: %s", config.source, mnt, e)
+            if to_file:
+                print(f"shufflefs: cannot mount {config.source} at {mnt}: {e}", file=sys.stderr)
+            return EXIT_FAILED
+        mounted = True
+        log.info(
+            "mounted %s at %s (strategy %s, seed %d, epoch %d, pid %d)",
+            config.source, mnt, config.spec.strategy, config.spec.seed, config.epoch, os.getpid(),
+        )
+        ready.signal()
+        trio.run(_main, fs)
+    except KeyboardInterrupt:
+        log.info("interrupted: unmounting")
+    except BaseException:  # noqa: BLE001 -- whatever happened, unmount below
+        log.exception("the filesystem loop failed: unmounting")
+        code = EXIT_FAILED
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+        if mounted:
+            fs.shutdown()
+            pyfuse3.close(unmount=True)
+            if is_mounted(mnt):  # e.g. busy: detach it so that nothing is left behind
+                log.warning("%s still mounted after unmount; detaching it lazily", mnt)
+                subprocess.run(["fusermount3", "-u", "-z", mnt], check=False, capture_output=True)
+            log.info("unmounted %s", mnt)
+    return code

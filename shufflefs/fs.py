@@ -1,0 +1,944 @@
+"""pyfuse3 operations: the source tree mirrored read-only, data files served as shuffled views.
+
+This module only translates between the kernel and the pure layers (formats, index, strategies,
+layout); it holds no shuffle logic.
+
+Inodes and epochs.  A data file gets one inode number per (path, epoch, source stamp), never
+reused, and its lookups are not cached by the kernel (``entry_timeout=0``), so every ``open``
+resolves the epoch current at that moment while a handle opened earlier stays on its own inode
+and keeps its epoch.  Because an inode's bytes can never change, ``.npy`` views can be served
+through the page cache (``keep_cache``) and so support shared ``mmap``; every other view uses
+``direct_io`` (reads arrive as the application issued them, no copy into the page cache).
+Directories, symlinks and pass-through files have one inode per path.  Old inodes disappear
+when the kernel forgets them.
+
+Sharing and memory.  All handles of one inode share its plan, its open source file and its
+windows (`prefetch.WindowCache`, keyed by inode and window).  The window budget is
+`WINDOWS_PER_VIEW` windows per open view plus a fixed `IDLE_WINDOW_BYTES`; the last `IDLE_VIEWS`
+views whose handles all closed stay open so that a reader that reopens the file per record does
+not rebuild the plan and reload windows every time.
+
+All handlers run in the trio thread; anything that touches the disk or gathers records runs on
+worker threads (`trio.to_thread.run_sync` with capacity limiters).  The daemon never touches
+paths inside its own mount.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import logging
+import os
+import re
+import stat
+import threading
+import time
+from collections import OrderedDict
+from typing import Any, Callable
+
+import numpy as np
+import pyfuse3
+import trio
+from pyfuse3 import FUSEError
+
+from .config import MountConfig, format_buffer
+from .errors import FormatError, ShuffleError, StaleSourceError
+from .formats import Format, load_or_build_index, resolve_format
+from .index import IndexCache, RecordIndex, SourceStamp
+from .layout import HEADER, TRAILER, Layout
+from .prefetch import SharedTasks, WindowCache
+from .stats import Stats
+from .strategies import Plan, make_plan
+from .view import View
+
+log = logging.getLogger("shufflefs")
+
+ROOT = pyfuse3.ROOT_INODE
+META_TIMEOUT = 1.0
+"""Seconds the kernel may cache attributes and non-view entries (the source tree rarely changes)."""
+WINDOWS_PER_VIEW = 3
+"""Memory budget per open view, in windows: the one being served, the next, one spare."""
+VIEW_BLKSIZE = 1 << 20
+"""``st_blksize`` of views: stdio and Python size their reads by it; FUSE requests max out at 1 MiB."""
+IDLE_VIEWS = 4
+"""Views kept open (with their plan and cached windows) after their last handle closed, so that
+readers that open the file for every record do not rebuild the plan and reload windows."""
+IDLE_WINDOW_BYTES = 64 << 20
+"""Window bytes that may stay cached beyond the per-open-view budget (e.g. for idle views)."""
+INDEX_MEMO_BOUNDS = 32 << 20
+"""Record boundaries (8 bytes each) of recently used indexes kept in memory besides the disk cache."""
+
+PREFIX = "user.shufflefs."
+X_EPOCH = b"user.shufflefs.epoch"
+X_STATS = b"user.shufflefs.stats"
+X_PID = b"user.shufflefs.pid"
+VIEW_ATTRS = [X_EPOCH] + [
+    (PREFIX + n).encode()
+    for n in ("strategy", "seed", "records", "windows", "format", "block_size", "buffer", "info")
+]
+ROOT_ATTRS = [X_EPOCH, X_STATS, X_PID]
+OURS = frozenset(VIEW_ATTRS + ROOT_ATTRS)
+
+DIR, FILE, LINK, VIEW = "dir", "file", "link", "view"
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC
+
+
+# --------------------------------------------------------------------------- small pieces
+
+
+class Node:
+    """One inode.  ``lookups`` is the kernel's reference count (lookup/readdir minus forget)."""
+
+    __slots__ = (
+        "ino", "kind", "relpath", "key", "lookups", "st", "target", "fmt", "epoch", "stamp", "size",
+        "plan", "layout", "index", "view", "opens", "broken",
+    )
+
+    def __init__(self, ino: int, kind: str, relpath: str, key: tuple, st: os.stat_result) -> None:
+        self.ino, self.kind, self.relpath, self.key, self.st = ino, kind, relpath, key, st
+        self.lookups = 0
+        self.target: str | None = None
+        self.fmt: Format | None = None
+        self.epoch = 0
+        self.stamp: SourceStamp | None = None
+        self.size = st.st_size
+        # view state, built on first open or xattr query
+        self.index: RecordIndex | None = None
+        self.plan: Plan | None = None
+        self.layout: Layout | None = None
+        self.view: SharedView | None = None
+        self.opens = 0
+        self.broken: ShuffleError | None = None
+
+
+class Probe:
+    """What a directory entry is, gathered on a worker thread (lstat, last byte, link target)."""
+
+    __slots__ = ("name", "st", "fmt", "last_byte", "target")
+
+    def __init__(self, name: str, st: os.stat_result, fmt: Format | None, last_byte: int | None, target: str | None):
+        self.name, self.st, self.fmt, self.last_byte, self.target = name, st, fmt, last_byte, target
+
+
+class SharedView:
+    """A `View` whose file descriptor is closed only once no worker thread is loading from it."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closing = False
+
+    def load(self, k: int, out: np.ndarray | None, scratch: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        wsize = self.view.layout.window_size(k)
+        if scratch is None or len(scratch) < wsize:
+            scratch = np.empty(wsize, np.uint8)
+        with self._lock:
+            if self._closing:
+                raise OSError(errno.EBADF, "view closed")
+            self._users += 1
+        try:
+            return self.view.load_window(k, out, scratch), scratch
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._closing and self._users == 0:
+                    self.view.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            if self._users == 0:
+                self.view.close()
+
+
+class Handle:
+    __slots__ = ("node", "fd", "last_end")
+
+    def __init__(self, node: Node, fd: int = -1) -> None:
+        self.node, self.fd, self.last_end = node, fd, 0
+
+
+def parse_epoch(value: bytes) -> int:
+    """ASCII decimal, surrounding whitespace allowed; anything else is EINVAL."""
+    try:
+        text = value.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise FUSEError(errno.EINVAL) from None
+    if not re.fullmatch(r"[0-9]{1,18}", text):
+        raise FUSEError(errno.EINVAL)
+    return int(text)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _pread_full(fd: int, size: int, off: int) -> bytes:
+    """Exactly ``size`` bytes unless EOF comes first (FUSE pads short replies with zeros)."""
+    parts = []
+    while size > 0:
+        b = os.pread(fd, size, off)
+        if not b:
+            break
+        parts.append(b)
+        size -= len(b)
+        off += len(b)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _guard(fn: Callable) -> Callable:
+    """Unexpected exceptions become EIO (pyfuse3 would otherwise stop the whole mount)."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: "ShuffleFS", *args: Any) -> Any:
+        try:
+            return await fn(self, *args)
+        except (FUSEError, trio.Cancelled):
+            raise
+        except Exception as e:  # noqa: BLE001 -- logged and counted, never swallowed silently
+            log.exception("%s failed", fn.__name__)
+            self.stats.error(f"{fn.__name__}: internal error: {e!r}")
+            raise FUSEError(errno.EIO) from None
+
+    return wrapper
+
+
+def _erofs(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    async def refuse(self: "ShuffleFS", *args: Any) -> Any:
+        raise FUSEError(errno.EROFS)
+
+    return refuse
+
+
+# --------------------------------------------------------------------------- the filesystem
+
+
+class ShuffleFS(pyfuse3.Operations):
+    """The operations of one mount.  Call `start` with a nursery before serving requests."""
+
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, config: MountConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.source = os.path.abspath(os.fspath(config.source))
+        self.real_source = os.path.realpath(self.source)
+        self.mountpoint = os.path.abspath(os.fspath(config.mountpoint))
+        self.spec = config.spec
+        self.epoch = int(config.epoch)
+        self.file_epochs: dict[str, int] = {}
+        self.dir_epochs: dict[str, int] = {}
+        self.index_cache = IndexCache(config.cache_dir)
+        self.stats = Stats()
+
+        self.meta_limiter = trio.CapacityLimiter(8)
+        self.index_limiter = trio.CapacityLimiter(2)
+        self.windows = WindowCache(trio.CapacityLimiter(max(2, min(4, os.cpu_count() or 2))), IDLE_WINDOW_BYTES)
+        self.tasks = SharedTasks()
+
+        self._nodes: dict[int, Node] = {}
+        self._keys: dict[tuple, int] = {}
+        self._next_ino = ROOT + 1
+        self._handles: dict[int, Handle] = {}
+        self._dirs: dict[int, tuple[str, list[Probe]]] = {}
+        self._next_fh = 1
+        self._formats: dict[str, Format | None] = {}
+        self._indexes: OrderedDict[tuple, RecordIndex] = OrderedDict()
+        self._bad_indexes: OrderedDict[tuple, FormatError] = OrderedDict()
+        self._open_views: set[int] = set()
+        self._idle: OrderedDict[int, Node] = OrderedDict()
+
+        root_st = os.stat(self.source)
+        root = Node(ROOT, DIR, "", ("d", ""), root_st)
+        root.lookups = 1
+        self._nodes[ROOT] = root
+        self._keys[root.key] = ROOT
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Background window loads run in ``nursery`` (cancelled at unmount)."""
+        self.windows.nursery = nursery
+
+    def shutdown(self) -> None:
+        """Close every source file; called once the FUSE loop has ended."""
+        for fh in list(self._handles):
+            self._release_handle(fh)
+        for node in list(self._nodes.values()) + list(self._idle.values()):
+            self._close_view(node)
+        self.windows.clear()
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _io(self, fn: Callable, *args: Any, limiter: trio.CapacityLimiter | None = None) -> Any:
+        return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter or self.meta_limiter)
+
+    def _path(self, relpath: str) -> str:
+        return os.path.join(self.source, relpath) if relpath else self.source
+
+    def _node(self, ino: int) -> Node:
+        node = self._nodes.get(ino)
+        if node is None:
+            raise FUSEError(errno.ESTALE)
+        return node
+
+    def _format(self, relpath: str) -> Format | None:
+        if relpath not in self._formats:
+            if len(self._formats) > 100_000:
+                self._formats.clear()
+            self._formats[relpath] = resolve_format(relpath, self.config.rules, self.config.format_defaults)
+        return self._formats[relpath]
+
+    def epoch_of(self, relpath: str) -> int:
+        """A file's own override, else the nearest directory's, else the mount's epoch."""
+        if relpath in self.file_epochs:
+            return self.file_epochs[relpath]
+        d = os.path.dirname(relpath)
+        while d:
+            if d in self.dir_epochs:
+                return self.dir_epochs[d]
+            d = os.path.dirname(d)
+        return self.epoch
+
+    def _link_target(self, relpath: str) -> str | None:
+        """The target shown in the mount, or None when the link leaves the source tree.
+
+        Plain relative targets are kept; absolute ones and ones with ``..`` are rewritten
+        relative to the link's directory so that they resolve inside the mount.
+        """
+        path = self._path(relpath)
+        target = os.readlink(path)
+        real = os.path.realpath(path)
+        if not _inside(real, self.real_source):
+            return None
+        if not os.path.isabs(target) and ".." not in target.split("/"):
+            return target
+        return os.path.relpath(real, os.path.realpath(os.path.dirname(path)))
+
+    def _probe(self, relpath: str, name: str) -> Probe | None:
+        """Blocking: describe one entry, or None if it is hidden (outside links, devices, ...)."""
+        path = self._path(relpath)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            return Probe(name, st, None, None, None)
+        if stat.S_ISLNK(st.st_mode):
+            target = self._link_target(relpath)
+            return Probe(name, st, None, None, target) if target is not None else None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        fmt = self._format(relpath)
+        last = None
+        if fmt is not None and st.st_size > 0:
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                try:
+                    b = os.pread(fd, 1, st.st_size - 1)
+                finally:
+                    os.close(fd)
+                last = b[0] if b else None
+            except OSError:
+                last = None  # unreadable: open will report the error
+        return Probe(name, st, fmt, last, None)
+
+    def _list(self, relpath: str) -> list[Probe]:
+        """Blocking: the visible entries of a directory, sorted by name."""
+        out = []
+        with os.scandir(self._path(relpath)) as it:
+            names = sorted(e.name for e in it)
+        for name in names:
+            p = self._probe(os.path.join(relpath, name) if relpath else name, name)
+            if p is not None:
+                out.append(p)
+        return out
+
+    async def _entry(self, relpath: str, probe: Probe) -> Node:
+        """The node for a probed entry (existing or new); does not count a lookup."""
+        st = probe.st
+        if stat.S_ISDIR(st.st_mode):
+            key: tuple = ("d", relpath)
+            kind = DIR
+        elif stat.S_ISLNK(st.st_mode):
+            key, kind = ("l", relpath), LINK
+        elif probe.fmt is None:
+            key, kind = ("f", relpath), FILE
+        else:
+            key, kind = ("v", relpath, self.epoch_of(relpath), SourceStamp.of(st)), VIEW
+        ino = self._keys.get(key)
+        if ino is not None:
+            node = self._nodes[ino]
+            if kind != VIEW:
+                node.st = st
+                node.target = probe.target
+            return node
+        node = Node(self._next_ino, kind, relpath, key, st)
+        self._next_ino += 1
+        node.target = probe.target
+        if kind == VIEW:
+            node.fmt = probe.fmt
+            node.epoch = key[2]
+            node.stamp = key[3]
+            if self.config.world > 1:
+                node.size = -1  # set below from the plan: a rank sees only its share
+            else:
+                node.size = probe.fmt.view_size(st.st_size, probe.last_byte)
+        self._nodes[node.ino] = node
+        self._keys[key] = node.ino
+        if kind == VIEW and node.size < 0:
+            try:
+                await self._plan(node)
+            except BaseException:
+                self._drop(node)
+                raise
+            node.size = node.layout.size
+        return node
+
+    def _drop(self, node: Node) -> None:
+        if self._keys.get(node.key) == node.ino:
+            del self._keys[node.key]
+        self._nodes.pop(node.ino, None)
+        if node.opens == 0:
+            self._close_view(node)
+
+    def _attrs(self, node: Node, st: os.stat_result | None = None) -> pyfuse3.EntryAttributes:
+        st = st or node.st
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = node.ino
+        a.generation = 0
+        a.st_mode = st.st_mode
+        a.st_nlink = st.st_nlink
+        a.st_uid = st.st_uid
+        a.st_gid = st.st_gid
+        a.st_rdev = 0
+        if node.kind == VIEW:
+            a.st_size = node.size
+            a.st_blksize = VIEW_BLKSIZE
+            a.st_blocks = (node.size + 511) // 512
+            a.entry_timeout = 0
+        else:
+            a.st_size = len(os.fsencode(node.target)) if node.kind == LINK and node.target else st.st_size
+            a.st_blksize = st.st_blksize
+            a.st_blocks = st.st_blocks
+            a.entry_timeout = META_TIMEOUT
+        a.attr_timeout = META_TIMEOUT
+        a.st_atime_ns = st.st_atime_ns
+        a.st_mtime_ns = st.st_mtime_ns
+        a.st_ctime_ns = st.st_ctime_ns
+        return a
+
+    def _fail(self, what: str, relpath: str, epoch: int, offset: int | None, e: BaseException) -> FUSEError:
+        """Log and count an error a reader will see, and turn it into the errno it gets."""
+        where = f" at offset {offset}" if offset is not None else ""
+        self.stats.error(f"{what} {relpath} (epoch {epoch}){where}: {e}")
+        if isinstance(e, ShuffleError):
+            return FUSEError(e.errno)
+        if isinstance(e, FileNotFoundError):
+            return FUSEError(errno.ESTALE)
+        if isinstance(e, OSError) and e.errno:
+            return FUSEError(e.errno)
+        return FUSEError(errno.EIO)
+
+    # ------------------------------------------------------------------ index, plan, view
+
+    async def _index(self, node: Node) -> RecordIndex:
+        """Built once per (file, stamp, format) even under concurrent opens; cached on disk."""
+        fmt = node.fmt
+        key = (node.relpath, node.stamp, fmt.name, json.dumps(fmt.params(), sort_keys=True, default=str))
+        if key in self._indexes:
+            self._indexes.move_to_end(key)
+            return self._indexes[key]
+        if key in self._bad_indexes:
+            raise self._bad_indexes[key]
+        path = self._path(node.relpath)
+
+        async def build() -> RecordIndex:
+            t0 = time.monotonic()
+            try:
+                index = await self._io(load_or_build_index, path, fmt, self.index_cache, limiter=self.index_limiter)
+            except FormatError as e:
+                self._bad_indexes[key] = e
+                while len(self._bad_indexes) > 256:
+                    self._bad_indexes.popitem(last=False)
+                raise
+            log.info("index of %s: %d records (%s) in %.3f s", node.relpath, index.n, fmt, time.monotonic() - t0)
+            self._indexes[key] = index
+            while len(self._indexes) > 1 and sum(len(i.bounds) for i in self._indexes.values()) > INDEX_MEMO_BOUNDS:
+                self._indexes.popitem(last=False)
+            return index
+
+        return await self.tasks.run(("index",) + key, build)
+
+    async def _plan(self, node: Node) -> Plan:
+        if node.plan is not None:
+            return node.plan
+
+        async def build() -> Plan:
+            if node.plan is not None:
+                return node.plan
+            index = await self._index(node)
+            if index.stamp != node.stamp:
+                raise StaleSourceError(self._path(node.relpath), None, "source changed since it was looked up; reopen it")
+
+            def plan_and_layout() -> tuple[Plan, Layout]:
+                plan = make_plan(index, self.spec, node.epoch, self.config.rank, self.config.world)
+                return plan, Layout(index, plan)
+
+            plan, layout = await self._io(plan_and_layout, limiter=self.index_limiter)
+            if node.size >= 0 and layout.size != node.size:
+                raise FormatError(
+                    self._path(node.relpath), None,
+                    f"view has {layout.size} bytes but {node.size} were announced; refusing to serve it",
+                )
+            node.index, node.layout = index, layout
+            node.plan = plan
+            return plan
+
+        return await self.tasks.run(("plan", node.ino), build)
+
+    async def _open_view(self, node: Node) -> None:
+        """Make ``node.view`` usable for one more handle (counted in ``node.opens``)."""
+        node.opens += 1
+        try:
+            if node.broken is not None:
+                raise node.broken
+            if node.ino in self._idle:
+                del self._idle[node.ino]
+                self._reserve(node)
+            if node.view is None:
+                await self.tasks.run(("view", node.ino), functools.partial(self._make_view, node))
+        except BaseException:
+            node.opens -= 1
+            if node.opens == 0:
+                self._close_view(node)
+            raise
+
+    async def _make_view(self, node: Node) -> None:
+        if node.view is not None:
+            return
+        plan = await self._plan(node)
+        view = await self._io(View, self._path(node.relpath), node.index, plan, limiter=self.index_limiter)
+        if node.opens == 0:  # every opener gave up meanwhile
+            view.close()
+            return
+        node.view = SharedView(view)
+        self._open_views.add(node.ino)
+        self._reserve(node)
+        log.debug(
+            "view %s epoch %d: %d records, %d windows, %d bytes", node.relpath, node.epoch,
+            node.index.n, plan.n_windows, node.layout.size,
+        )
+
+    def _reserve(self, node: Node) -> None:
+        sizes = np.asarray(node.plan.window_sizes)
+        self.windows.reserve(node.ino, WINDOWS_PER_VIEW * (int(sizes.max()) if len(sizes) else 0))
+
+    def _retire(self, node: Node) -> None:
+        """The last handle closed: keep the view idle (LRU) unless it can never be read again."""
+        if node.view is None or node.broken is not None or node.ino not in self._nodes:
+            self._close_view(node)
+            return
+        self.windows.unreserve(node.ino, drop=False)  # its windows stay while memory allows
+        self._idle[node.ino] = node
+        while len(self._idle) > IDLE_VIEWS:
+            _, oldest = self._idle.popitem(last=False)
+            self._close_view(oldest)
+
+    def _close_view(self, node: Node) -> None:
+        """Close the source file and forget the plan (rebuilt cheaply; the index stays in the memo)."""
+        self._idle.pop(node.ino, None)
+        if node.view is not None:
+            node.view.close()
+            node.view = None
+            self._open_views.discard(node.ino)
+            self.windows.unreserve(node.ino)
+        node.plan = node.layout = node.index = None
+
+    def _loader(self, node: Node, k: int) -> Callable:
+        view = node.view
+        return lambda out, scratch: view.load(k, out, scratch)
+
+    # ------------------------------------------------------------------ tree
+
+    @_guard
+    async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        parent = self._node(parent_inode)
+        if parent.kind != DIR:
+            raise FUSEError(errno.ENOTDIR)
+        sname = os.fsdecode(name)
+        if sname == ".":
+            node = parent
+        elif sname == "..":
+            up = os.path.dirname(parent.relpath)
+            ino = self._keys.get(("d", up))
+            if ino is None:
+                raise FUSEError(errno.ENOENT)
+            node = self._nodes[ino]
+        else:
+            relpath = os.path.join(parent.relpath, sname) if parent.relpath else sname
+            probe = await self._io(self._probe, relpath, sname)
+            if probe is None:
+                raise FUSEError(errno.ENOENT)
+            try:
+                node = await self._entry(relpath, probe)
+            except (ShuffleError, OSError) as e:
+                raise self._fail("lookup", relpath, self.epoch_of(relpath), None, e) from None
+        node.lookups += 1
+        return self._attrs(node)
+
+    @_guard
+    async def forget(self, inode_list: list[tuple[int, int]]) -> None:
+        for ino, n in inode_list:
+            node = self._nodes.get(ino)
+            if node is None or ino == ROOT:
+                continue
+            node.lookups -= n
+            if node.lookups <= 0:
+                self._drop(node)
+
+    @_guard
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
+        node = self._node(inode)
+        if node.kind == VIEW:
+            return self._attrs(node)
+        try:
+            st = await self._io(os.stat if node.ino == ROOT else os.lstat, self._path(node.relpath))
+        except FileNotFoundError:
+            raise FUSEError(errno.ENOENT) from None
+        node.st = st
+        return self._attrs(node, st)
+
+    @_guard
+    async def readlink(self, inode: int, ctx: pyfuse3.RequestContext) -> bytes:
+        node = self._node(inode)
+        if node.kind != LINK:
+            raise FUSEError(errno.EINVAL)
+        target = await self._io(self._link_target, node.relpath)
+        if target is None:
+            raise FUSEError(errno.ENOENT)
+        return os.fsencode(target)
+
+    @_guard
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        node = self._node(inode)
+        if node.kind != DIR:
+            raise FUSEError(errno.ENOTDIR)
+        try:
+            entries = await self._io(self._list, node.relpath)
+        except OSError as e:
+            raise FUSEError(e.errno or errno.EIO) from None
+        fh = self._next_fh
+        self._next_fh += 1
+        self._dirs[fh] = (node.relpath, entries)
+        return fh
+
+    @_guard
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        parent, entries = self._dirs[fh]
+        for i in range(start_id, len(entries)):
+            probe = entries[i]
+            relpath = os.path.join(parent, probe.name) if parent else probe.name
+            try:
+                node = await self._entry(relpath, probe)
+            except (ShuffleError, OSError):
+                continue  # listed only if its size is known (world > 1); the error is logged at open
+            if not pyfuse3.readdir_reply(token, os.fsencode(probe.name), self._attrs(node), i + 1):
+                if node.lookups == 0:
+                    self._drop(node)
+                return
+            node.lookups += 1
+
+    @_guard
+    async def releasedir(self, fh: int) -> None:
+        self._dirs.pop(fh, None)
+
+    @_guard
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        sv = await self._io(os.statvfs, self.source)
+        d = pyfuse3.StatvfsData()
+        d.f_bsize, d.f_frsize = sv.f_bsize, sv.f_frsize
+        d.f_blocks, d.f_bfree, d.f_bavail = sv.f_blocks, sv.f_bfree, sv.f_bavail
+        d.f_files, d.f_ffree, d.f_favail = sv.f_files, sv.f_ffree, sv.f_favail
+        d.f_namemax = sv.f_namemax
+        return d
+
+    # ------------------------------------------------------------------ files
+
+    @_guard
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        node = self._node(inode)
+        if flags & _WRITE_FLAGS:
+            raise FUSEError(errno.EROFS)
+        if node.kind == DIR:
+            raise FUSEError(errno.EISDIR)
+        if node.kind == LINK:
+            raise FUSEError(errno.ELOOP)
+        if node.kind == FILE:
+            try:
+                fd = await self._io(os.open, self._path(node.relpath), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError as e:
+                raise FUSEError(e.errno or errno.EIO) from None
+            fh = self._new_handle(Handle(node, fd))
+            return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=False)
+        try:
+            await self._open_view(node)
+        except (ShuffleError, OSError) as e:
+            raise self._fail("open", node.relpath, node.epoch, None, e) from None
+        self.stats.files_opened += 1
+        fh = self._new_handle(Handle(node))
+        page_cache = node.fmt.name == "npy"  # shared mmap needs the page cache; the inode never changes
+        return pyfuse3.FileInfo(fh=fh, direct_io=not page_cache, keep_cache=page_cache)
+
+    def _new_handle(self, h: Handle) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = h
+        return fh
+
+    @_guard
+    async def read(self, fh: int, off: int, size: int) -> Any:
+        h = self._handles.get(fh)
+        if h is None:
+            raise FUSEError(errno.EBADF)
+        node = h.node
+        if node.kind == FILE:
+            try:
+                data = await self._io(_pread_full, h.fd, size, off, limiter=self.windows.limiter)
+            except OSError as e:
+                raise self._fail("read", node.relpath, node.epoch, off, e) from None
+            self.stats.served(len(data))
+            return data
+        if node.broken is not None:
+            raise FUSEError(node.broken.errno)
+        try:
+            data, last_part = await self._read_view(node, off, size)
+        except (ShuffleError, OSError) as e:
+            if isinstance(e, StaleSourceError):
+                node.broken = e
+            raise self._fail("read", node.relpath, node.epoch, off, e) from None
+        n = len(data)
+        self.stats.served(n)
+        if off == h.last_end and last_part + 1 < node.layout.n_windows and last_part != TRAILER:
+            # sequential reader: have the next window ready before it asks
+            k = last_part + 1
+            self.windows.prefetch((node.ino, k), node.layout.window_size(k), self._loader(node, k))
+        h.last_end = off + n
+        return data
+
+    async def _read_view(self, node: Node, off: int, size: int) -> tuple[Any, int]:
+        """The bytes of ``[off, off+size)`` and the last part they touch (HEADER = before window 0)."""
+        layout = node.layout
+        pieces = layout.pieces(off, size)
+        if not pieces:
+            return b"", TRAILER
+        view = node.view.view
+        last = max((p.part for p in pieces), default=HEADER)
+        if any(p.part == TRAILER for p in pieces):
+            last = TRAILER
+        if len(pieces) == 1:
+            p = pieces[0]
+            if p.part == HEADER:
+                return memoryview(view.header)[p.lo: p.hi], last
+            if p.part == TRAILER:
+                return memoryview(view.trailer)[p.lo: p.hi], last
+            slot = await self.windows.acquire((node.ino, p.part), layout.window_size(p.part), self._loader(node, p.part))
+            try:
+                return memoryview(slot.data)[p.lo: p.hi], last
+            finally:
+                self.windows.release(slot)
+        # a read across parts: pin every window first (loads start together and none of them
+        # can be evicted before its turn), then copy them in order
+        slots = {
+            p.part: self.windows.pin((node.ino, p.part), layout.window_size(p.part), self._loader(node, p.part))
+            for p in pieces if p.part >= 0
+        }
+        try:
+            out = bytearray(sum(p.hi - p.lo for p in pieces))
+            mv = memoryview(out)
+            pos = 0
+            for p in pieces:
+                n = p.hi - p.lo
+                if p.part == HEADER:
+                    mv[pos: pos + n] = view.header[p.lo: p.hi]
+                elif p.part == TRAILER:
+                    mv[pos: pos + n] = view.trailer[p.lo: p.hi]
+                else:
+                    window = await self.windows.wait(slots[p.part])
+                    mv[pos: pos + n] = memoryview(window)[p.lo: p.hi]
+                pos += n
+        finally:
+            for slot in slots.values():
+                self.windows.release(slot)
+        return out, last
+
+    @_guard
+    async def flush(self, fh: int) -> None:
+        return None
+
+    @_guard
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        return None
+
+    @_guard
+    async def release(self, fh: int) -> None:
+        self._release_handle(fh)
+
+    def _release_handle(self, fh: int) -> None:
+        h = self._handles.pop(fh, None)
+        if h is None:
+            return
+        node = h.node
+        if node.kind == FILE:
+            os.close(h.fd)
+            return
+        node.opens -= 1
+        if node.opens == 0:
+            self._retire(node)
+
+    # ------------------------------------------------------------------ extended attributes
+
+    def _xattr_names(self, node: Node) -> list[bytes]:
+        if node.ino == ROOT:
+            return list(ROOT_ATTRS)
+        if node.kind == DIR:
+            return [X_EPOCH]
+        if node.kind == VIEW:
+            return list(VIEW_ATTRS)
+        return []
+
+    @_guard
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        return self._xattr_names(self._node(inode))
+
+    @_guard
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        node = self._node(inode)
+        if name not in self._xattr_names(node):
+            raise FUSEError(pyfuse3.ENOATTR)
+        if name == X_EPOCH:
+            if node.ino == ROOT:
+                return str(self.epoch).encode()
+            if node.kind == DIR:
+                return str(self.epoch_of(node.relpath)).encode()
+            return str(node.epoch).encode()
+        if name == X_PID:
+            return str(os.getpid()).encode()
+        if name == X_STATS:
+            return json.dumps(self.describe(), sort_keys=True).encode()
+        field = name.decode()[len(PREFIX):]
+        simple = {
+            "strategy": self.spec.strategy,
+            "seed": self.spec.seed,
+            "format": node.fmt.name,
+            "block_size": self.spec.block_size,
+            "buffer": format_buffer(self.spec.buffer),
+        }
+        if field in simple:
+            return str(simple[field]).encode()
+        try:
+            plan = await self._plan(node)
+        except (ShuffleError, OSError) as e:
+            raise self._fail("getxattr", node.relpath, node.epoch, None, e) from None
+        if field == "records":
+            return str(plan.index.n).encode()
+        if field == "windows":
+            return str(plan.n_windows).encode()
+        info = {
+            **plan.describe(),
+            "path": node.relpath,
+            "format": node.fmt.name,
+            "format_params": node.fmt.params(),
+            "block_size": self.spec.block_size,
+            "buffer": format_buffer(self.spec.buffer),
+            "source_size": node.stamp.size,
+            "view_size": node.size,
+        }
+        return json.dumps(info, sort_keys=True, default=str).encode()
+
+    @_guard
+    async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+        node = self._node(inode)
+        if name != X_EPOCH:
+            raise FUSEError(errno.EPERM if name in OURS else errno.EROFS)
+        epoch = parse_epoch(value)
+        if node.ino == ROOT:
+            self.epoch = epoch
+            self.file_epochs.clear()
+            self.dir_epochs.clear()
+            log.info("epoch of every file set to %d", epoch)
+        elif node.kind == DIR:
+            prefix = node.relpath + "/"
+            for d in (self.file_epochs, self.dir_epochs):
+                for p in [p for p in d if p.startswith(prefix)]:
+                    del d[p]
+            self.dir_epochs[node.relpath] = epoch
+            log.info("epoch of files under %s set to %d", node.relpath, epoch)
+        elif node.kind == VIEW:
+            self.file_epochs[node.relpath] = epoch
+            log.info("epoch of %s set to %d", node.relpath, epoch)
+        else:
+            raise FUSEError(errno.ENOTSUP)
+
+    @_guard
+    async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        node = self._node(inode)
+        if name in self._xattr_names(node):
+            raise FUSEError(errno.EPERM)
+        raise FUSEError(pyfuse3.ENOATTR)
+
+    def describe(self) -> dict[str, Any]:
+        """The mount's state for ``user.shufflefs.stats`` (and `shufflefs stat`)."""
+        return self.stats.snapshot(
+            source=self.source,
+            mountpoint=self.mountpoint,
+            strategy=self.spec.strategy,
+            seed=self.spec.seed,
+            block_size=self.spec.block_size,
+            buffer=format_buffer(self.spec.buffer),
+            page_size=self.spec.page_size,
+            rank=self.config.rank,
+            world=self.config.world,
+            epoch=self.epoch,
+            epoch_overrides={**{d + "/": e for d, e in self.dir_epochs.items()}, **self.file_epochs},
+            views=len(self._open_views) - len(self._idle),
+            idle_views=len(self._idle),
+            handles=len(self._handles),
+            inodes=len(self._nodes),
+            cache_dir=str(self.index_cache.dir),
+            memory=self.windows.describe(),
+        )
+
+    # ------------------------------------------------------------------ refused: read-only
+
+    @_erofs
+    async def setattr(self, inode, attr, fields, fh, ctx): ...
+
+    @_erofs
+    async def write(self, fh, off, buf): ...
+
+    @_erofs
+    async def create(self, parent_inode, name, mode, flags, ctx): ...
+
+    @_erofs
+    async def mknod(self, parent_inode, name, mode, rdev, ctx): ...
+
+    @_erofs
+    async def mkdir(self, parent_inode, name, mode, ctx): ...
+
+    @_erofs
+    async def unlink(self, parent_inode, name, ctx): ...
+
+    @_erofs
+    async def rmdir(self, parent_inode, name, ctx): ...
+
+    @_erofs
+    async def symlink(self, parent_inode, name, target, ctx): ...
+
+    @_erofs
+    async def rename(self, parent_inode_old, name_old, parent_inode_new, name_new, flags, ctx): ...
+
+    @_erofs
+    async def link(self, inode, new_parent_inode, new_name, ctx): ...

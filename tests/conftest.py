@@ -1,0 +1,204 @@
+"""Mounting shufflefs for tests through real FUSE: source trees, a daemon per mount, and an
+unmount that always happens (even when the test fails or the daemon hangs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+MOUNT_TIMEOUT = 20.0
+EXIT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class Link:
+    """A symlink in a source tree written by `write_tree`."""
+
+    target: str
+
+
+def write_tree(root: Path, files: dict[str, bytes | str | Link | None]) -> Path:
+    """Create ``root`` with ``files`` (relpath -> content; None makes an empty directory)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content is None:
+            path.mkdir(exist_ok=True)
+        elif isinstance(content, Link):
+            os.symlink(content.target, path)
+        elif isinstance(content, str):
+            path.write_text(content)
+        else:
+            path.write_bytes(content)
+    return root
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def shufflefs_mounts() -> list[str]:
+    """Mountpoints of every fuse.shufflefs mount on the machine (from /proc/mounts)."""
+    with open("/proc/mounts") as f:
+        return [_unescape(p[1]) for p in (line.split() for line in f) if len(p) > 2 and p[2] == "fuse.shufflefs"]
+
+
+def is_mounted(path: Path | str) -> bool:
+    return os.path.abspath(path) in shufflefs_mounts()
+
+
+class Mount:
+    """One running ``shufflefs mount -f`` daemon."""
+
+    def __init__(self, src: Path, mnt: Path, cache: Path, args: list[str], log: Path) -> None:
+        self.src, self.mnt, self.cache, self.args, self.log = src, mnt, cache, args, log
+        self.proc: subprocess.Popen | None = None
+        self.returncode: int | None = None
+
+    def start(self) -> "Mount":
+        cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(self.src), str(self.mnt),
+               "--cache-dir", str(self.cache), *self.args]
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env,
+                                         cwd=str(self.cache.parent))
+        deadline = time.monotonic() + MOUNT_TIMEOUT
+        while not is_mounted(self.mnt):
+            if self.proc.poll() is not None:
+                pytest.fail(f"shufflefs exited with {self.proc.returncode} before mounting:\n{self.stderr()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"shufflefs did not mount within {MOUNT_TIMEOUT} s:\n{self.stderr()}")
+            time.sleep(0.02)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stderr(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def path(self, rel: str = "") -> Path:
+        return self.mnt / rel if rel else self.mnt
+
+    def xattr(self, name: str, rel: str = "") -> str:
+        return os.getxattr(self.path(rel), "user.shufflefs." + name).decode()
+
+    def set_epoch(self, epoch: int | str, rel: str = "") -> None:
+        os.setxattr(self.path(rel), "user.shufflefs.epoch", str(epoch).encode())
+
+    def stats(self) -> dict:
+        return json.loads(self.xattr("stats"))
+
+    def wait(self, timeout: float = EXIT_TIMEOUT) -> int:
+        assert self.proc is not None
+        self.returncode = self.proc.wait(timeout)
+        return self.returncode
+
+    def stop(self) -> None:
+        """Unmount and reap the daemon, escalating until nothing is left behind."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None and is_mounted(self.mnt):
+            r = subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True, timeout=EXIT_TIMEOUT)
+            if r.returncode != 0:  # busy: the daemon detaches the mount lazily on SIGTERM
+                self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.returncode = self.proc.wait(EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.returncode = self.proc.wait(EXIT_TIMEOUT)
+        if is_mounted(self.mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(self.mnt)], capture_output=True, timeout=EXIT_TIMEOUT)
+
+
+class Mounter:
+    """Starts mounts under one base directory and stops all of them."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.mounts: list[Mount] = []
+
+    def __call__(self, files: dict | None = None, *args: str, src: Path | None = None, name: str = "m") -> Mount:
+        """Write ``files`` to a fresh source tree (or use ``src``) and mount it with ``args``."""
+        root = self.base / f"{name}{len(self.mounts)}"
+        root.mkdir(parents=True)
+        if src is None:
+            src = write_tree(root / "src", files or {})
+        mnt = root / "mnt"
+        mnt.mkdir()
+        m = Mount(src, mnt, root / "cache", list(args), root / "daemon.log")
+        self.mounts.append(m)
+        return m.start()
+
+    def stop_all(self) -> None:
+        errors = []
+        for m in reversed(self.mounts):
+            try:
+                m.stop()
+            except Exception as e:  # keep unmounting the others
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+
+@pytest.fixture
+def mount(tmp_path: Path) -> Iterator[Callable[..., Mount]]:
+    """Factory: ``mount(files, *cli_args)`` -> a mounted `Mount`, unmounted at teardown."""
+    m = Mounter(tmp_path)
+    try:
+        yield m
+    finally:
+        m.stop_all()
+
+
+@pytest.fixture(scope="module")
+def module_mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Mount]]:
+    """Like `mount`, shared by the tests of a module (for read-only tests)."""
+    m = Mounter(tmp_path_factory.mktemp("mounts"))
+    try:
+        yield m
+    finally:
+        m.stop_all()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_mount_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """After the session no shufflefs mount of ours may remain (others' mounts are not ours)."""
+    base = str(tmp_path_factory.getbasetemp())
+    yield
+    left = [p for p in shufflefs_mounts() if p.startswith(base + os.sep)]
+    for p in left:
+        subprocess.run(["fusermount3", "-u", "-z", p], capture_output=True)
+    assert not left, f"shufflefs mounts left behind: {left}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mounted tests need FUSE; skip them (with the reason) where it is missing."""
+    reason = None
+    if not os.path.exists("/dev/fuse"):
+        reason = "/dev/fuse is missing"
+    elif shutil.which("fusermount3") is None:
+        reason = "fusermount3 is not installed"
+    if reason:
+        for item in items:
+            if "mount" in item.fixturenames or "module_mount" in item.fixturenames:
+                item.add_marker(pytest.mark.skip(reason=reason))
