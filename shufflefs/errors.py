@@ -14,7 +14,7 @@ class ShuffleError(Exception):
         self.path = str(path)
         self.offset = offset
         self.message = message
-        where = f" at offset {offset}" if offset is not None else ""
+        where = f" at source offset {offset}" if offset is not None else ""
         super().__init__(f"{self.path}{where}: {message}")
 
 

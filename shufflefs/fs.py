@@ -432,7 +432,7 @@ class ShuffleFS(pyfuse3.Operations):
 
     def _fail(self, what: str, relpath: str, epoch: int, offset: int | None, e: BaseException) -> FUSEError:
         """Log and count an error a reader will see, and turn it into the errno it gets."""
-        where = f" at offset {offset}" if offset is not None else ""
+        where = f" at view offset {offset}" if offset is not None else ""
         self.stats.error(f"{what} {relpath} (epoch {epoch}){where}: {e}")
         if isinstance(e, ShuffleError):
             return FUSEError(e.errno)
@@ -715,6 +715,7 @@ class ShuffleFS(pyfuse3.Operations):
             raise FUSEError(node.broken.errno)
         try:
             data, last_part = await self._read_view(node, off, size)
+            node.view.view.source.verify_open()  # never serve bytes of a source that changed
         except (ShuffleError, OSError) as e:
             if isinstance(e, StaleSourceError):
                 node.broken = e

@@ -36,6 +36,8 @@ class SourceFile:
 
     def _verify(self, st: os.stat_result, offset: int | None) -> None:
         now = SourceStamp.of(st)
+        if st.st_nlink == 0:
+            raise StaleSourceError(self.path, offset, "source file was removed or replaced while mounted")
         if now != self.stamp:
             raise StaleSourceError(
                 self.path,
@@ -43,6 +45,11 @@ class SourceFile:
                 f"source changed while mounted (size {self.stamp.size} -> {now.size}, "
                 f"mtime_ns {self.stamp.mtime_ns} -> {now.mtime_ns})",
             )
+
+    def verify_open(self) -> None:
+        """Cheap per-read check (one fstat, no path lookup): the open file is unchanged and still
+        linked, so bytes of a window loaded earlier still describe the source."""
+        self._verify(os.fstat(self.fd), None)
 
     def check(self, offset: int | None = None) -> None:
         """Raise unless the path still names the same, unchanged file."""
@@ -106,7 +113,7 @@ class View:
         ``out`` receives the window and ``scratch`` the source bytes when large enough; reusing
         both across loads avoids first-touching fresh memory for every window.
         """
-        self.source.check(int(self.layout.window_starts[k]))
+        self.source.check()
         ids = self.plan.window(k)
         return assemble(self.index, ids, lambda s, e: self.source.read_runs(s, e, scratch), out)
 

@@ -526,9 +526,9 @@ def test_source_modified_or_removed_while_mounted(mount):
             f.write(b'{"id": "new"}\n')
         os.unlink(m.src / "b.jsonl")
         for fd in (fa, fb):
+            # even bytes of a window loaded before the change are refused
             with pytest.raises(OSError) as e:
-                while os.read(fd, 1 << 16):
-                    pass
+                os.pread(fd, 100, 100)
             assert e.value.errno in (errno.EIO, errno.ESTALE)
     finally:
         os.close(fa)
