@@ -36,7 +36,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-.venv/bin/python -m pip install -q -e '.[test]'
+PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -e '.[test]'
 
 case "${1:-}" in
   demo) shift; exec $SUDO .venv/bin/shufflefs demo "$@" ;;
