@@ -20,6 +20,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
+from . import indexer
 from .config import MountConfig
 from .fs import ShuffleFS
 
@@ -216,6 +217,7 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
             signal.signal(signal.SIGTERM, previous)
         if mounted:
             fs.shutdown()
+            indexer.shutdown_default()
             pyfuse3.close(unmount=True)
             if is_mounted(mnt):  # e.g. busy: detach it so that nothing is left behind
                 log.warning("%s still mounted after unmount; detaching it lazily", mnt)

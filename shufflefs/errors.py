@@ -17,6 +17,11 @@ class ShuffleError(Exception):
         where = f" at source offset {offset}" if offset is not None else ""
         super().__init__(f"{self.path}{where}: {message}")
 
+    def __reduce__(self) -> tuple:
+        # Exception pickles ``args`` (the one formatted message); rebuild from the three fields
+        # instead, so that errors raised in an indexing process arrive intact.
+        return type(self), (self.path, self.offset, self.message), self.__dict__
+
 
 class FormatError(ShuffleError):
     """The source is not a valid file of its format (truncated, corrupt, inconsistent header)."""

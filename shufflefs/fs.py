@@ -44,8 +44,9 @@ from pyfuse3 import FUSEError
 
 from .config import MountConfig, format_buffer
 from .errors import FormatError, ShuffleError, StaleSourceError
-from .formats import Format, load_or_build_index, resolve_format
+from .formats import Format, resolve_format
 from .index import IndexCache, RecordIndex, SourceStamp
+from .indexer import default_builder
 from .layout import HEADER, TRAILER, Layout
 from .prefetch import SharedTasks, WindowCache
 from .stats import Stats
@@ -458,7 +459,10 @@ class ShuffleFS(pyfuse3.Operations):
         async def build() -> RecordIndex:
             t0 = time.monotonic()
             try:
-                index = await self._io(load_or_build_index, path, fmt, self.index_cache, limiter=self.index_limiter)
+                # Scans run in a worker process: a source truncated under its mmap (SIGBUS) must
+                # not end the daemon.  Cached indexes load here directly.
+                builder = default_builder()
+                index = await self._io(builder.build, path, fmt, self.index_cache.dir, limiter=self.index_limiter)
             except FormatError as e:
                 self._bad_indexes[key] = e
                 while len(self._bad_indexes) > 256:

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,8 +137,8 @@ class IndexCache:
             with np.load(f, allow_pickle=False) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
                 bounds = z["bounds"].astype(np.int64, copy=False)
-        except (OSError, ValueError, KeyError):
-            return None
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+            return None  # missing or damaged: rebuilt and rewritten by the caller
         if meta.get("v") != INDEX_VERSION or meta.get("size") != stamp.size:
             return None
         return RecordIndex(stamp.size, bounds, bool(meta["add_newline"]), stamp)

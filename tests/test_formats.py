@@ -591,3 +591,18 @@ def test_parse_format_option_errors(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message) as e:
         parse_format_option(text)
     assert repr(text) in str(e.value)
+
+
+def test_damaged_cache_file_is_rebuilt(tmp_path):
+    from shufflefs.formats import load_or_build_index, make_format
+    from shufflefs.index import IndexCache, SourceStamp, cache_key
+
+    src = tmp_path / "a.jsonl"
+    src.write_bytes(b"a\nb\nc\n")
+    fmt = make_format("lines", {})
+    cache = IndexCache(tmp_path / "cache")
+    first = load_or_build_index(src, fmt, cache)
+    key = cache_key(src, SourceStamp.of(os.stat(src)), fmt.name, fmt.params())
+    cache._file(key).write_bytes(b"not a zip file")
+    again = load_or_build_index(src, fmt, cache)
+    assert again.bounds.tolist() == first.bounds.tolist() == [0, 2, 4, 6]

@@ -196,7 +196,8 @@ def scan_file(path: str | os.PathLike, fmt: Format, progress: Progress | None = 
 
     Raises `StaleSourceError` if the file's size or mtime changed while it was being scanned
     (the index might then describe bytes that no longer exist).  Truncating a file while it is
-    mapped can still kill the process with SIGBUS; that is a property of mmap.
+    mapped can still kill the process with SIGBUS; that is a property of mmap, and why the daemon
+    runs this in a worker process (`shufflefs.indexer`).
     """
     path = os.fspath(path)
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
@@ -236,6 +237,8 @@ def load_or_build_index(
     """The cached index of ``path`` if its stamp still matches, else a fresh scan (then cached).
 
     A cache that cannot be written is logged and ignored: it only costs a rescan next time.
+    Scans in the calling process; `shufflefs.indexer.IndexBuilder.build` is the same with the
+    scan in a worker process.
     """
     stamp = SourceStamp.of(os.stat(path))
     cached = cache.load(cache_key(path, stamp, fmt.name, fmt.params()), stamp)
