@@ -12,6 +12,7 @@ import argparse
 import errno
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -98,13 +99,15 @@ class _Option:
 
 
 MiB = 1 << 20
+MAX_EPOCH = 10**18 - 1
+"""The largest epoch the ``user.shufflefs.epoch`` attribute accepts (18 decimal digits)."""
 
 OPTIONS: dict[str, _Option] = {
     "strategy": _Option(_strategy, "corgipile"),
     "block_size": _Option(_size, 4 * MiB),
     "buffer": _Option(_buffer, 64 * MiB),
     "seed": _Option(_integer(0), 0),
-    "epoch": _Option(_integer(0), 0),
+    "epoch": _Option(_integer(0, MAX_EPOCH), 0),
     "page_size": _Option(_size, 4096),
     "rank": _Option(_integer(0), 0),
     "world": _Option(_integer(1), 1),
@@ -262,8 +265,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     g.add_argument("--seed", metavar="N", help="seed of every order (default 0)")
     g.add_argument("--epoch", metavar="N", help="initial epoch (default 0)")
     g.add_argument("--page-size", metavar="SIZE", help="page size for page-aware strategies (default 4096)")
-    g.add_argument("--rank", metavar="R", help="this machine's rank in a distributed run (default 0)")
-    g.add_argument("--world", metavar="W", help="number of ranks (default 1)")
+    # rank shares are not public yet: a share's size varies by epoch, which readers do not expect
+    g.add_argument("--rank", metavar="R", help=argparse.SUPPRESS)
+    g.add_argument("--world", metavar="W", help=argparse.SUPPRESS)
     _add_format_options(p)
     g = p.add_argument_group("daemon")
     g.add_argument("--log-file", metavar="FILE", help="append the daemon's log here")
@@ -414,6 +418,21 @@ def _check_writable_dir(path: Path, what: str, parser: argparse.ArgumentParser) 
         parser.error(f"{what} {str(path)!r} is not writable")
 
 
+def _cache_dir(given: Path | None, source: Path, parser: argparse.ArgumentParser) -> Path:
+    """The cache directory to use (given, or the user's default), checked to lie outside the
+    source tree (which is never written) and to be writable."""
+    from .index import default_cache_dir
+
+    cache_dir = Path(given) if given is not None else default_cache_dir()
+    real, src = os.path.realpath(cache_dir), os.path.realpath(source)
+    if real == src or _inside(real, src):
+        which = "cache directory" if given is not None else "default cache directory"
+        parser.error(f"{which} {str(cache_dir)!r} is inside the source {str(source)!r}, which is never "
+                     "written; choose another with --cache-dir")
+    _check_writable_dir(cache_dir, "cache directory", parser)
+    return cache_dir
+
+
 def _check_strategy(spec: ShuffleSpec, parser: argparse.ArgumentParser) -> None:
     from .strategies import check_spec
 
@@ -435,11 +454,10 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         page_size=v["page_size"],
     )
     _check_strategy(spec, parser)
-    if v["cache_dir"] is not None:
-        cache = os.path.realpath(v["cache_dir"])
-        if cache == str(src) or _inside(cache, str(src)) or cache == str(mnt) or _inside(cache, str(mnt)):
-            parser.error(f"cache directory {str(v['cache_dir'])!r} must be outside the source and the mount point")
-        _check_writable_dir(v["cache_dir"], "cache directory", parser)
+    cache_dir = _cache_dir(v["cache_dir"], src, parser)
+    cache = os.path.realpath(cache_dir)
+    if cache == str(mnt) or _inside(cache, str(mnt)):
+        parser.error(f"cache directory {str(cache_dir)!r} must be outside the mount point")
     if v["log_file"] is not None:
         log = v["log_file"]
         if _inside(str(log), str(mnt)) or _inside(str(log), str(src)):
@@ -451,7 +469,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
             parser.error(f"log file {str(log)!r}: {e.strerror}")
     config = MountConfig(
         source=src, mountpoint=mnt, spec=spec, epoch=v["epoch"], rank=v["rank"], world=v["world"],
-        rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=v["cache_dir"],
+        rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
     )
     return config, opts
 
@@ -755,15 +773,16 @@ def _human(n: float) -> str:
 
 
 def iter_source_files(source: Path) -> list[tuple[str, str]]:
-    """(path, path relative to source) of every regular file, sorted, hidden entries skipped."""
+    """(path, path relative to source) of every regular file the mount serves as itself, sorted.
+
+    Symlinks are skipped: the mount shows them as links to files indexed under their own path.
+    """
     out = []
     for root, dirs, files in os.walk(source):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        dirs.sort()
         for name in sorted(files):
-            if name.startswith("."):
-                continue
             path = os.path.join(root, name)
-            if os.path.isfile(path):
+            if stat.S_ISREG(os.lstat(path).st_mode):
                 out.append((path, os.path.relpath(path, source)))
     return out
 
@@ -777,10 +796,7 @@ def cmd_index(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if not os.path.isdir(args.source):
         parser.error(f"source {args.source!r} is not a directory")
     source = Path(os.path.realpath(args.source))
-    cache_dir = opts.values["cache_dir"]
-    if cache_dir is not None:
-        _check_writable_dir(cache_dir, "cache directory", parser)
-    cache = IndexCache(cache_dir)
+    cache = IndexCache(_cache_dir(opts.values["cache_dir"], source, parser))
 
     jobs = []
     skipped = 0

@@ -46,8 +46,16 @@ def parse_buffer(text: str | int | float) -> int | float:
     return frac
 
 
+def format_size(n: int) -> str:
+    """The shortest exact form `parse_size` reads back: ``4194304`` -> ``4MiB``."""
+    for unit, factor in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= factor and n % factor == 0:
+            return f"{n // factor}{unit}"
+    return str(n)
+
+
 def format_buffer(buffer: int | float) -> str:
-    return f"{buffer * 100:g}%" if isinstance(buffer, float) else f"{buffer}"
+    return f"{buffer * 100:g}%" if isinstance(buffer, float) else format_size(buffer)
 
 
 @dataclass

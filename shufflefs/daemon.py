@@ -23,6 +23,7 @@ import trio
 from . import indexer
 from .config import MountConfig
 from .fs import ShuffleFS
+from .index import default_cache_dir
 
 log = logging.getLogger("shufflefs")
 
@@ -78,12 +79,12 @@ def check_paths(config: MountConfig) -> str | None:
         return f"mountpoint {mnt} is inside the source {src}; the mount would contain itself"
     if _inside(rsrc, rmnt):
         return f"source {src} is inside the mountpoint {mnt}"
-    if config.cache_dir is not None:
-        rcache = os.path.realpath(config.cache_dir)
-        if _inside(rcache, rsrc):
-            return f"cache directory {config.cache_dir} is inside the source {src}; the source is never written"
-        if _inside(rcache, rmnt):
-            return f"cache directory {config.cache_dir} is inside the mountpoint {mnt}"
+    cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
+    rcache = os.path.realpath(cache_dir)
+    if _inside(rcache, rsrc):
+        return f"cache directory {cache_dir} is inside the source {src}; the source is never written (use --cache-dir)"
+    if _inside(rcache, rmnt):
+        return f"cache directory {cache_dir} is inside the mountpoint {mnt}"
     return None
 
 

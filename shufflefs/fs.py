@@ -6,9 +6,9 @@ layout); it holds no shuffle logic.
 Inodes and epochs.  A data file gets one inode number per (path, epoch, source stamp), never
 reused, and its lookups are not cached by the kernel (``entry_timeout=0``), so every ``open``
 resolves the epoch current at that moment while a handle opened earlier stays on its own inode
-and keeps its epoch.  Because an inode's bytes can never change, ``.npy`` views can be served
-through the page cache (``keep_cache``) and so support shared ``mmap``; every other view uses
-``direct_io`` (reads arrive as the application issued them, no copy into the page cache).
+and keeps its epoch.  Because an inode's bytes can never change, ``.npy`` and fixed-size views
+can be served through the page cache (``keep_cache``) and so support shared ``mmap``; every other
+view uses ``direct_io`` (reads arrive as the application issued them, no copy into the page cache).
 Directories, symlinks and pass-through files have one inode per path.  Old inodes disappear
 when the kernel forgets them.
 
@@ -69,6 +69,11 @@ IDLE_WINDOW_BYTES = 64 << 20
 """Window bytes that may stay cached beyond the per-open-view budget (e.g. for idle views)."""
 INDEX_MEMO_BOUNDS = 32 << 20
 """Record boundaries (8 bytes each) of recently used indexes kept in memory besides the disk cache."""
+
+PAGE_CACHE_FORMATS = frozenset({"npy", "fixed"})
+"""Formats served through the page cache, because their usual readers map them (``numpy.load(...,
+mmap_mode='r')``, ``numpy.memmap``) and a shared mmap of a direct_io file fails with ENODEV.  Safe
+because a view inode's bytes never change; every other view uses direct_io (faster here)."""
 
 PREFIX = "user.shufflefs."
 X_EPOCH = b"user.shufflefs.epoch"
@@ -693,7 +698,7 @@ class ShuffleFS(pyfuse3.Operations):
             raise self._fail("open", node.relpath, node.epoch, None, e) from None
         self.stats.files_opened += 1
         fh = self._new_handle(Handle(node))
-        page_cache = node.fmt.name == "npy"  # shared mmap needs the page cache; the inode never changes
+        page_cache = node.fmt.name in PAGE_CACHE_FORMATS
         return pyfuse3.FileInfo(fh=fh, direct_io=not page_cache, keep_cache=page_cache)
 
     def _new_handle(self, h: Handle) -> int:

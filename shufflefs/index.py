@@ -137,8 +137,8 @@ class IndexCache:
             with np.load(f, allow_pickle=False) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
                 bounds = z["bounds"].astype(np.int64, copy=False)
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
-            return None  # missing or damaged: rebuilt and rewritten by the caller
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            return None  # missing, empty or damaged: rebuilt and rewritten by the caller
         if meta.get("v") != INDEX_VERSION or meta.get("size") != stamp.size:
             return None
         return RecordIndex(stamp.size, bounds, bool(meta["add_newline"]), stamp)
@@ -152,6 +152,8 @@ class IndexCache:
         try:
             with os.fdopen(fd, "wb") as out:
                 np.savez(out, bounds=index.bounds, meta=np.frombuffer(meta.encode(), dtype=np.uint8))
+                out.flush()
+                os.fsync(out.fileno())  # a crash must leave the old entry or the whole new one
             os.replace(tmp, f)
         except BaseException:
             try:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from shufflefs import cli
+from shufflefs.index import default_cache_dir
 from shufflefs.strategies import STRATEGIES, STRATEGY_HELP
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -192,7 +193,8 @@ def test_defaults(dataset):
     config, _ = _parse_mount([str(src), str(mnt)])
     assert (config.spec.strategy, config.spec.block_size, config.spec.buffer, config.spec.seed) == (
         "corgipile", 4 << 20, 64 << 20, 0)
-    assert config.epoch == 0 and config.cache_dir is None and config.rules == []
+    assert config.epoch == 0 and config.rules == []
+    assert config.cache_dir == default_cache_dir()  # resolved up front, so it can be checked
 
 
 BAD_OPTIONS = [

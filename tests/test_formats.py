@@ -311,10 +311,14 @@ def test_npy_size_must_match_header() -> None:
     assert e.value.offset == len(data)
 
 
+def test_npy_empty_file_is_an_empty_view() -> None:
+    idx = NpyFormat().scan(arr(b""), "e.npy")
+    assert idx.n == 0 and idx.size == 0 and idx.view_size == 0
+
+
 @pytest.mark.parametrize(
     "data, offset",
     [
-        (b"", 0),
         (b"\x93NUMPZ\x01\x00" + b"\x00" * 10, 0),
         (b"\x93NUMPY\x09\x00" + b"\x00" * 10, 6),
         (b"\x93NUMPY\x01\x00\xff", 8),  # header length cut short

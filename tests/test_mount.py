@@ -299,6 +299,9 @@ def test_fixed_size_records(data: Mount):
     assert np.array_equal(np.sort(recs[:, 0]), np.arange(4000))
     assert np.array_equal(recs[:, 1], recs[:, 0] ** 2) and (recs[:, 2] == 7).all()
     assert data.xattr("format", "fixed.bin") == "fixed"
+    mapped = np.memmap(data.path("fixed.bin"), dtype="<u8", mode="r")  # shared mapping
+    assert mapped.tobytes() == view
+    del mapped
 
 
 def test_empty_files(data: Mount):

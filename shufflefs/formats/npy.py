@@ -81,6 +81,8 @@ class NpyFormat(Format):
     def scan(self, data: np.ndarray, path: str, progress: Progress | None = None) -> RecordIndex:
         data = as_bytes(data)
         size = len(data)
+        if size == 0:
+            return RecordIndex(0, np.zeros(1, dtype=np.int64))  # empty files give empty views
         h = read_npy_header(data, path)
         rows, row_bytes = h.rows, h.row_bytes
         expected = rows * row_bytes
