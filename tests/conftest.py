@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,6 +179,21 @@ def module_mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
         yield m
     finally:
         m.stop_all()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Temporary files of daemons the tests kill on purpose (e.g. multiprocessing's forkserver
+    socket directory) land in pytest's own temporary tree, which pytest removes."""
+    old = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp_path_factory.mktemp("tmp"))
+    tempfile.tempdir = None
+    yield
+    if old is None:
+        del os.environ["TMPDIR"]
+    else:
+        os.environ["TMPDIR"] = old
+    tempfile.tempdir = None
 
 
 @pytest.fixture(scope="session", autouse=True)
