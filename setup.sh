@@ -3,7 +3,7 @@
 #
 #   bash setup.sh demo      # install, then mount a generated dataset and show two epochs
 #   bash setup.sh test      # install, then run the full test suite (what CI runs)
-#   bash setup.sh           # install only
+#   bash setup.sh           # install only (the test extras: bash setup.sh test)
 #
 # Installs the system packages FUSE needs (fuse3, libfuse3-dev, pkg-config, attr; a C compiler
 # and Python headers for building pyfuse3), creates .venv and installs shufflefs into it.
@@ -36,7 +36,14 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -e '.[test]'
+if [ "${1:-}" = test ]; then
+  # The CPU build of PyTorch first: an unpinned `torch` requirement would otherwise pull the
+  # newest release with several GB of CUDA packages.
+  .venv/bin/python -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+  PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -e '.[test]'
+else
+  PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -e .
+fi
 
 case "${1:-}" in
   demo) shift; exec $SUDO .venv/bin/shufflefs demo "$@" ;;
