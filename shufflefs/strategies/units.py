@@ -126,7 +126,26 @@ def frozen(a: np.ndarray) -> np.ndarray:
     return a
 
 
-class UnitPlan(Plan):
+class CutPlan(Plan):
+    """A plan whose windows are consecutive stretches of one sequence, cut at ``cuts``."""
+
+    buffer_bytes: int
+    cuts: np.ndarray
+    _sizes: np.ndarray
+
+    @property
+    def window_sizes(self) -> np.ndarray:
+        return self._sizes
+
+    def _check_window(self, k: int) -> None:
+        if not 0 <= k < self.n_windows:
+            raise IndexError(f"window {k} outside 0..{self.n_windows - 1}")
+
+    def describe(self) -> dict:
+        return {**super().describe(), "rank": self.rank, "world": self.world, "buffer_bytes": self.buffer_bytes}
+
+
+class UnitPlan(CutPlan):
     """Units permuted (or not), split across ranks, and taken in consecutive groups as windows.
 
     State is O(units): the rank's unit list and each window's first position in it.  Subclasses
@@ -164,24 +183,17 @@ class UnitPlan(Plan):
         """Order of window k's records, given them unit by unit in source order inside units."""
         return ids
 
-    @property
-    def window_sizes(self) -> np.ndarray:
-        return self._sizes
-
     def window(self, k: int) -> np.ndarray:
-        if not 0 <= k < self.n_windows:
-            raise IndexError(f"window {k} outside 0..{self.n_windows - 1}")
+        self._check_window(k)
         u = self.units[self.cuts[k]: self.cuts[k + 1]]
         return self.arrange(k, concat_ranges(self.firsts[u], self.firsts[u + 1]))
 
     def describe(self) -> dict:
-        d = super().describe()
-        d.update(rank=self.rank, world=self.world, buffer_bytes=self.buffer_bytes,
-                 **{self.unit_label: len(self.firsts) - 1, f"{self.unit_label}_in_share": len(self.units)})
-        return d
+        return {**super().describe(), self.unit_label: len(self.firsts) - 1,
+                f"{self.unit_label}_in_share": len(self.units)}
 
 
-class OrderPlan(Plan):
+class OrderPlan(CutPlan):
     """A plan whose whole record order for the rank is computed up front (O(records) state).
 
     For strategies that are inherently record-level (full permutations, the sliding window).
@@ -204,18 +216,10 @@ class OrderPlan(Plan):
         """The rank's record ids in output order (int64)."""
         raise NotImplementedError
 
-    @property
-    def window_sizes(self) -> np.ndarray:
-        return self._sizes
-
     def window(self, k: int) -> np.ndarray:
         """A read-only view into the plan's order."""
-        if not 0 <= k < self.n_windows:
-            raise IndexError(f"window {k} outside 0..{self.n_windows - 1}")
+        self._check_window(k)
         return self.order[self.cuts[k]: self.cuts[k + 1]]
 
     def describe(self) -> dict:
-        d = super().describe()
-        d.update(rank=self.rank, world=self.world, buffer_bytes=self.buffer_bytes,
-                 records_in_share=len(self.order))
-        return d
+        return {**super().describe(), "records_in_share": len(self.order)}
