@@ -15,6 +15,11 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .index import RecordIndex
+
+try:
+    from . import _gather  # compiled at install time; optional
+except ImportError:  # pragma: no cover - depends on the build
+    _gather = None
 from .strategies.base import Plan
 
 HEADER = -1
@@ -129,8 +134,9 @@ def assemble(index: RecordIndex, ids: np.ndarray, fetch: Fetch, out: np.ndarray 
     return out
 
 
-def gather(src: np.ndarray, src_pos: np.ndarray, lengths: np.ndarray, out: np.ndarray, out_pos: np.ndarray) -> None:
-    """``out[out_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]]`` for all i, vectorised."""
+def gather(src: np.ndarray, src_pos: np.ndarray, lengths: np.ndarray, out: np.ndarray, out_pos: np.ndarray,
+           compiled: bool = True) -> None:
+    """``out[out_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]]`` for all i."""
     n = len(lengths)
     if n == 0:
         return
@@ -138,6 +144,10 @@ def gather(src: np.ndarray, src_pos: np.ndarray, lengths: np.ndarray, out: np.nd
     if L > 0 and len(src) == n * L and np.all(lengths == L) and int(out_pos[-1]) == (n - 1) * L:
         # fixed-size records packed on both sides: one row gather (fixed / npy / equal lines)
         np.take(src.reshape(n, L), src_pos // L, axis=0, out=out[: n * L].reshape(n, L))
+        return
+    if compiled and _gather is not None:
+        i64 = np.ascontiguousarray
+        _gather.gather(out, src, i64(out_pos, np.int64), i64(src_pos, np.int64), i64(lengths, np.int64))
         return
     # variable lengths: one vectorised row copy per distinct length.  Each byte range of length L
     # is a row of an overlapping (stride 1) 2-d view of the buffer, so records of equal length

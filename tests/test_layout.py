@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
+from shufflefs import layout
 from shufflefs.index import RecordIndex
 from shufflefs.layout import HEADER, TRAILER, Layout, assemble, render, slice_fetch, source_runs
 from shufflefs.strategies.base import Plan, ShuffleSpec
@@ -110,3 +112,29 @@ def test_large_variable_records_cross_gather_chunks():
     order = rnd.permutation(len(lengths))
     plan = FixedOrderPlan(index, order, [5])
     assert render(index, plan, data) == naive_view(data, index, order)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_gather_paths_agree_with_slicing(compiled):
+    if compiled and layout._gather is None:
+        pytest.skip("compiled gather not built")
+    rnd = np.random.default_rng(4)
+    lengths = rnd.integers(1, 300, 2000).astype(np.int64)
+    src = rnd.integers(0, 256, int(lengths.sum()), dtype=np.uint8)
+    src_pos = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    order = rnd.permutation(len(lengths))
+    ln, sp = lengths[order], src_pos[order]
+    op = np.concatenate(([0], np.cumsum(ln)[:-1]))
+    out = np.zeros(len(src), np.uint8)
+    layout.gather(src, sp, ln, out, op, compiled=compiled)
+    assert out.tobytes() == b"".join(src[s: s + n].tobytes() for s, n in zip(sp, ln))
+
+
+def test_compiled_gather_checks_bounds_before_copying():
+    if layout._gather is None:
+        pytest.skip("compiled gather not built")
+    src = np.arange(10, dtype=np.uint8)
+    out = np.zeros(10, np.uint8)
+    with pytest.raises(IndexError):
+        layout._gather.gather(out, src, np.array([0, 8], np.int64), np.array([0, 5], np.int64), np.array([2, 5], np.int64))
+    assert not out.any()
