@@ -311,6 +311,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--keep", action="store_true", help="keep the generated files")
 
     _add_inspect_parser(sub, subs, strategies)
+    _add_advise_parser(sub, subs)
     return parser, subs
 
 
@@ -1302,6 +1303,49 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     return EXIT_OK
 
 
+# --------------------------------------------------------------------------- advise
+
+
+def _add_advise_parser(sub: Any, subs: dict[str, argparse.ArgumentParser]) -> None:
+    p = subs["advise"] = sub.add_parser(
+        "advise", help="measure the storage under SRC and recommend --block-size and --buffer",
+        description="Time random reads of 4 KiB to 16 MiB against a sequential read on the files "
+        "under SRC (O_DIRECT, so the page cache cannot serve them; SRC is only read), then "
+        "recommend the smallest block size reaching about 90% of sequential throughput and a "
+        "buffer for a memory budget.",
+    )
+    p.add_argument("source", metavar="SRC", help="dataset directory (its largest files are read)")
+    p.add_argument("--budget", metavar="SIZE", default="1GiB",
+                   help="memory the daemon may use per file read at once (default 1GiB); the buffer is a third of it")
+    p.add_argument("--seconds", metavar="S", default="5", help="time to spend measuring (default 5)")
+
+
+def cmd_advise(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .advise import AdviseError, format_report, probe, recommend
+
+    if not os.path.isdir(args.source):
+        parser.error(f"source {args.source!r} is not a directory")
+    try:
+        budget = _size(args.budget)
+    except ValueError as e:
+        parser.error(f"argument --budget: {e}")
+    try:
+        seconds = float(args.seconds)
+    except ValueError:
+        parser.error(f"argument --seconds: not a number: {args.seconds!r}")
+    if not 0 < seconds <= 3600:
+        parser.error(f"argument --seconds: must be in (0, 3600]: {args.seconds!r}")
+    try:
+        result = probe(args.source, seconds=seconds)
+        advice = recommend(result, budget)
+    except AdviseError as e:
+        raise CliError(str(e)) from None
+    except OSError as e:
+        raise CliError(f"{e.filename or args.source}: {e.strerror or e}") from None
+    print(format_report(result, advice))
+    return EXIT_OK
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -1315,7 +1359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_mount(args, sub, argv)
         handler = {
             "epoch": cmd_epoch, "umount": cmd_umount, "index": cmd_index, "stat": cmd_stat,
-            "demo": cmd_demo, "inspect": cmd_inspect,
+            "demo": cmd_demo, "inspect": cmd_inspect, "advise": cmd_advise,
         }[args.command]
         return handler(args, sub)
     except CliError as e:

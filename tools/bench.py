@@ -1,0 +1,677 @@
+#!/usr/bin/env python3
+"""shufflefs against its baselines and the user-space alternatives, in one run on one machine.
+
+    python tools/bench.py [--size 2GiB] [--quick] [--out results.md] [--only views,torch,...]
+
+Generates (or takes, ``--data DIR``) two datasets, JSON Lines of ~1 KiB records and fixed-size
+3 KiB records, then measures side by side:
+
+  raw          sequential read of the source files
+  passthrough  a C libfuse passthrough of the same files (compiled here; direct_io and page cache)
+  views        every strategy's view, read with 1 MiB reads, 128 KiB reads (cat's size) and a
+               Python loop over records
+  torch        a PyTorch map-style Dataset + RandomSampler, one pread per record (DataLoader)
+  streaming    MosaicML Streaming: MDS conversion, then a local StreamingDataset epoch (py1e)
+  once-copy    Shuffle Once: a shuffled copy written once, then read front to back
+  index        index build rate of newline scanning
+  remount      mount -> first byte with a cached index of many records
+  epoch        epoch change -> first byte of a corgipile view
+
+Each read is done warm (source in the page cache) and cold (after dropping caches; needs root).
+Mounting needs root or FUSE permissions; the passthrough needs gcc and libfuse3-dev; the
+alternatives need torch and mosaicml-streaming (rows say "skipped" where one is missing).  The
+latter's declared requirements would replace numpy and the CPU build of torch, so install it as
+
+    pip install --no-deps mosaicml-streaming
+    pip install brotli catalogue python-snappy xxhash zstd filelock tqdm 'transformers<5'
+
+Reads that would take longer than ``--max-seconds`` stop there and their epoch time is
+extrapolated from the rate (marked ``~``).  Every ratio is against a baseline measured in this
+run.  Mounts are unmounted and daemons ended by PID in ``finally`` blocks; the temporary
+directory is removed unless ``--keep``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+TOOLS = Path(__file__).resolve().parent
+REPO = TOOLS.parent
+sys.path[:0] = [str(TOOLS), str(REPO)]
+
+from bench import alternatives, data, proc, reads  # noqa: E402
+from bench.reads import Reading  # noqa: E402
+from bench.report import MiB, Report, Row, verdict  # noqa: E402
+from shufflefs.config import format_size, parse_size  # noqa: E402
+from shufflefs.formats import load_or_build_index, make_format, scan_file  # noqa: E402
+from shufflefs.index import IndexCache, RecordIndex  # noqa: E402
+from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan  # noqa: E402
+
+STRATEGY_ORDER = ("none", "corgipile", "block", "full", "lirs-page", "window", "once")
+SECTIONS = ("raw", "passthrough", "views", "torch", "streaming", "once-copy", "index", "remount", "epoch")
+DATASETS = ("lines", "fixed")
+PT_MODES = ("direct_io", "page cache")
+RAW = "raw source"
+FIRST = "warm, 1st"
+EPOCH_ATTR = "user.shufflefs.epoch"
+
+
+def pt_name(mode: str) -> str:
+    return f"C passthrough ({mode})"
+
+
+def view_name(strategy: str) -> str:
+    return f"view {strategy}"
+
+
+@dataclass
+class Dataset:
+    name: str
+    path: Path
+    record_size: int | None
+    index: RecordIndex
+
+    @property
+    def size(self) -> int:
+        return self.index.size
+
+    @property
+    def n(self) -> int:
+        return self.index.n
+
+    def row(self, what: str, reader: str, cache: str, **kw) -> Row:
+        return Row(self.name, what, reader, cache, file_bytes=self.size, file_records=self.n, **kw)
+
+
+def _csv(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    items = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in items if s not in allowed]
+    if bad:
+        raise SystemExit(f"bench: unknown {what} {', '.join(bad)} (choose from {', '.join(allowed)})")
+    return items
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args = args
+        self.work = work
+        self.report = Report()
+        self.cold = not args.no_cold and proc.can_drop_caches()
+        self.caches = ("warm", "cold") if self.cold else ("warm",)
+        self.readers = _csv(args.readers, reads.READERS, "reader")
+        self.strategies = _csv(args.strategies, tuple(STRATEGIES), "strategy")
+        self.only = set(_csv(args.only, SECTIONS, "section")) if args.only else set(SECTIONS)
+        self.cache_dir = work / "cache"
+        self.logs = work / "logs"
+        for d in (self.cache_dir, self.logs):
+            d.mkdir(parents=True, exist_ok=True)
+        self.env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+        self.epoch = 0
+        self.datasets: list[Dataset] = []
+        self.src: Path = work / "src"
+        self.started = time.perf_counter()
+        self.index_gbps: float | None = None  # results that the targets table reads
+        self.remount_s: float | None = None
+        self.epoch_first_s: float | None = None
+
+    # ------------------------------------------------------------------ helpers
+
+    def say(self, text: str) -> None:
+        print(f"[{time.perf_counter() - self.started:7.1f} s] {text}", file=sys.stderr, flush=True)
+
+    def measure(self, row: Row, fn: Callable[[], Reading], pid: int | None = None,
+                warm: tuple[Path, ...] = ()) -> Row:
+        """Run one read in the row's cache state, bracketed by the daemon's CPU and peak RSS."""
+        if row.cache == "cold":
+            proc.drop_caches()
+        else:
+            for p in warm:
+                reads.warm(p)
+        with proc.Sampler(pid) as s:
+            row.reading = fn()
+        if s.usage is not None:
+            row.cpu_s, row.rss = s.usage.cpu_s, s.usage.peak_rss
+            if s.usage.peak_since_start:
+                row.note = "peak RSS since daemon start"
+        self.report.add(row)
+        gbps = row.gbps or 0.0
+        mark = "" if row.reading.complete else " (cut short)"
+        self.say(f"{row.dataset:6} {row.what:28} {row.reader:7} {row.cache:5} {gbps:7.3f} GB/s "
+                 f"{row.records_per_s or 0:12,.0f} rec/s{mark}")
+        return row
+
+    def skip(self, ds: Dataset | str, what: str, reader: str, cache: str, why: str) -> None:
+        name = ds.name if isinstance(ds, Dataset) else ds
+        self.report.add(Row(name, what, reader, cache, skipped=why))
+
+    def shufflefs_cmd(self, src: Path, mnt: Path, strategy: str, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "shufflefs", "mount", "-f", str(src), str(mnt), "--cache-dir", str(self.cache_dir),
+                "--strategy", strategy, "--block-size", self.args.block_size, "--buffer", self.args.buffer,
+                "--record-size", str(data.FIXED_RECORD), *extra, *shlex.split(self.args.mount_args)]
+
+    def spec(self, strategy: str) -> ShuffleSpec:
+        buffer = self.args.buffer
+        buf = float(buffer.strip()[:-1]) / 100 if buffer.strip().endswith("%") else parse_size(buffer)
+        return ShuffleSpec(strategy=strategy, seed=0, block_size=parse_size(self.args.block_size), buffer=buf)
+
+    def next_epoch(self, mnt: Path) -> None:
+        """A fresh epoch for every pass: new view inodes, so no pass is served from an earlier one's pages."""
+        self.epoch += 1
+        os.setxattr(mnt, EPOCH_ATTR, str(self.epoch).encode())
+
+    # ------------------------------------------------------------------ datasets
+
+    def prepare(self) -> None:
+        size = parse_size(self.args.size)
+        if self.args.data:
+            self.src = Path(self.args.data).resolve()
+            self.src.mkdir(parents=True, exist_ok=True)
+        else:
+            self.src = self.work / "src"
+            self.src.mkdir(exist_ok=True)
+        self.src = Path(os.path.realpath(self.src))
+        cache = IndexCache(self.cache_dir)
+        for name in _csv(self.args.datasets, DATASETS, "dataset"):
+            if name == "lines":
+                path, record_size, fmt = self.src / data.LINES_NAME, None, make_format("lines")
+                made = data.ensure(path, data.make_lines, size, self.args.seed)
+            else:
+                path, record_size = self.src / data.FIXED_NAME, data.FIXED_RECORD
+                fmt = make_format("fixed", {"record_size": record_size})
+                made = data.ensure(path, data.make_fixed, size, record_size, self.args.seed)
+            index = load_or_build_index(str(path), fmt, cache)
+            ds = Dataset(name, path, record_size, index)
+            self.datasets.append(ds)
+            self.say(f"dataset {name}: {path} ({ds.size / 1e6:.0f} MB, {ds.n:,} records, "
+                     f"{'generated' if made else 'taken as is'})")
+
+    # ------------------------------------------------------------------ sections
+
+    def run_raw(self) -> None:
+        for ds in self.datasets:
+            for rd in self.readers:
+                fn = reads.reader(rd, ds.record_size)
+                for cache in self.caches:
+                    self.measure(ds.row(RAW, rd, cache), lambda: fn(ds.path, self.args.max_seconds), warm=(ds.path,))
+
+    def build_passthrough(self) -> tuple[Path | None, str]:
+        if shutil.which("gcc") is None or shutil.which("pkg-config") is None:
+            return None, "gcc or pkg-config missing"
+        flags = subprocess.run(["pkg-config", "fuse3", "--cflags", "--libs"], capture_output=True, text=True)
+        if flags.returncode != 0:
+            return None, "libfuse3-dev missing (pkg-config fuse3 failed)"
+        out = self.work / "passthrough"
+        cc = subprocess.run(["gcc", "-O2", "-o", str(out), str(TOOLS / "bench" / "passthrough.c"), *flags.stdout.split()],
+                            capture_output=True, text=True)
+        if cc.returncode != 0:
+            return None, "compile failed: " + cc.stderr.strip()[-300:]
+        return out, ""
+
+    def run_passthrough(self) -> None:
+        binary, why = self.build_passthrough()
+        mnt = self.work / "mnt-pt"
+        mnt.mkdir(exist_ok=True)
+        for mode in PT_MODES:
+            what = pt_name(mode)
+            if binary is None:
+                for ds in self.datasets:
+                    for rd in self.readers:
+                        for cache in self.caches:
+                            self.skip(ds, what, rd, cache, why)
+                continue
+            cmd = [str(binary), str(self.src), str(mnt), "-f", "-o", "ro,default_permissions"]
+            if mode == "direct_io":
+                cmd.insert(3, "--direct-io")
+            with proc.FuseDaemon(cmd, mnt, self.logs / "passthrough.log") as d:
+                for ds in self.datasets:
+                    target = mnt / ds.path.name
+                    for rd in self.readers:
+                        fn = reads.reader(rd, ds.record_size)
+                        for cache in self.caches:
+                            self.measure(ds.row(what, rd, cache), lambda: fn(target, self.args.max_seconds),
+                                         pid=d.pid, warm=(ds.path,))
+
+    def run_views(self) -> None:
+        mnt = self.work / "mnt"
+        mnt.mkdir(exist_ok=True)
+        memory = ["| strategy | dataset | records | largest window MiB | bound MiB (16 B/record + 3 windows + 100 MiB) "
+                  "| peak RSS MiB | peak / bound |", "|---|---|---|---|---|---|---|"]
+        for strategy in self.strategies:
+            cmd = self.shufflefs_cmd(self.src, mnt, strategy, "--log-file", str(self.logs / f"{strategy}.log"))
+            with proc.FuseDaemon(cmd, mnt, self.logs / f"{strategy}.out", env=self.env) as d:
+                firsts = {}
+                for ds in self.datasets:
+                    # The first pass after mounting loads the index from its cache and touches the
+                    # window buffers for the first time; it is shown, and kept out of the ratios.
+                    self.next_epoch(mnt)
+                    fn = reads.reader("1MiB", ds.record_size)
+                    firsts[ds.name] = self.measure(ds.row(view_name(strategy), "1MiB", FIRST),
+                                                   lambda: fn(mnt / ds.path.name, self.args.max_seconds),
+                                                   pid=d.pid, warm=(ds.path,))
+                for ds in self.datasets:
+                    target = mnt / ds.path.name
+                    rows = [firsts[ds.name]]
+                    for rd in self.readers:
+                        fn = reads.reader(rd, ds.record_size)
+                        for cache in self.caches:
+                            self.next_epoch(mnt)
+                            rows.append(self.measure(ds.row(view_name(strategy), rd, cache),
+                                                     lambda: fn(target, self.args.max_seconds), pid=d.pid, warm=(ds.path,)))
+                    memory.append(self._memory_line(strategy, ds, rows))
+        self.report.section("Daemon memory against 16 bytes/record + 3 windows + 100 MiB", memory)
+
+    def _memory_line(self, strategy: str, ds: Dataset, rows: list[Row]) -> str:
+        sizes = make_plan(ds.index, self.spec(strategy), 0).window_sizes
+        window = int(max(sizes)) if len(sizes) else 0
+        bound = 16 * ds.n + 3 * window + 100 * MiB
+        peak = max((r.rss for r in rows if r.rss is not None), default=None)
+        ratio = f"{peak / bound:.2f}" if peak else "-"
+        peak_s = f"{peak / MiB:.0f}" if peak else "-"
+        return (f"| {strategy} | {ds.name} | {ds.n:,} | {window / MiB:.1f} | {bound / MiB:.0f} | {peak_s} | {ratio} |")
+
+    def run_torch(self) -> None:
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            torch = None
+        for ds in self.datasets:
+            for w in [int(x) for x in self.args.workers.split(",") if x.strip()]:
+                what = f"pread Dataset, {w} workers"
+                for cache in self.caches:
+                    if torch is None:
+                        self.skip(ds, what, "random", cache, "torch not installed")
+                        continue
+                    self.measure(ds.row(what, "random", cache),
+                                 lambda: alternatives.pread_dataset(ds.path, ds.index, w, self.args.max_seconds),
+                                 warm=(ds.path,))
+
+    def run_streaming(self) -> None:
+        if alternatives.import_streaming() is None:
+            for ds in self.datasets:
+                for what, cache in [("MosaicML MDS conversion", "warm")] + [("MosaicML epoch", c) for c in self.caches]:
+                    self.skip(ds, what, "py1e", cache, "mosaicml-streaming not installed")
+            return
+        try:
+            for ds in self.datasets:
+                out = self.work / "mds" / ds.name
+                reads.warm(ds.path)
+                secs = alternatives.mds_convert(ds.path, ds.index, out)
+                conv = self.report.add(ds.row("MosaicML MDS conversion", "write", "warm",
+                                              reading=Reading(ds.size, ds.n, secs, secs, True),
+                                              note="sequential source read, one sample per record, fsynced"))
+                self.say(f"{ds.name:6} MDS conversion {secs:.2f} s")
+                for i, cache in enumerate(self.caches):
+                    row = self.measure(ds.row("MosaicML epoch", "py1e", cache),
+                                       lambda: alternatives.mds_epoch(out, self.args.max_seconds, self.work / "locks", epoch_salt=i),
+                                       warm=tuple(out.rglob("*.mds")))
+                    first = row.reading
+                    self.report.add(ds.row("MosaicML epoch 1 incl. conversion", "py1e", cache,
+                                           reading=Reading(first.nbytes, first.records, first.seconds, first.first_s,
+                                                           first.complete),
+                                           extra_s=conv.reading.seconds, note="conversion counted"))
+                shutil.rmtree(out, ignore_errors=True)
+        finally:
+            alternatives.mds_cleanup()
+
+    def run_once_copy(self) -> None:
+        outdir = self.work / "once"
+        outdir.mkdir(exist_ok=True)
+        for ds in self.datasets:
+            copy = outdir / ds.path.name
+            reads.warm(ds.path)
+            secs = alternatives.shuffle_once_copy(ds.path, ds.index, copy, self.args.seed)
+            rewrite = self.report.add(ds.row("Shuffle Once rewrite", "write", "warm",
+                                             reading=Reading(ds.size, ds.n, secs, secs, True),
+                                             note="source read into memory, permuted, written, fsynced"))
+            self.say(f"{ds.name:6} Shuffle Once rewrite {secs:.2f} s")
+            for rd in ("1MiB", "loop"):
+                if rd not in self.readers:
+                    continue
+                fn = reads.reader(rd, ds.record_size)
+                for cache in self.caches:
+                    row = self.measure(ds.row("Shuffle Once copy", rd, cache), lambda: fn(copy, self.args.max_seconds),
+                                       warm=(copy,))
+                    if rd == "loop":
+                        r = row.reading
+                        self.report.add(ds.row("Shuffle Once epoch 1 incl. rewrite", rd, cache,
+                                               reading=Reading(r.nbytes, r.records, r.seconds, r.first_s, r.complete),
+                                               extra_s=rewrite.reading.seconds, note="rewrite counted"))
+            copy.unlink()
+
+    def run_index(self) -> None:
+        lines = ["| file | records | MB | scan s | GB/s | records/s |", "|---|---|---|---|---|---|"]
+        for ds in self.datasets:
+            fmt = make_format("lines") if ds.record_size is None else make_format("fixed", {"record_size": ds.record_size})
+            reads.warm(ds.path)
+            best = min(self._timed(lambda: scan_file(str(ds.path), fmt)) for _ in range(3))
+            lines.append(f"| {ds.path.name} ({fmt.name}) | {ds.n:,} | {ds.size / 1e6:.0f} | {best:.3f} | "
+                         f"{ds.size / best / 1e9:.2f} | {ds.n / best:,.0f} |")
+            if ds.name == "lines":
+                self.index_gbps = ds.size / best / 1e9
+        lines.append("")
+        lines.append("Warm page cache, best of 3, `shufflefs.formats.scan_file` (the scan `shufflefs index` and the "
+                     "daemon's index workers run).")
+        self.report.section("Index build", lines)
+
+    @staticmethod
+    def _timed(fn: Callable[[], object]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    def run_remount(self) -> None:
+        n = parse_size(self.args.remount_records)
+        src = self.work / "src-remount"
+        src.mkdir(exist_ok=True)
+        path = src / data.SHORT_NAME
+        data.ensure(path, data.make_short_lines, n)
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "shufflefs", "index", str(src), "--cache-dir", str(self.cache_dir)],
+                       check=True, env=self.env, capture_output=True)
+        built = time.perf_counter() - t0
+        mnt = self.work / "mnt-remount"
+        mnt.mkdir(exist_ok=True)
+        spec = self.spec("corgipile")
+        index = load_or_build_index(str(path), make_format("lines"), IndexCache(self.cache_dir))
+        window = int(max(make_plan(index, spec, 0).window_sizes))
+        bound = 16 * n + 3 * window + 100 * MiB
+        lines = ["| run | cache | mount ready s | open -> first byte s | total s | daemon peak RSS MiB | bound MiB |",
+                 "|---|---|---|---|---|---|---|"]
+        totals = []
+        runs = [("warm", i) for i in range(3)] + ([("cold", 0)] if self.cold else [])
+        for cache, i in runs:
+            if cache == "cold":
+                proc.drop_caches()
+            else:
+                reads.warm(path)
+            cmd = self.shufflefs_cmd(src, mnt, "corgipile", "--log-file", str(self.logs / "remount.log"))
+            with proc.FuseDaemon(cmd, mnt, self.logs / "remount.out", env=self.env) as d:
+                t0 = time.perf_counter()
+                fd = os.open(mnt / path.name, os.O_RDONLY)
+                try:
+                    got = os.read(fd, 4096)
+                finally:
+                    os.close(fd)
+                first = time.perf_counter() - t0
+                assert got, "empty read"
+                rss = proc.peak_rss(d.pid)
+            total = d.ready_s + first
+            if cache == "warm":
+                totals.append(total)
+            lines.append(f"| {i + 1} | {cache} | {d.ready_s:.3f} | {first:.3f} | {total:.3f} | {rss / MiB:.0f} | {bound / MiB:.0f} |")
+        self.remount_s = statistics.median(totals)
+        lines += ["", f"{n:,} records ({path.stat().st_size / 1e6:.0f} MB), corgipile, index built once by "
+                  f"`shufflefs index` in {built:.2f} s (including Python start-up); timed from starting "
+                  "`shufflefs mount -f` to the first 4 KiB read of the view."]
+        self.report.section("Remount with a cached index", lines)
+
+    def run_epoch(self) -> None:
+        ds = next((d for d in self.datasets if d.name == "lines"), self.datasets[0])
+        mnt = self.work / "mnt-epoch"
+        mnt.mkdir(exist_ok=True)
+        cmd = self.shufflefs_cmd(self.src, mnt, "corgipile", "--log-file", str(self.logs / "epoch.log"))
+        reads.warm(ds.path)
+        setx, cli, later = [], [], []
+        with proc.FuseDaemon(cmd, mnt, self.logs / "epoch.out", env=self.env):
+            target = mnt / ds.path.name
+            first_byte(target)  # epoch 0 opened and served once: the index is loaded, the daemon warm
+            e = 0
+            for _ in range(self.args.epochs):
+                e += 1
+                t0 = time.perf_counter()
+                os.setxattr(mnt, EPOCH_ATTR, str(e).encode())
+                first_byte(target)
+                setx.append(time.perf_counter() - t0)
+                e += 1
+                t0 = time.perf_counter()
+                subprocess.run([sys.executable, "-m", "shufflefs", "epoch", str(mnt), str(e)], check=True, env=self.env)
+                first_byte(target)
+                cli.append(time.perf_counter() - t0)
+                e += 1
+                os.setxattr(mnt, EPOCH_ATTR, str(e).encode())
+                time.sleep(0.5)
+                t0 = time.perf_counter()
+                first_byte(target)
+                later.append(time.perf_counter() - t0)
+        med = statistics.median
+        self.epoch_first_s = med(setx)
+        window = format_size(parse_size(self.args.buffer)) if not self.args.buffer.endswith("%") else self.args.buffer
+        self.report.section("Epoch change -> first byte (corgipile)", [
+            "| how the epoch is set | median ms | min ms | max ms |", "|---|---|---|---|",
+            f"| setxattr, then open + read 4 KiB at once | {med(setx) * 1e3:.1f} | {min(setx) * 1e3:.1f} | {max(setx) * 1e3:.1f} |",
+            f"| `shufflefs epoch MNT N` (a new Python process), then open + read | {med(cli) * 1e3:.1f} | "
+            f"{min(cli) * 1e3:.1f} | {max(cli) * 1e3:.1f} |",
+            f"| setxattr, 0.5 s pause, then open + read (timed from open) | {med(later) * 1e3:.1f} | "
+            f"{min(later) * 1e3:.1f} | {max(later) * 1e3:.1f} |",
+            "", f"{ds.path.name}, buffer {window}, block {self.args.block_size}, warm source, "
+            f"{self.args.epochs} epoch changes of each kind.",
+        ])
+
+    # ------------------------------------------------------------------ ratios and targets
+
+    def finish(self) -> None:
+        rep = self.report
+        for row in rep.rows:
+            if row.skipped or row.reading is None or row.cache == FIRST:
+                continue
+            ds, rd, cache = row.dataset, row.reader, row.cache
+            if row.what.startswith("C passthrough"):
+                rep.compare(row, rep.find(ds, RAW, rd, cache), f"raw {rd} {cache}")
+            elif row.what.startswith("view "):
+                if cache == "warm":
+                    mode = "page cache" if ds == "fixed" else "direct_io"
+                    rep.compare(row, rep.find(ds, pt_name(mode), rd, cache), f"passthrough {mode} {rd}")
+                else:
+                    rep.compare(row, rep.find(ds, RAW, rd, cache), f"raw {rd} {cache}")
+                none = rep.find(ds, view_name("none"), rd, cache)
+                if none is not None and none.gbps:
+                    row.ratio_none = row.gbps / none.gbps
+            elif row.what != RAW:
+                same = rd if rd in reads.READERS else "loop"
+                base = rep.find(ds, view_name("corgipile"), same, cache)
+                rep.compare(row, base, f"corgipile {same} {cache}", by="records_per_s")
+        rep.section("Targets", self.targets())
+
+    def targets(self) -> list[str]:
+        rep = self.report
+        out = ["| target | measured | verdict |", "|---|---|---|"]
+
+        def rate(ds: str, what: str, rd: str, cache: str, by: str = "gbps") -> float | None:
+            r = rep.find(ds, what, rd, cache)
+            return None if r is None else getattr(r, by)
+
+        def ratio(a: float | None, b: float | None) -> float | None:
+            return a / b if a is not None and b else None
+
+        def line(text: str, value: float | None, ok: Callable[[float], bool] | None, fmt: str = "{:.2f}x") -> None:
+            shown = "-" if value is None else fmt.format(value)
+            out.append(f"| {text} | {shown} | {verdict(value, None if value is None or ok is None else bool(ok(value)))} |")
+
+        for ds in [d.name for d in self.datasets]:
+            mode = "page cache" if ds == "fixed" else "direct_io"
+            cp = view_name("corgipile")
+            line(f"{ds}: warm corgipile 1 MiB reads >= 0.7x C passthrough ({mode})",
+                 ratio(rate(ds, cp, "1MiB", "warm"), rate(ds, pt_name(mode), "1MiB", "warm")), lambda v: v >= 0.7)
+            line(f"{ds}: warm corgipile 1 MiB reads >= 0.9x none view",
+                 ratio(rate(ds, cp, "1MiB", "warm"), rate(ds, view_name("none"), "1MiB", "warm")), lambda v: v >= 0.9)
+            line(f"{ds}: warm corgipile 128 KiB reads vs C passthrough ({mode}) (report the gap)",
+                 ratio(rate(ds, cp, "128KiB", "warm"), rate(ds, pt_name(mode), "128KiB", "warm")), None)
+            line(f"{ds}: cold corgipile 1 MiB reads >= 0.9x raw sequential read (cold)",
+                 ratio(rate(ds, cp, "1MiB", "cold"), rate(ds, RAW, "1MiB", "cold")), lambda v: v >= 0.9)
+            full = rate(ds, view_name("full"), "1MiB", "cold")
+            corgi = rate(ds, cp, "1MiB", "cold")
+            line(f"{ds}: cold corgipile / full, 1 MiB reads (expect >= 10x on ~1 KiB records)", ratio(corgi, full),
+                 (lambda v: v >= 10) if ds == "lines" else None)
+            page = rate(ds, view_name("lirs-page"), "1MiB", "cold")
+            between = None if None in (page, full, corgi) else float(full <= page <= corgi)
+            line(f"{ds}: cold lirs-page between full and corgipile (1 = yes)", between, lambda v: v == 1.0, fmt="{:.0f}")
+            loop = rate(ds, cp, "loop", "cold", "records_per_s")
+            line(f"{ds}: cold corgipile Python loop >= 5x records/s of the pread Dataset (0 workers)",
+                 ratio(loop, rate(ds, "pread Dataset, 0 workers", "random", "cold", "records_per_s")), lambda v: v >= 5)
+            for cache in self.caches:
+                mds = rep.find(ds, "MosaicML epoch 1 incl. conversion", "py1e", cache)
+                cpl = rep.find(ds, cp, "loop", cache)
+                value = None if mds is None or cpl is None else mds.epoch_s / cpl.epoch_s
+                line(f"{ds}: {cache} epoch, corgipile Python loop >= 1x MosaicML Streaming with conversion "
+                     "(MosaicML epoch 1 time / corgipile epoch time)", value, lambda v: v >= 1)
+        line("index build, newline scanning, warm >= 1 GB/s", self.index_gbps, lambda v: v >= 1, fmt="{:.2f} GB/s")
+        line("remount with a cached index < 1 s (median of warm runs)", self.remount_s, lambda v: v < 1, fmt="{:.3f} s")
+        line("daemon RSS <= 16 B/record + 3 windows + 100 MiB (worst view row, see the memory table)",
+             self._worst_memory(), lambda v: v <= 1.0, fmt="{:.2f} of the bound")
+        line("epoch change -> first byte of corgipile < 100 ms (setxattr, median)",
+             None if self.epoch_first_s is None else self.epoch_first_s * 1e3, lambda v: v < 100,
+             fmt="{:.1f} ms")
+        return out
+
+    def _worst_memory(self) -> float | None:
+        worst = None
+        for title, lines in self.report.sections:
+            if title.startswith("Daemon memory"):
+                for ln in lines[2:]:
+                    cell = ln.strip("|").split("|")[-1].strip()
+                    if cell not in ("-", ""):
+                        worst = max(worst or 0.0, float(cell))
+        return worst
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> Report:
+        self.prepare()
+        self.report.header = self.header()
+        steps = [("raw", self.run_raw), ("passthrough", self.run_passthrough), ("views", self.run_views),
+                 ("torch", self.run_torch), ("streaming", self.run_streaming), ("once-copy", self.run_once_copy),
+                 ("index", self.run_index), ("remount", self.run_remount), ("epoch", self.run_epoch)]
+        for name, step in steps:
+            if name in self.only:
+                self.say(f"--- {name}")
+                step()
+        self.finish()
+        self.report.header += ["", f"Run took {time.perf_counter() - self.started:.0f} s; load average at the "
+                                   f"end: {_loadavg()}."]
+        return self.report
+
+    def header(self) -> list[str]:
+        a = self.args
+        versions = []
+        for mod in ("numpy", "torch", "streaming", "pyfuse3", "trio"):
+            try:
+                m = __import__(mod) if mod != "streaming" else alternatives.import_streaming()
+                versions.append(f"{mod} {getattr(m, '__version__', '?')}")
+            except Exception:  # noqa: BLE001 -- a version line only
+                pass
+        cmd = "python tools/bench.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+        sizes = ", ".join(f"{d.name} {d.size / 1e6:.0f} MB / {d.n:,} records" for d in self.datasets)
+        return [
+            "## shufflefs benchmark", "",
+            f"`{cmd}` on {time.strftime('%Y-%m-%d %H:%M')}: {_cpu()} ({os.cpu_count()} CPUs), "
+            f"{_mem_gib():.0f} GiB RAM, Linux {platform.release()}, Python {platform.python_version()}, "
+            + ", ".join(versions) + ".",
+            "",
+            f"Datasets: {sizes}. Mounts: `--block-size {a.block_size} --buffer {a.buffer}` "
+            f"{a.mount_args}. Reads stop after {a.max_seconds:g} s (epoch then extrapolated, `~`). "
+            f"Cold = after `echo 3 > /proc/sys/vm/drop_caches`{'' if self.cold else ' (not run: needs root, or --no-cold)'}. "
+            f"Load average at the start: {_loadavg()}.",
+            "",
+            "Columns: `x base` is this row's rate over the baseline named in `base` (same dataset, reader and "
+            "cache state; for alternatives, records/s over the corgipile view read the same way, or by the "
+            "Python loop where the alternative has its own reader); `x none` "
+            "is the rate over the `none` view's. Views of lines use direct_io and are compared warm with the "
+            "passthrough in direct_io mode; fixed-size views go through the page cache (so `mmap` works) and "
+            "are compared with the passthrough in page-cache mode. Cold views are compared with the cold raw "
+            "read. `warm, 1st`: a view's first pass after mounting (index loaded from its cache, window buffers "
+            "touched for the first time), not used in ratios. The Python loop reads `st_blksize` bytes at a "
+            "time: 4 KiB from the source and the passthrough, 1 MiB from views (shufflefs sets it). "
+            "`first ms`: open (or DataLoader / StreamingDataset creation) to the first record, plus "
+            "conversion or rewrite where counted. Daemon CPU and peak RSS from /proc/PID/stat and VmHWM "
+            "(reset before each row).",
+        ]
+
+
+def first_byte(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def _cpu() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _mem_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+
+
+def _loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", help="bytes per dataset (default 2GiB; 256MiB with --quick)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a short run: 256MiB datasets, reads cut after 5 s, 1M records for the remount test")
+    ap.add_argument("--out", type=Path, help="also write the markdown report here")
+    ap.add_argument("--only", default="", help=f"comma-separated sections (default all: {','.join(SECTIONS)})")
+    ap.add_argument("--data", help="take (or generate once and keep) the datasets in this directory; "
+                    f"it should hold {data.LINES_NAME} and/or {data.FIXED_NAME}")
+    ap.add_argument("--tmp", help="where the temporary work directory is created (default: the system's)")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary work directory")
+    ap.add_argument("--no-cold", action="store_true", help="skip cold-cache runs (they drop the page cache)")
+    ap.add_argument("--max-seconds", type=float, help="cut each read after this many seconds (default 20; 5 with --quick)")
+    ap.add_argument("--strategies", default=",".join(STRATEGY_ORDER))
+    ap.add_argument("--datasets", default=",".join(DATASETS))
+    ap.add_argument("--readers", default=",".join(reads.READERS))
+    ap.add_argument("--workers", default="0,2", help="DataLoader workers for the pread Dataset (default 0,2)")
+    ap.add_argument("--block-size", default="4MiB")
+    ap.add_argument("--buffer", default="64MiB")
+    ap.add_argument("--mount-args", default="", help="extra `shufflefs mount` options, quoted as one argument")
+    ap.add_argument("--remount-records", help="records of the remount test (default 10M; 1M with --quick)")
+    ap.add_argument("--epochs", type=int, default=5, help="epoch changes timed per kind (default 5)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    args.size = args.size or ("256MiB" if args.quick else "2GiB")
+    args.max_seconds = args.max_seconds or (5.0 if args.quick else 20.0)
+    args.remount_records = args.remount_records or ("1M" if args.quick else "10M")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="shufflefs-bench-", dir=args.tmp))
+    try:
+        report = Bench(args, work).run()
+    finally:
+        if args.keep:
+            print(f"bench: work directory kept: {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    text = report.markdown()
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

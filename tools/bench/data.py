@@ -1,0 +1,74 @@
+"""The benchmark's datasets, generated reproducibly from a seed.
+
+JSON Lines of about 1 KiB per line (variable length), fixed-size binary records, and a file of
+many short lines for the remount test.  Generation is vectorised or chunked so that 2 GiB take
+seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+LINES_NAME = "lines.jsonl"
+FIXED_NAME = "fixed.bin"
+SHORT_NAME = "short.txt"
+FIXED_RECORD = 3072
+CHUNK = 32 << 20
+
+
+def make_lines(path: Path, size: int, seed: int = 0) -> None:
+    """JSONL records of 800..1250 bytes (about 1 KiB), at least ``size`` bytes in total."""
+    rnd = np.random.default_rng(seed)
+    letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", np.uint8)
+    written, i = 0, 0
+    with open(path, "wb") as f:
+        while written < size:
+            pads = rnd.integers(760, 1210, 4096)
+            text = letters[rnd.integers(0, len(letters), int(pads.sum()))].tobytes()
+            parts, pos = [], 0
+            for j, p in enumerate(pads.tolist()):
+                parts.append(b'{"id": %d, "label": %d, "text": "%s"}\n' % (i + j, (i + j) % 10, text[pos: pos + p]))
+                pos += p
+            chunk = b"".join(parts)
+            f.write(chunk)
+            written += len(chunk)
+            i += len(pads)
+
+
+def make_fixed(path: Path, size: int, record_size: int = FIXED_RECORD, seed: int = 0) -> None:
+    """Whole records of ``record_size`` random bytes, each starting with its number (uint64)."""
+    rnd = np.random.default_rng(seed)
+    n = max(1, -(-size // record_size))
+    per_chunk = max(1, CHUNK // record_size)
+    with open(path, "wb") as f:
+        for first in range(0, n, per_chunk):
+            m = min(per_chunk, n - first)
+            rec = np.frombuffer(rnd.bytes(m * record_size), np.uint8).reshape(m, record_size).copy()
+            rec[:, :8] = np.arange(first, first + m, dtype="<u8").view(np.uint8).reshape(m, 8)
+            f.write(rec.tobytes())
+
+
+def make_short_lines(path: Path, n: int) -> None:
+    """``n`` lines of 8 digits and a newline (9 bytes each): many records in a small file."""
+    per_chunk = 1 << 20
+    with open(path, "wb") as f:
+        for first in range(0, n, per_chunk):
+            ids = np.arange(first, min(n, first + per_chunk), dtype=np.int64)
+            out = np.empty((len(ids), 9), np.uint8)
+            for d in range(8):
+                out[:, 7 - d] = ord("0") + (ids // 10**d) % 10
+            out[:, 8] = ord("\n")
+            f.write(out.tobytes())
+
+
+def ensure(path: Path, make, *args) -> bool:
+    """Create ``path`` with ``make(path, *args)`` unless it exists; True if it was generated."""
+    if path.exists():
+        return False
+    tmp = path.with_name(path.name + ".partial")
+    make(tmp, *args)
+    os.replace(tmp, path)
+    return True
