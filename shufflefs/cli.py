@@ -1,4 +1,4 @@
-"""The ``shufflefs`` command: mount, epoch, umount, index, stat and demo.
+"""The ``shufflefs`` command: mount, epoch, umount, index, stat, inspect, advise and demo.
 
 Everything a mount needs is validated here, before any process is started, so that mistakes
 surface as a usage error (exit 2) in the user's terminal rather than in a daemon's log.  A
