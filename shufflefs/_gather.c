@@ -1,22 +1,45 @@
-/* The one compiled piece of shufflefs: copying variable-length records into their shuffled
-   positions, a memcpy per record with the GIL released.  numpy has no variable-length gather;
-   its fallback in layout.py moves equal-length records together (about 2x slower). */
+/* The one compiled piece of shufflefs: building windows of shuffled records with the GIL
+   released.  numpy has no variable-length gather; the fallbacks in layout.py and view.py compute
+   the same bytes, several times slower.
+
+   gather(out, src, out_pos, src_pos, lengths)
+       out[out_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]] for all i.
+
+   build_window(fd, out, scratch, bounds, ids, run_first, run_count, newline_id)
+       Builds the window of records ``ids`` (in view order; record i is file bytes
+       [bounds[i], bounds[i+1])) in ``out`` by reading the file once, in ascending order.
+       ``run_first``/``run_count`` give the same records as ascending runs of consecutive ids.
+       Each run is read in chunks of at most len(scratch) bytes (ending at record boundaries)
+       into ``scratch``, and the chunk's records are copied to their view positions while the
+       chunk is still in the CPU cache; a record larger than the scratch is read straight into
+       place.  Record ``newline_id`` (-1: none) gets a newline after it in the view.  Returns the window size, or -(1 + offset) if the file
+       ended early at ``offset`` (it shrank: the caller reports it).
+
+   Every id, run and position is checked before any byte is read or copied; bad input raises
+   ValueError or IndexError. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <string.h>
+#include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
-/* gather(out, src, out_pos, src_pos, lengths): out[out_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]].
-   All positions are int64 buffers; every range is bounds-checked before any byte is copied. */
+static int check_i64(Py_buffer *b, Py_ssize_t n, const char *name) {
+    if (b->len % 8 || (n >= 0 && b->len / 8 != n)) {
+        PyErr_Format(PyExc_ValueError, "%s must be an int64 array of the right size", name);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *gather(PyObject *self, PyObject *args) {
     Py_buffer out, src, opos, spos, lens;
     if (!PyArg_ParseTuple(args, "w*y*y*y*y*", &out, &src, &opos, &spos, &lens)) return NULL;
     PyObject *ret = NULL;
     Py_ssize_t n = lens.len / 8;
-    if (opos.len != lens.len || spos.len != lens.len || lens.len % 8) {
-        PyErr_SetString(PyExc_ValueError, "position and length arrays must be int64 of equal size");
+    if (check_i64(&lens, -1, "lengths") || check_i64(&opos, n, "out_pos") || check_i64(&spos, n, "src_pos"))
         goto done;
-    }
     const int64_t *o = opos.buf, *s = spos.buf, *l = lens.buf;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (l[i] < 0 || o[i] < 0 || s[i] < 0 || o[i] > out.len - l[i] || s[i] > src.len - l[i]) {
@@ -33,6 +56,139 @@ done:
     PyBuffer_Release(&out); PyBuffer_Release(&src); PyBuffer_Release(&opos); PyBuffer_Release(&spos); PyBuffer_Release(&lens);
     return ret;
 }
-static PyMethodDef methods[] = {{"gather", gather, METH_VARARGS, "Copy byte ranges between buffers."}, {NULL, NULL, 0, NULL}};
+
+/* pread exactly n bytes; returns 0, an errno, or -1 for an early end of file (*at = where). */
+static int pread_full(int fd, char *buf, int64_t n, int64_t off, int64_t *at) {
+    int64_t got = 0;
+    while (got < n) {
+        ssize_t k = pread(fd, buf + got, (size_t)(n - got), (off_t)(off + got));
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (k == 0) {
+            *at = off + got;
+            return -1;
+        }
+        got += k;
+    }
+    return 0;
+}
+
+static PyObject *build_window(PyObject *self, PyObject *args) {
+    int fd;
+    long long newline_id;
+    Py_buffer out, scratch, bounds, idsb, rfirst, rcount;
+    if (!PyArg_ParseTuple(args, "iw*w*y*y*y*y*L", &fd, &out, &scratch, &bounds, &idsb, &rfirst, &rcount,
+                          &newline_id))
+        return NULL;
+    PyObject *ret = NULL;
+    int64_t *dst = NULL, *rrank = NULL;
+    Py_ssize_t n = idsb.len / 8, R = rfirst.len / 8, nrec = bounds.len / 8 - 1;
+    if (check_i64(&bounds, -1, "bounds") || check_i64(&idsb, -1, "ids") || check_i64(&rfirst, -1, "run_first")
+        || check_i64(&rcount, R, "run_count"))
+        goto done;
+    if (nrec < 0 || scratch.len < 1) {
+        PyErr_SetString(PyExc_ValueError, "need bounds of at least one element and a scratch buffer");
+        goto done;
+    }
+    const int64_t *b = bounds.buf, *ids = idsb.buf, *rf = rfirst.buf, *rc = rcount.buf;
+    rrank = malloc((size_t)(R ? R : 1) * 8);
+    dst = malloc((size_t)(n ? n : 1) * 8);
+    if (!rrank || !dst) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* runs: ascending, disjoint, inside the file; rrank[r] = where run r starts in source order */
+    int64_t acc = 0, prev_end = 0;
+    for (Py_ssize_t r = 0; r < R; r++) {
+        if (rc[r] < 1 || rf[r] < prev_end || rf[r] > nrec - rc[r]) {
+            PyErr_Format(PyExc_IndexError, "run %zd out of order or out of bounds", r);
+            goto done;
+        }
+        rrank[r] = acc;
+        acc += rc[r];
+        prev_end = rf[r] + rc[r];
+    }
+    if (acc != n) {
+        PyErr_SetString(PyExc_ValueError, "runs and ids hold different numbers of records");
+        goto done;
+    }
+    /* view position of every record, stored by its rank in source order; each rank exactly once,
+       so the ids are exactly the records of the runs */
+    for (Py_ssize_t i = 0; i < n; i++) dst[i] = -1;
+    int64_t pos = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t x = ids[i];
+        Py_ssize_t lo = 0, hi = R;  /* last run with rf <= x */
+        while (hi - lo > 1) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (rf[mid] <= x) lo = mid; else hi = mid;
+        }
+        if (R == 0 || x < rf[lo] || x >= rf[lo] + rc[lo] || dst[rrank[lo] + x - rf[lo]] != -1) {
+            PyErr_Format(PyExc_IndexError, "id %lld at %zd is not a record of the runs, or repeated", (long long)x, i);
+            goto done;
+        }
+        int64_t len = b[x + 1] - b[x];
+        if (len < 0 || b[x] < 0) {
+            PyErr_Format(PyExc_ValueError, "record %lld has bounds out of order", (long long)x);
+            goto done;
+        }
+        dst[rrank[lo] + x - rf[lo]] = pos;
+        pos += len + (x == newline_id);
+    }
+    if (pos > out.len) {
+        PyErr_Format(PyExc_IndexError, "window of %lld bytes does not fit the output buffer", (long long)pos);
+        goto done;
+    }
+    int err = 0;
+    int64_t short_at = -1;
+    Py_BEGIN_ALLOW_THREADS
+    char *ob = out.buf, *sb = scratch.buf;
+    const int64_t cap = scratch.len;
+    for (Py_ssize_t r = 0; r < R && !err; r++) {
+        int64_t x = rf[r], end = rf[r] + rc[r];
+        const int64_t *d = dst + rrank[r] - rf[r];  /* d[y] = view position of record y */
+        while (x < end && !err) {
+            int64_t a = x, size = 0;
+            while (x < end && size + (b[x + 1] - b[x]) <= cap) {
+                size += b[x + 1] - b[x];
+                x++;
+            }
+            if (x == a) {  /* one record larger than the scratch: read it in place */
+                err = pread_full(fd, ob + d[a], b[a + 1] - b[a], b[a], &short_at);
+                x++;
+                continue;
+            }
+            err = pread_full(fd, sb, size, b[a], &short_at);
+            if (err) break;
+            for (int64_t y = a, p = 0; y < x; y++) {
+                memcpy(ob + d[y], sb + p, (size_t)(b[y + 1] - b[y]));
+                p += b[y + 1] - b[y];
+            }
+        }
+    }
+    if (!err && newline_id >= 0 && R > 0 && newline_id >= rf[R - 1] && newline_id < rf[R - 1] + rc[R - 1])
+        ob[dst[rrank[R - 1] + newline_id - rf[R - 1]] + b[newline_id + 1] - b[newline_id]] = '\n';
+    Py_END_ALLOW_THREADS
+    if (err > 0) {
+        errno = err;
+        PyErr_SetFromErrno(PyExc_OSError);
+        goto done;
+    }
+    ret = PyLong_FromLongLong(err < 0 ? -1 - short_at : pos);
+done:
+    free(dst);
+    free(rrank);
+    PyBuffer_Release(&out); PyBuffer_Release(&scratch); PyBuffer_Release(&bounds); PyBuffer_Release(&idsb);
+    PyBuffer_Release(&rfirst); PyBuffer_Release(&rcount);
+    return ret;
+}
+
+static PyMethodDef methods[] = {
+    {"gather", gather, METH_VARARGS, "Copy byte ranges between buffers."},
+    {"build_window", build_window, METH_VARARGS, "Read a window's records from a file into their view positions."},
+    {NULL, NULL, 0, NULL},
+};
 static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_gather", NULL, -1, methods};
 PyMODINIT_FUNC PyInit__gather(void) { return PyModule_Create(&mod); }

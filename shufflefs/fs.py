@@ -13,10 +13,17 @@ Directories, symlinks and pass-through files have one inode per path.  Old inode
 when the kernel forgets them.
 
 Sharing and memory.  All handles of one inode share its plan, its open source file and its
-windows (`prefetch.WindowCache`, keyed by inode and window).  The window budget is
-`WINDOWS_PER_VIEW` windows per open view plus a fixed `IDLE_WINDOW_BYTES`; the last `IDLE_VIEWS`
-views whose handles all closed stay open so that a reader that reopens the file per record does
-not rebuild the plan and reload windows every time.
+windows (`prefetch.WindowCache`, keyed by inode and window; its docstring has the prefetch design
+and the memory limit: `prefetch.WINDOWS` windows of the largest view in memory, for all views
+together).  The last `IDLE_VIEWS` views whose handles all closed stay open with their windows,
+so that a reader that reopens the file per record does not rebuild the plan and reload windows
+every time.
+
+Reads.  A handle remembers the window it is reading; a read inside it is one slice of the
+window's buffer (no lookup, no await).  Entering a window holds it for the handle and, for a
+sequential reader, starts loading the next one.  Setting an epoch starts loading window 0 of the
+new epoch's view of the files opened most recently, so the first read after the change finds it
+ready or on its way.
 
 All handlers run in the trio thread; anything that touches the disk or gathers records runs on
 worker threads (`trio.to_thread.run_sync` with capacity limiters).  The daemon never touches
@@ -48,7 +55,7 @@ from .formats import Format, resolve_format
 from .index import IndexCache, RecordIndex, SourceStamp
 from .indexer import default_builder
 from .layout import HEADER, TRAILER, Layout
-from .prefetch import SharedTasks, WindowCache
+from .prefetch import SharedTasks, Slot, WindowCache
 from .stats import Stats
 from .strategies import Plan, make_plan
 from .view import View
@@ -58,15 +65,14 @@ log = logging.getLogger("shufflefs")
 ROOT = pyfuse3.ROOT_INODE
 META_TIMEOUT = 1.0
 """Seconds the kernel may cache attributes and non-view entries (the source tree rarely changes)."""
-WINDOWS_PER_VIEW = 3
-"""Memory budget per open view, in windows: the one being served, the next, one spare."""
 VIEW_BLKSIZE = 1 << 20
 """``st_blksize`` of views: stdio and Python size their reads by it; FUSE requests max out at 1 MiB."""
 IDLE_VIEWS = 4
 """Views kept open (with their plan and cached windows) after their last handle closed, so that
 readers that open the file for every record do not rebuild the plan and reload windows."""
-IDLE_WINDOW_BYTES = 64 << 20
-"""Window bytes that may stay cached beyond the per-open-view budget (e.g. for idle views)."""
+RECENT_FILES = IDLE_VIEWS
+"""Files opened most recently whose window 0 is loaded ahead when their epoch changes: at most
+as many as idle views are kept (a prepared view waits there for its first open)."""
 INDEX_MEMO_BOUNDS = 32 << 20
 """Record boundaries (8 bytes each) of recently used indexes kept in memory besides the disk cache."""
 
@@ -136,16 +142,14 @@ class SharedView:
         self._users = 0
         self._closing = False
 
-    def load(self, k: int, out: np.ndarray | None, scratch: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        wsize = self.view.layout.window_size(k)
-        if scratch is None or len(scratch) < wsize:
-            scratch = np.empty(wsize, np.uint8)
+    def load(self, k: int, out: np.ndarray | None, scratch: np.ndarray | None,
+             ahead: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
         with self._lock:
             if self._closing:
                 raise OSError(errno.EBADF, "view closed")
             self._users += 1
         try:
-            return self.view.load_window(k, out, scratch), scratch
+            return self.view.load_window(k, out, scratch, ahead)
         finally:
             with self._lock:
                 self._users -= 1
@@ -160,10 +164,15 @@ class SharedView:
 
 
 class Handle:
-    __slots__ = ("node", "fd", "last_end")
+    """An open file.  For views: the window it reads now (``slot``, held in the window cache),
+    which sits at view bytes ``[lo, hi)``, and where its last read ended."""
+
+    __slots__ = ("node", "fd", "last_end", "slot", "lo", "hi")
 
     def __init__(self, node: Node, fd: int = -1) -> None:
         self.node, self.fd, self.last_end = node, fd, 0
+        self.slot: Slot | None = None
+        self.lo, self.hi = 0, -1  # no window: no read is inside it
 
 
 def parse_epoch(value: bytes) -> int:
@@ -243,7 +252,7 @@ class ShuffleFS(pyfuse3.Operations):
 
         self.meta_limiter = trio.CapacityLimiter(8)
         self.index_limiter = trio.CapacityLimiter(2)
-        self.windows = WindowCache(trio.CapacityLimiter(max(2, min(4, os.cpu_count() or 2))), IDLE_WINDOW_BYTES)
+        self.windows = WindowCache(trio.CapacityLimiter(max(2, min(4, os.cpu_count() or 2))))
         self.tasks = SharedTasks()
 
         self._nodes: dict[int, Node] = {}
@@ -257,6 +266,8 @@ class ShuffleFS(pyfuse3.Operations):
         self._bad_indexes: OrderedDict[tuple, FormatError] = OrderedDict()
         self._open_views: set[int] = set()
         self._idle: OrderedDict[int, Node] = OrderedDict()
+        self._recent: OrderedDict[str, None] = OrderedDict()  # views opened lately, newest last
+        self.epoch_prefetches = 0
 
         root_st = os.stat(self.source)
         root = Node(ROOT, DIR, "", ("d", ""), root_st)
@@ -514,9 +525,7 @@ class ShuffleFS(pyfuse3.Operations):
         try:
             if node.broken is not None:
                 raise node.broken
-            if node.ino in self._idle:
-                del self._idle[node.ino]
-                self._reserve(node)
+            self._idle.pop(node.ino, None)
             if node.view is None:
                 await self.tasks.run(("view", node.ino), functools.partial(self._make_view, node))
         except BaseException:
@@ -542,19 +551,24 @@ class ShuffleFS(pyfuse3.Operations):
         )
 
     def _reserve(self, node: Node) -> None:
+        """Let the view's windows load; its largest window counts in the memory limit."""
         sizes = np.asarray(node.plan.window_sizes)
-        self.windows.reserve(node.ino, WINDOWS_PER_VIEW * (int(sizes.max()) if len(sizes) else 0))
+        self.windows.register(node.ino, int(sizes.max()) if len(sizes) else 0)
 
     def _retire(self, node: Node) -> None:
         """The last handle closed: keep the view idle (LRU) unless it can never be read again."""
         if node.view is None or node.broken is not None or node.ino not in self._nodes:
             self._close_view(node)
+            if node.lookups <= 0:
+                self._drop(node)
             return
-        self.windows.unreserve(node.ino, drop=False)  # its windows stay while memory allows
-        self._idle[node.ino] = node
+        self._idle[node.ino] = node  # its windows stay while memory allows
+        self._idle.move_to_end(node.ino)
         while len(self._idle) > IDLE_VIEWS:
             _, oldest = self._idle.popitem(last=False)
             self._close_view(oldest)
+            if oldest.lookups <= 0:  # prepared at an epoch change, never opened: forget it
+                self._drop(oldest)
 
     def _close_view(self, node: Node) -> None:
         """Close the source file and forget the plan (rebuilt cheaply; the index stays in the memo)."""
@@ -563,12 +577,13 @@ class ShuffleFS(pyfuse3.Operations):
             node.view.close()
             node.view = None
             self._open_views.discard(node.ino)
-            self.windows.unreserve(node.ino)
+            self.windows.unregister(node.ino)
         node.plan = node.layout = node.index = None
 
-    def _loader(self, node: Node, k: int) -> Callable:
+    def _loader(self, node: Node, k: int, ahead: bool = False) -> Callable:
+        """Loads window k; ``ahead`` (a sequential reader): then hints the next window's blocks."""
         view = node.view
-        return lambda out, scratch: view.load(k, out, scratch)
+        return lambda out, scratch: view.load(k, out, scratch, ahead)
 
     # ------------------------------------------------------------------ tree
 
@@ -605,7 +620,9 @@ class ShuffleFS(pyfuse3.Operations):
             if node is None or ino == ROOT:
                 continue
             node.lookups -= n
-            if node.lookups <= 0:
+            if node.lookups <= 0 and ino not in self._idle:
+                # an idle view keeps its node (and key) until it leaves the idle ones: the kernel
+                # forgets an inode it looked up while revalidating a name, then looks it up again
                 self._drop(node)
 
     @_guard
@@ -697,6 +714,10 @@ class ShuffleFS(pyfuse3.Operations):
         except (ShuffleError, OSError) as e:
             raise self._fail("open", node.relpath, node.epoch, None, e) from None
         self.stats.files_opened += 1
+        self._recent[node.relpath] = None
+        self._recent.move_to_end(node.relpath)
+        while len(self._recent) > RECENT_FILES:
+            self._recent.popitem(last=False)
         fh = self._new_handle(Handle(node))
         page_cache = node.fmt.name in PAGE_CACHE_FORMATS
         return pyfuse3.FileInfo(fh=fh, direct_io=not page_cache, keep_cache=page_cache)
@@ -723,7 +744,11 @@ class ShuffleFS(pyfuse3.Operations):
         if node.broken is not None:
             raise FUSEError(node.broken.errno)
         try:
-            data, last_part = await self._read_view(node, off, size)
+            if h.lo <= off and off + size <= h.hi:
+                # inside the window this handle is reading: held, so loaded and never evicted
+                data = memoryview(h.slot.data)[off - h.lo: off - h.lo + size]
+            else:
+                data = await self._read_view(h, off, size)
             node.view.view.source.verify_open()  # never serve bytes of a source that changed
         except (ShuffleError, OSError) as e:
             if isinstance(e, StaleSourceError):
@@ -731,40 +756,42 @@ class ShuffleFS(pyfuse3.Operations):
             raise self._fail("read", node.relpath, node.epoch, off, e) from None
         n = len(data)
         self.stats.served(n)
-        if off == h.last_end and last_part + 1 < node.layout.n_windows and last_part != TRAILER:
-            # sequential reader: have the next window ready before it asks
-            k = last_part + 1
-            self.windows.prefetch((node.ino, k), node.layout.window_size(k), self._loader(node, k))
         h.last_end = off + n
         return data
 
-    async def _read_view(self, node: Node, off: int, size: int) -> tuple[Any, int]:
-        """The bytes of ``[off, off+size)`` and the last part they touch (HEADER = before window 0)."""
+    async def _read_view(self, h: Handle, off: int, size: int) -> Any:
+        """The bytes of ``[off, off+size)``, when they are not all in the handle's window."""
+        node = h.node
         layout = node.layout
         pieces = layout.pieces(off, size)
         if not pieces:
-            return b"", TRAILER
+            return b""
         view = node.view.view
-        last = max((p.part for p in pieces), default=HEADER)
-        if any(p.part == TRAILER for p in pieces):
-            last = TRAILER
+        sequential = off == h.last_end
         if len(pieces) == 1:
             p = pieces[0]
             if p.part == HEADER:
-                return memoryview(view.header)[p.lo: p.hi], last
+                return memoryview(view.header)[p.lo: p.hi]
             if p.part == TRAILER:
-                return memoryview(view.trailer)[p.lo: p.hi], last
-            slot = await self.windows.acquire((node.ino, p.part), layout.window_size(p.part), self._loader(node, p.part))
+                return memoryview(view.trailer)[p.lo: p.hi]
+            slot = await self.windows.acquire((node.ino, p.part), layout.window_size(p.part),
+                                              self._loader(node, p.part, sequential))
             try:
-                return memoryview(slot.data)[p.lo: p.hi], last
+                entered = self._hold(h, p.part, slot)
+                data = memoryview(slot.data)[p.lo: p.hi]
             finally:
                 self.windows.release(slot)
+            if entered and sequential:
+                self._prefetch(node, p.part + 1)
+            return data
         # a read across parts: pin every window first (loads start together and none of them
         # can be evicted before its turn), then copy them in order
         slots = {
-            p.part: self.windows.pin((node.ino, p.part), layout.window_size(p.part), self._loader(node, p.part))
+            p.part: self.windows.pin((node.ino, p.part), layout.window_size(p.part),
+                                     self._loader(node, p.part, sequential))
             for p in pieces if p.part >= 0
         }
+        entered = False
         try:
             out = bytearray(sum(p.hi - p.lo for p in pieces))
             mv = memoryview(out)
@@ -779,10 +806,35 @@ class ShuffleFS(pyfuse3.Operations):
                     window = await self.windows.wait(slots[p.part])
                     mv[pos: pos + n] = memoryview(window)[p.lo: p.hi]
                 pos += n
+            if slots:
+                entered = self._hold(h, max(slots), slots[max(slots)])
         finally:
             for slot in slots.values():
                 self.windows.release(slot)
-        return out, last
+        if entered and sequential:
+            self._prefetch(node, max(slots) + 1)
+        return out
+
+    def _hold(self, h: Handle, k: int, slot: Slot) -> bool:
+        """``h`` now reads window k: hold it for the handle, letting go of the previous one.
+        True if that is a window change (a sequential reader then prefetches the next one,
+        once the read's pins are gone, so that the window left behind can make room)."""
+        if h.slot is slot:
+            return False
+        self._leave(h)
+        self.windows.hold(slot)
+        starts = h.node.layout.window_starts
+        h.slot, h.lo, h.hi = slot, int(starts[k]), int(starts[k + 1])
+        return True
+
+    def _prefetch(self, node: Node, k: int) -> None:
+        if k < node.layout.n_windows:
+            self.windows.prefetch((node.ino, k), node.layout.window_size(k), self._loader(node, k, ahead=True))
+
+    def _leave(self, h: Handle) -> None:
+        if h.slot is not None:
+            self.windows.unhold(h.slot)
+            h.slot, h.lo, h.hi = None, 0, -1
 
     @_guard
     async def flush(self, fh: int) -> None:
@@ -804,6 +856,7 @@ class ShuffleFS(pyfuse3.Operations):
         if node.kind == FILE:
             os.close(h.fd)
             return
+        self._leave(h)
         node.opens -= 1
         if node.opens == 0:
             self._retire(node)
@@ -891,6 +944,38 @@ class ShuffleFS(pyfuse3.Operations):
             log.info("epoch of %s set to %d", node.relpath, epoch)
         else:
             raise FUSEError(errno.ENOTSUP)
+        prefix = node.relpath + "/" if node.kind == DIR else None
+        for relpath in reversed(self._recent):  # newest first
+            if node.ino == ROOT or relpath == node.relpath or (prefix and relpath.startswith(prefix)):
+                if self.windows.nursery is not None:
+                    self.windows.nursery.start_soon(self._prepare, relpath)
+
+    async def _prepare(self, relpath: str) -> None:
+        """Open the current epoch's view of ``relpath`` without a handle and load its window 0,
+        so that the first read after an epoch change finds it ready (the view then waits among
+        the idle ones).  Failures are left for the open to report."""
+        try:
+            probe = await self._io(self._probe, relpath, os.path.basename(relpath))
+            if probe is None or probe.fmt is None:
+                return
+            node = await self._entry(relpath, probe)
+            if node.kind != VIEW or node.broken is not None:
+                return
+            node.opens += 1  # keeps the view from closing while it is being made
+            try:
+                if node.view is None:
+                    await self.tasks.run(("view", node.ino), functools.partial(self._make_view, node))
+                if node.view is not None and node.layout.n_windows and self.windows.prefetch(
+                        (node.ino, 0), node.layout.window_size(0), self._loader(node, 0, ahead=True)):
+                    self.epoch_prefetches += 1
+            finally:
+                node.opens -= 1
+                if node.opens == 0:
+                    self._retire(node)  # idle until its first open (or forgotten if it failed)
+        except (ShuffleError, OSError) as e:
+            log.debug("preparing %s for the new epoch: %s", relpath, e)
+        except Exception:  # noqa: BLE001 -- a background task must never end the mount
+            log.exception("preparing %s for the new epoch failed", relpath)
 
     @_guard
     async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -919,6 +1004,7 @@ class ShuffleFS(pyfuse3.Operations):
             inodes=len(self._nodes),
             cache_dir=str(self.index_cache.dir),
             memory=self.windows.describe(),
+            epoch_prefetches=self.epoch_prefetches,
         )
 
     # ------------------------------------------------------------------ refused: read-only

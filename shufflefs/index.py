@@ -85,14 +85,22 @@ class RecordIndex:
 
     @property
     def lengths(self) -> np.ndarray:
-        """Source length of every record (int64, computed once)."""
+        """Source length of every record (int64, computed once and kept: 8 more bytes per
+        record, so the daemon never asks for it; it uses `record_lengths`)."""
         if not self._lengths:
             self._lengths.append(np.diff(self.bounds))
         return self._lengths[0]
 
+    def record_lengths(self, ids: np.ndarray) -> np.ndarray:
+        """Source length of records ``ids`` (int64), from the bounds alone: O(len(ids))."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if self._lengths:
+            return self._lengths[0][ids]
+        return self.bounds[ids + 1] - self.bounds[ids]
+
     def out_lengths(self, ids: np.ndarray) -> np.ndarray:
         """Length in the view of records ``ids`` (the last record may gain a newline)."""
-        out = self.lengths[ids]
+        out = self.record_lengths(ids)
         if self.add_newline:
             out = out + (ids == self.n - 1)
         return out

@@ -4,6 +4,10 @@ The view of a file is ``header | window 0 | window 1 | ... | trailer``.  A windo
 built from its records alone, so any ``read(off, size)`` only needs the windows it overlaps.
 Reading a window's records is planned as few, large reads in source order (`source_runs`):
 consecutive record ids are adjacent in the source and merge into one run.
+
+`assemble` builds a window here for any `Fetch` (reading every run, then gathering the records
+into view order); it is the reference `render` and the tests use, and the daemon's fallback when
+the compiled `_gather.build_window` (see view.py) is missing.
 """
 
 from __future__ import annotations
@@ -79,6 +83,16 @@ class Layout:
         return out
 
 
+def id_runs(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ids as ascending runs of consecutive ids: ``(first id, count)`` of each run."""
+    s = np.sort(ids)
+    if len(s) == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    brk = np.flatnonzero(np.diff(s) != 1) + 1
+    rstart = np.concatenate(([0], brk))
+    return s[rstart].astype(np.int64, copy=False), np.diff(np.append(rstart, len(s))).astype(np.int64)
+
+
 def source_runs(index: RecordIndex, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Source byte ranges holding records ``ids``, merged and in ascending order.
 
@@ -105,7 +119,7 @@ def assemble(index: RecordIndex, ids: np.ndarray, fetch: Fetch, out: np.ndarray 
     so this one function defines the bytes everywhere.
     """
     ids = np.asarray(ids, dtype=np.int64)
-    lengths = index.lengths[ids]
+    lengths = index.record_lengths(ids)
     out_len = index.out_lengths(ids)
     total = int(out_len.sum())
     if out is None or len(out) < total:
@@ -141,7 +155,8 @@ def gather(src: np.ndarray, src_pos: np.ndarray, lengths: np.ndarray, out: np.nd
     if n == 0:
         return
     L = int(lengths[0])
-    if L > 0 and len(src) == n * L and np.all(lengths == L) and int(out_pos[-1]) == (n - 1) * L:
+    if (L > 0 and len(src) == n * L and np.all(lengths == L) and not np.any(src_pos % L)
+            and np.array_equal(out_pos, np.arange(0, n * L, L))):
         # fixed-size records packed on both sides: one row gather (fixed / npy / equal lines)
         np.take(src.reshape(n, L), src_pos // L, axis=0, out=out[: n * L].reshape(n, L))
         return

@@ -1,14 +1,34 @@
-"""Windows in memory: loaded on worker threads, shared by every reader, bounded by bytes.
+"""Windows in memory: loaded on worker threads, shared by every reader, bounded globally.
 
-A window is loaded once (big preads in source order, then the gather) by a worker thread and
-kept in an LRU shared by all handles of the same view, so concurrent readers of a file cost one
-load per window.  Serving window k starts loading window k+1 in the background (double
-buffering): a sequential reader finds the next window ready.  Memory is a byte budget that the
-filesystem raises by a few windows per open view; a window in use by a read (pinned) or still
-loading is never evicted, so the budget can be exceeded transiently, never by wrong bytes.
+One design for every strategy and reader:
 
-Buffers of evicted windows are reused for later loads because first-touching fresh memory is
-several times slower than the gather itself on the machines this runs on.
+* A window is loaded once, by a worker thread (`View.load_window`: one pass over its source
+  runs in ascending order), into an LRU shared by all handles of its view, so concurrent readers
+  of a file cost one load per window.
+* One window ahead: when a sequential reader enters window k, window k+1 starts loading
+  (`prefetch`, called by fs.py), so window k+1 is built while k is served.  Measured on the
+  2-core VM this was tuned on (warm page cache, 64 MiB corgipile windows of ~1 KiB records,
+  1 MiB reads): a load takes 14-17 ms of CPU (20-35 ms of wall time next to the FUSE thread and
+  other work), serving a window takes about as long (the `none` view, whose loads are nearly
+  free, reads at 2.6-3.3 GB/s), and a trace showed each load starting within a millisecond of
+  the previous one's end while the reader waited 0-10 ms per window.  So one loader one window
+  ahead keeps both cores busy; a second window ahead would cost a fourth window of memory and
+  shorten no wait, and two loads at once would take the FUSE thread's core.
+* Memory: all windows together are held to ``limit`` = `WINDOWS` x the largest window of the
+  views in memory (the window being read, the next one loading, one spare for a read across a
+  window boundary or a second reader).  A window that a read is copying from (pinned) or that an
+  open handle is reading (held) is never evicted.  Windows already read go first; a window
+  prefetched but not read yet is given up only to a read that needs room, never to another
+  prefetch.  So the limit is exceeded only while more handles read different windows at once
+  than fit: each keeps its own window (no reload per read) and nothing is prefetched.
+* Buffers are reused: an evicted window's buffer joins a free list and the next load writes
+  into it.  On that VM the first writes to fresh memory cost more than building the window:
+  scattering 64 MiB of 1 KiB records took 150 ms into fresh numpy memory (transparent huge
+  pages), 34 ms into a ``MAP_POPULATE`` mapping of 4 KiB pages, 9-10 ms into huge pages written
+  before and 11-13 ms into 4 KiB pages written before.  Served through the mount, huge pages
+  gave 1.7-2.2 GB/s once their buffers were reused against 1.55-1.75 GB/s for 4 KiB pages, so
+  buffers are plain numpy arrays (huge pages), made by the loader thread (`new_buffer`) and kept
+  while any view is open or idle: the first three windows of a daemon pay the first touch.
 
 Everything here except the loader callables runs in the trio thread.
 """
@@ -16,7 +36,6 @@ Everything here except the loader callables runs in the trio thread.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import OrderedDict
 from typing import Any, Awaitable, Callable, Hashable
 
@@ -25,197 +44,198 @@ import trio
 
 log = logging.getLogger("shufflefs")
 
-Loader = Callable[[np.ndarray | None, np.ndarray | None], tuple[np.ndarray, np.ndarray | None]]
-"""Blocking: ``loader(out, scratch) -> (window bytes, scratch buffer used)``.  The bytes are
-written into ``out`` and the source is read through ``scratch`` when they are large enough."""
+WINDOWS = 3
+"""Windows of the largest view that all windows together may take (see the module docstring)."""
+
+Loader = Callable[[np.ndarray, np.ndarray | None], tuple[np.ndarray, np.ndarray | None]]
+"""Blocking: ``loader(out, scratch) -> (window bytes, scratch used)``.  The window is built in
+``out`` (always large enough) and the source read through ``scratch`` if it is large enough
+(else the loader allocates one and returns it, for reuse)."""
+
+
+def new_buffer(nbytes: int) -> np.ndarray:
+    """A new window buffer (numpy asks for transparent huge pages; see the module docstring)."""
+    return np.empty(nbytes, np.uint8)
 
 
 class Slot:
-    """One window: loading, then ready (``data``) or failed (``error``)."""
+    """One window of one view: loading, then ready (``data``) or failed (``error``)."""
 
-    __slots__ = ("key", "nbytes", "event", "data", "buf", "error", "pins", "cached")
+    __slots__ = ("key", "owner", "nbytes", "event", "data", "buf", "error", "pins", "holders", "cached", "unread")
 
-    def __init__(self, key: Hashable, nbytes: int) -> None:
+    def __init__(self, key: Hashable, owner: Hashable, buf: np.ndarray | None, nbytes: int) -> None:
         self.key = key
-        self.nbytes = nbytes  # bytes charged to the budget
+        self.owner = owner
+        self.buf = buf  # the allocation behind ``data`` (None until the loader made a new one)
+        self.nbytes = nbytes  # charged to the limit until recycled
         self.event = trio.Event()
         self.data: np.ndarray | None = None
-        self.buf: np.ndarray | None = None  # the allocation behind ``data`` (may be larger)
         self.error: BaseException | None = None
-        self.pins = 0
-        self.cached = False
+        self.pins = 0  # reads copying from it right now
+        self.holders = 0  # open handles whose current window it is
+        self.cached = True  # in the LRU (findable); False once evicted or dropped
+        self.unread = False  # prefetched and not read yet
 
     @property
-    def ready(self) -> bool:
-        return self.event.is_set() and self.error is None
-
-
-class ScratchPool:
-    """Source-read buffers for the worker threads: one per concurrent load, reused."""
-
-    def __init__(self, keep: int) -> None:
-        self._keep = keep
-        self._free: list[np.ndarray] = []
-        self._lock = threading.Lock()
-
-    def take(self) -> np.ndarray | None:
-        with self._lock:
-            return self._free.pop() if self._free else None
-
-    def give(self, buf: np.ndarray | None) -> None:
-        if buf is None:
-            return
-        with self._lock:
-            if len(self._free) < self._keep:
-                self._free.append(buf)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._free.clear()
+    def busy(self) -> bool:
+        """Not evictable: loading, pinned by a read, or held by a handle."""
+        return self.pins > 0 or self.holders > 0 or not self.event.is_set()
 
 
 class WindowCache:
-    """LRU of windows keyed by ``(view_key, k)``, charged by bytes against ``limit``."""
+    """LRU of windows keyed by ``(owner, k)``; ``owner`` is a view registered with `register`."""
 
-    POOL_BUFFERS = 4
-
-    def __init__(self, limiter: trio.CapacityLimiter, limit: int = 0) -> None:
+    def __init__(self, limiter: trio.CapacityLimiter, windows: int = WINDOWS) -> None:
         self.limiter = limiter
+        self.windows = windows
         self.nursery: trio.Nursery | None = None  # where loads run; set before the first one
-        self._slots: OrderedDict[Hashable, Slot] = OrderedDict()
-        self._budgets: dict[Hashable, int] = {}
-        self._floor = limit
-        self.limit = limit
-        self.resident = 0  # bytes charged by slots in ``_slots`` and by pinned evicted slots
-        self._pool: list[np.ndarray] = []
-        self._scratch = ScratchPool(int(limiter.total_tokens))
+        self._slots: OrderedDict[Hashable, Slot] = OrderedDict()  # least recently used first
+        self._largest: dict[Hashable, int] = {}
+        self._free: list[np.ndarray] = []
+        self._scratch: list[np.ndarray] = []
+        self.limit = 0
+        self.resident = 0  # bytes of the buffers of every slot (cached or still busy)
         self.loads = 0
+        self.prefetched = 0
 
-    # ------------------------------------------------------------------ budget
+    # ------------------------------------------------------------------ views and the limit
 
-    def reserve(self, owner: Hashable, nbytes: int) -> None:
-        """Raise the budget by ``nbytes`` while ``owner`` (an open view) exists."""
-        self._budgets[owner] = nbytes
-        self.limit = self._floor + sum(self._budgets.values())
+    def register(self, owner: Hashable, largest: int) -> None:
+        """A view whose windows may be loaded; ``largest`` is its largest window in bytes."""
+        self._largest[owner] = max(1, int(largest))
+        self._set_limit()
 
-    def unreserve(self, owner: Hashable, drop: bool = True) -> None:
-        """Forget ``owner``'s budget; ``drop`` its windows too (when no one can read them again)."""
-        self._budgets.pop(owner, None)
-        self.limit = self._floor + sum(self._budgets.values())
-        if drop:
-            for key in [k for k in self._slots if isinstance(k, tuple) and k[0] == owner]:
-                slot = self._slots[key]
-                if slot.event.is_set():
-                    self._evict(slot)
-        if not self._budgets:
-            self._pool.clear()
-            self._scratch.clear()
+    def unregister(self, owner: Hashable) -> None:
+        """The view is gone: drop its windows (loads in flight are dropped when they end)."""
+        self._largest.pop(owner, None)
+        for slot in [s for s in self._slots.values() if s.owner == owner]:
+            self._drop(slot)
+        self._set_limit()
+
+    def _set_limit(self) -> None:
+        self.limit = self.windows * max(self._largest.values(), default=0)
         self._trim()
+        if not self._largest:
+            self._free.clear()
+            self._scratch.clear()
 
     @property
     def pooled(self) -> int:
-        return sum(b.nbytes for b in self._pool)
+        return sum(b.nbytes for b in self._free)
 
-    def _evict(self, slot: Slot) -> None:
-        del self._slots[slot.key]
-        slot.cached = False
-        if slot.pins == 0:
+    # ------------------------------------------------------------------ eviction and buffers
+
+    def _drop(self, slot: Slot) -> None:
+        """Take ``slot`` out of the LRU; its buffer is recycled once no one uses it."""
+        if slot.cached:
+            del self._slots[slot.key]
+            slot.cached = False
+        if not slot.busy:
             self._recycle(slot)
 
     def _recycle(self, slot: Slot) -> None:
-        """A slot no one can reach any more: return its charge and keep its buffer if room."""
-        self.resident -= slot.nbytes
+        """A slot no one can reach any more: its buffer joins the free list."""
         buf, slot.buf, slot.data = slot.buf, None, None
-        if (
-            buf is not None
-            and len(self._pool) < self.POOL_BUFFERS
-            and self.resident + self.pooled + buf.nbytes <= self.limit
-        ):
-            self._pool.append(buf)
+        self.resident -= slot.nbytes
+        slot.nbytes = 0
+        if buf is not None:
+            self._free.append(buf)
+            self._trim_free()
 
-    def _trim(self, need: int = 0) -> bool:
-        """Evict until ``need`` more bytes fit; False if pinned/loading windows prevent it."""
-        while self._pool and self.resident + self.pooled + need > self.limit:
-            self._pool.pop(0)
-        if self.resident + need <= self.limit:
-            return True
-        for slot in list(self._slots.values()):
-            if self.resident + need <= self.limit:
-                break
-            if slot.pins == 0 and slot.event.is_set():
-                self._evict(slot)
+    def _evict_for(self, need: int, unread_too: bool = True) -> bool:
+        """Evict windows nobody holds until ``need`` more bytes fit: least recently used first,
+        windows already read before prefetched ones (those only if ``unread_too``)."""
+        for unread in (False, True) if unread_too else (False,):
+            for slot in list(self._slots.values()):
+                if self.resident + need <= self.limit:
+                    return True
+                if not slot.busy and slot.unread == unread:
+                    self._drop(slot)
         return self.resident + need <= self.limit
 
-    def _take_buffer(self, nbytes: int) -> np.ndarray | None:
-        """A pooled buffer that holds ``nbytes`` without wasting more than half of itself."""
-        best = None
-        for i, b in enumerate(self._pool):
-            if nbytes <= b.nbytes <= 2 * max(nbytes, 1) and (best is None or b.nbytes < self._pool[best].nbytes):
-                best = i
-        return self._pool.pop(best) if best is not None else None
+    def _trim_free(self) -> None:
+        while self._free and self.resident + self.pooled > self.limit:
+            self._free.pop(0)
+
+    def _trim(self) -> None:
+        """Back under the limit: free buffers go first, then windows nobody holds."""
+        self._trim_free()
+        if self.resident > self.limit:
+            self._evict_for(0)
+            self._trim_free()
+
+    def _buffer(self, nbytes: int, preferred: int) -> np.ndarray | None:
+        """A free buffer that holds ``nbytes`` without wasting more than half of itself, else
+        None after making room for a new one of ``preferred`` bytes (the view's largest window,
+        so any of its windows fits), which the loader thread maps."""
+        fits = [i for i, b in enumerate(self._free) if nbytes <= b.nbytes <= 2 * max(preferred, 1)]
+        if fits:
+            return self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
+        while self._free and self.resident + self.pooled + preferred > self.limit:
+            self._free.pop(0)
+        return None
 
     # ------------------------------------------------------------------ loading
 
     def _start(self, key: Hashable, nbytes: int, loader: Loader) -> Slot:
         if self.nursery is None:
             raise RuntimeError("WindowCache.nursery must be set before loading windows")
-        slot = Slot(key, nbytes)
-        self._trim(nbytes)
+        owner = key[0]
+        size = max(nbytes, self._largest.get(owner, nbytes))
+        buf = self._buffer(nbytes, size)
+        slot = Slot(key, owner, buf, size if buf is None else buf.nbytes)
+        self.resident += slot.nbytes
         self._slots[key] = slot
-        slot.cached = True
-        self.resident += nbytes
-        self.nursery.start_soon(self._fill, slot, loader, self._take_buffer(nbytes))
+        self.loads += 1
+        self.nursery.start_soon(self._fill, slot, loader)
         return slot
 
-    async def _fill(self, slot: Slot, loader: Loader, buf: np.ndarray | None) -> None:
-        scratch = self._scratch.take()
-        self.loads += 1
+    async def _fill(self, slot: Slot, loader: Loader) -> None:
+        scratch = self._scratch.pop() if self._scratch else None
+        buf, size = slot.buf, slot.nbytes
+
+        def load() -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+            out = buf if buf is not None else new_buffer(size)
+            return (out, *loader(out, scratch))
+
         try:
-            data, used_scratch = await trio.to_thread.run_sync(loader, buf, scratch, limiter=self.limiter)
+            slot.buf, data, scratch = await trio.to_thread.run_sync(load, limiter=self.limiter)
         except BaseException as e:  # noqa: BLE001 -- handed to the waiters, never lost
-            self._scratch.give(scratch)
             slot.error = e if not isinstance(e, trio.Cancelled) else OSError("load cancelled at shutdown")
-            slot.buf = buf
-            if slot.cached:
-                del self._slots[slot.key]
-                slot.cached = False
-            if slot.pins == 0:
-                self._recycle(slot)
             slot.event.set()
+            self._drop(slot)
             if isinstance(e, trio.Cancelled):
                 raise
             return
-        self._scratch.give(used_scratch)
+        if scratch is not None and self._largest and len(self._scratch) < self.limiter.total_tokens:
+            self._scratch.append(scratch)
         slot.data = data
-        slot.buf = data.base if isinstance(data.base, np.ndarray) and data.base.ndim == 1 and data.base.dtype == np.uint8 else data
-        charged = max(slot.buf.nbytes, slot.nbytes)
-        self.resident += charged - slot.nbytes
-        slot.nbytes = charged
         slot.event.set()
-        if not slot.cached and slot.pins == 0:
-            self._recycle(slot)
-        else:
-            self._trim()
+        if not slot.cached:  # its view was closed meanwhile
+            self._drop(slot)
 
     # ------------------------------------------------------------------ public
 
     def prefetch(self, key: Hashable, nbytes: int, loader: Loader) -> bool:
-        """Load in the background if the window fits in the budget; never evicts pinned windows."""
-        if key in self._slots or self.nursery is None:
+        """Start loading in the background if the window fits without evicting a busy one."""
+        if key in self._slots or self.nursery is None or key[0] not in self._largest:
             return False
-        if not self._trim(nbytes):
+        if not self._evict_for(max(nbytes, self._largest[key[0]]), unread_too=False):
             return False
-        self._start(key, nbytes, loader)
+        self._start(key, nbytes, loader).unread = True
+        self.prefetched += 1
         return True
 
     def pin(self, key: Hashable, nbytes: int, loader: Loader) -> Slot:
         """The window's slot, loading if absent; pinned (never evicted) until `release`."""
         slot = self._slots.get(key)
         if slot is None:
+            self._evict_for(max(nbytes, self._largest.get(key[0], nbytes)))  # may stay over: a read must be served
             slot = self._start(key, nbytes, loader)
         else:
             self._slots.move_to_end(key)
         slot.pins += 1
+        slot.unread = False
         return slot
 
     @staticmethod
@@ -238,17 +258,32 @@ class WindowCache:
 
     def release(self, slot: Slot) -> None:
         slot.pins -= 1
-        if slot.pins == 0:
-            if not slot.cached:
-                self._recycle(slot)
-            elif self.resident + self.pooled > self.limit:
-                self._trim()
+        self._unused(slot)
+
+    def hold(self, slot: Slot) -> None:
+        """An open handle reads this window now: keep it until `unhold`."""
+        slot.holders += 1
+
+    def unhold(self, slot: Slot) -> None:
+        slot.holders -= 1
+        self._unused(slot)
+
+    def _unused(self, slot: Slot) -> None:
+        if slot.busy:
+            return
+        if not slot.cached:
+            self._recycle(slot)
+        elif self.resident + self.pooled > self.limit:
+            self._trim()
+
+    def __contains__(self, key: Hashable) -> bool:
+        """Whether window ``key`` is loaded or loading."""
+        return key in self._slots
 
     def clear(self) -> None:
         for slot in list(self._slots.values()):
-            if slot.event.is_set():
-                self._evict(slot)
-        self._pool.clear()
+            self._drop(slot)
+        self._free.clear()
         self._scratch.clear()
 
     def describe(self) -> dict[str, Any]:
@@ -258,6 +293,7 @@ class WindowCache:
             "pooled_bytes": self.pooled,
             "limit_bytes": self.limit,
             "loads": self.loads,
+            "prefetched": self.prefetched,
         }
 
 

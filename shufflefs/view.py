@@ -4,6 +4,15 @@ A `View` owns no FUSE state; the filesystem layer calls `load_window` from a thr
 the result.  Every load checks the source against the stamp its index was built from (before
 and after reading), so a file changed or removed while mounted yields `StaleSourceError`
 instead of bytes that mix two versions.
+
+A window load (`View.load_window`) is one compiled call (`_gather.build_window`) that holds
+no GIL: one pass over the window's runs in ascending source order, reading `READ_CHUNK` bytes at
+a time into a small scratch buffer and copying each record of the chunk to its place in the
+window while the chunk is still in the CPU cache.  Without the compiled module,
+`layout.assemble` does the same work (all runs into a window-sized scratch, then a numpy
+gather), several times slower.  For a sequential reader the load then asks the kernel to read
+the next window's blocks into the page cache (``POSIX_FADV_WILLNEED``), so that a cold disk
+works on them while this window is served and the next load starts.
 """
 
 from __future__ import annotations
@@ -14,8 +23,27 @@ import numpy as np
 
 from .errors import StaleSourceError
 from .index import RecordIndex, SourceStamp
-from .layout import Layout, assemble
+from .layout import Layout, assemble, id_runs
+
+try:
+    from ._gather import build_window as _build_window  # compiled at install time; optional
+except ImportError:  # pragma: no cover - depends on the build (or an older build of it)
+    _build_window = None
 from .strategies.base import Plan
+
+READ_CHUNK = 1 << 20
+"""Scratch bytes read at once while building a window (a chunk ends at a record boundary).
+Measured on a 2-core EPYC VM (1 MiB L2 per core) building 64 MiB corgipile windows of ~1 KiB
+records from the page cache (CPU time, three runs of five interleaved rounds): 512 KiB - 2 MiB
+chunks 5.0-5.2 GB/s, 4 MiB (one read per block) 4.8-5.0, 128 KiB 4.5-4.7.  A whole load (ids,
+runs, build) runs at 3.7-3.9 GB/s; the previous design (read all of the window's runs into a
+window-sized scratch, sort, then gather) at 1.7-2.4 GB/s."""
+HINT_RUN = 2 * READ_CHUNK
+"""Runs at least this long get the readahead hint; the kernel's own readahead covers shorter
+ones.  Measured on the same VM, cold page cache, 512 MiB of corgipile windows (4 MiB blocks)
+loaded back to back, median of six rounds: hinting the next window after each load 1.26 GB/s,
+hinting each window's own blocks before reading them 1.13, no hint 1.14: on that virtual disk a
+deeper queue alone gained nothing, overlapping disk time with the copying did."""
 
 
 class SourceFile:
@@ -49,7 +77,10 @@ class SourceFile:
     def verify_open(self) -> None:
         """Cheap per-read check (one fstat, no path lookup): the open file is unchanged and still
         linked, so bytes of a window loaded earlier still describe the source."""
-        self._verify(os.fstat(self.fd), None)
+        st = os.fstat(self.fd)
+        stamp = self.stamp
+        if st.st_nlink == 0 or st.st_size != stamp.size or st.st_mtime_ns != stamp.mtime_ns or st.st_ino != stamp.ino:
+            self._verify(st, None)
 
     def check(self, offset: int | None = None) -> None:
         """Raise unless the path still names the same, unchanged file."""
@@ -63,18 +94,39 @@ class SourceFile:
         """Read the ranges in the given (ascending) order into one buffer."""
         total = int((ends - starts).sum())
         buf = out[:total] if out is not None and len(out) >= total else np.empty(total, np.uint8)
-        mv = memoryview(buf)
         pos = 0
         for s, e in zip(starts.tolist(), ends.tolist()):
-            while s < e:
-                got = os.preadv(self.fd, [mv[pos: pos + (e - s)]], s)
-                if got == 0:
-                    self._verify(os.fstat(self.fd), s)
-                    raise StaleSourceError(self.path, s, "unexpected end of file")
-                s += got
-                pos += got
+            self._pread_into(buf[pos: pos + e - s], s)
+            pos += e - s
         self._verify(os.fstat(self.fd), int(starts[0]) if len(starts) else None)
         return buf
+
+    def _pread_into(self, buf: np.ndarray, offset: int) -> np.ndarray:
+        """Fill ``buf`` from ``offset``; an early end of file means the source shrank."""
+        mv = memoryview(buf)
+        pos, end = 0, len(buf)
+        while pos < end:
+            got = os.preadv(self.fd, [mv[pos:]], offset + pos)
+            if got == 0:
+                self._verify(os.fstat(self.fd), offset + pos)
+                raise StaleSourceError(self.path, offset + pos, "unexpected end of file")
+            pos += got
+        return buf
+
+    def build_window(self, index: RecordIndex, ids: np.ndarray, first: np.ndarray, count: np.ndarray,
+                     out: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+        """Records ``ids`` (view order; the same records as the ascending runs ``first``,
+        ``count``) read into ``out``; see the module docstring."""
+        i64 = np.ascontiguousarray
+        got = _build_window(
+            self.fd, out, scratch, index.bounds, i64(ids, np.int64), i64(first, np.int64), i64(count, np.int64),
+            index.n - 1 if index.add_newline else -1,
+        )
+        if got < 0:
+            self._verify(os.fstat(self.fd), -1 - got)
+            raise StaleSourceError(self.path, -1 - got, "unexpected end of file")
+        self._verify(os.fstat(self.fd), int(index.bounds[first[0]]) if len(first) else None)
+        return out[:got]
 
     def read_range(self, start: int, end: int) -> bytes:
         return self.read_runs(np.array([start]), np.array([end])).tobytes()
@@ -107,15 +159,40 @@ class View:
     def size(self) -> int:
         return self.layout.size
 
-    def load_window(self, k: int, out: np.ndarray | None = None, scratch: np.ndarray | None = None) -> np.ndarray:
-        """Read window k's records in source order and assemble them in view order (blocking).
+    def load_window(self, k: int, out: np.ndarray | None = None, scratch: np.ndarray | None = None,
+                    ahead: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """Window k's bytes, built in ``out`` if it is large enough (blocking); ``ahead``: then
+        hint the next window's blocks (for a sequential reader).
 
-        ``out`` receives the window and ``scratch`` the source bytes when large enough; reusing
-        both across loads avoids first-touching fresh memory for every window.
+        Returns ``(window, scratch)``: the scratch buffer used, for the caller to reuse.  Reusing
+        both buffers across loads avoids first-touching fresh memory for every window.
         """
         self.source.check()
+        size = self.layout.window_size(k)
         ids = self.plan.window(k)
-        return assemble(self.index, ids, lambda s, e: self.source.read_runs(s, e, scratch), out)
+        if out is None or len(out) < size:
+            out = np.empty(size, np.uint8)
+        if _build_window is None:
+            return assemble(self.index, ids, self.source.read_runs, out), scratch
+        if scratch is None:
+            scratch = np.empty(READ_CHUNK, np.uint8)
+        runs = self.plan.window_runs(k)
+        first, count = runs if runs is not None else id_runs(ids)
+        window = self.source.build_window(self.index, ids, first, count, out, scratch)
+        if ahead and k + 1 < self.plan.n_windows:
+            self.hint(k + 1)
+        return window, scratch
+
+    def hint(self, k: int) -> None:
+        """Ask the kernel to read window k's long runs into the page cache (returns at once)."""
+        runs = self.plan.window_runs(k)
+        if runs is None:  # a record-level order: runs of a record or two, nothing to hint
+            return
+        b = self.index.bounds
+        starts, ends = b[runs[0]], b[runs[0] + runs[1]]
+        long = np.flatnonzero(ends - starts >= HINT_RUN)
+        for s, e in zip(starts[long].tolist(), ends[long].tolist()):
+            os.posix_fadvise(self.source.fd, s, e - s, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
         self.source.close()

@@ -6,9 +6,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from shufflefs import layout
-from shufflefs.index import RecordIndex
-from shufflefs.layout import HEADER, TRAILER, Layout, assemble, render, slice_fetch, source_runs
+import os
+import tempfile
+
+from shufflefs import layout, view
+from shufflefs.errors import StaleSourceError
+from shufflefs.index import RecordIndex, SourceStamp
+from shufflefs.layout import HEADER, TRAILER, Layout, assemble, id_runs, render, slice_fetch, source_runs
 from shufflefs.strategies.base import Plan, ShuffleSpec
 
 
@@ -138,3 +142,105 @@ def test_compiled_gather_checks_bounds_before_copying():
     with pytest.raises(IndexError):
         layout._gather.gather(out, src, np.array([0, 8], np.int64), np.array([0, 5], np.int64), np.array([2, 5], np.int64))
     assert not out.any()
+
+
+def test_id_runs_merge_consecutive_ids():
+    first, count = id_runs(np.array([7, 2, 3, 9, 4, 10], np.int64))
+    assert first.tolist() == [2, 7, 9] and count.tolist() == [3, 1, 2]
+    first, count = id_runs(np.empty(0, np.int64))
+    assert len(first) == len(count) == 0
+
+
+# --------------------------------------------------------------------------- windows read from a file
+
+
+def _stamped(data: bytes, index: RecordIndex) -> tuple[str, RecordIndex]:
+    fd, path = tempfile.mkstemp(prefix="shufflefs-layout-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    stamp = SourceStamp.of(os.stat(path))
+    return path, RecordIndex(index.size, index.bounds, index.add_newline, stamp)
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@settings(max_examples=150, deadline=None)
+@given(case=indexed_files(), scratch=st.integers(1, 120))
+def test_view_windows_match_the_reference(compiled, case, scratch):
+    """`View.load_window` (the compiled chunked read, or its numpy fallback) builds the same
+    bytes as `assemble`, for scratch buffers smaller than records and windows."""
+    if compiled and view._build_window is None:
+        pytest.skip("compiled window build not built")
+    data, index, order, cuts = case
+    path, index = _stamped(data, index)
+    saved = view._build_window
+    try:
+        if not compiled:
+            view._build_window = None
+        plan = FixedOrderPlan(index, order, cuts)
+        v = view.View(path, index, plan)
+        try:
+            fetch = slice_fetch(np.frombuffer(data, np.uint8))
+            out = np.full(max([len(data) + 8] + [int(x) for x in plan.window_sizes]), 0xEE, np.uint8)
+            buf = np.zeros(scratch, np.uint8)
+            for k in range(plan.n_windows):
+                win, used = v.load_window(k, out, buf)
+                assert win.tobytes() == assemble(index, plan.window(k), fetch).tobytes()
+                assert len(win) == Layout(index, plan).window_size(k)
+        finally:
+            v.close()
+    finally:
+        view._build_window = saved
+        os.unlink(path)
+
+
+def test_compiled_window_build_checks_everything_before_reading():
+    if view._build_window is None:
+        pytest.skip("compiled window build not built")
+    build = view._build_window
+    data = bytes(range(100))
+    bounds = np.arange(0, 101, 10, dtype=np.int64)  # ten records of ten bytes
+    fd, path = tempfile.mkstemp(prefix="shufflefs-layout-")
+    os.write(fd, data)
+    try:
+        out = np.zeros(100, np.uint8)
+        scratch = np.zeros(16, np.uint8)
+        i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+        bad = [
+            (i64(1, 1), i64(1), i64(2)),  # an id twice (and one missing)
+            (i64(1, 5), i64(1), i64(2)),  # an id outside the runs
+            (i64(3, 1), i64(3, 1), i64(1, 1)),  # runs out of order
+            (i64(9, 10), i64(9), i64(2)),  # a run past the last record
+            (i64(1, 2), i64(1), i64(3)),  # runs hold more records than the ids
+        ]
+        for ids, first, count in bad:
+            with pytest.raises((IndexError, ValueError)):
+                build(fd, out, scratch, bounds, ids, first, count, -1)
+        with pytest.raises(IndexError):  # the window does not fit the output
+            build(fd, np.zeros(15, np.uint8), scratch, bounds, i64(2, 1), i64(1), i64(2), -1)
+        assert not out.any()
+        # a record larger than the scratch goes straight to its place; an added newline follows the last record
+        assert build(fd, out, scratch, np.array([0, 40, 100], np.int64), i64(1, 0), i64(0), i64(2), -1) == 100
+        assert bytes(out[:60]) == data[40:] and bytes(out[60:100]) == data[:40]
+        assert build(fd, out, scratch, np.array([0, 40, 99], np.int64), i64(1, 0), i64(0), i64(2), 1) == 100
+        assert bytes(out[:60]) == data[40:99] + b"\n" and bytes(out[60:100]) == data[:40]
+        # a file shorter than its index: the offset where it ended
+        assert build(fd, np.zeros(120, np.uint8), scratch, np.array([0, 60, 120], np.int64), i64(1, 0), i64(0), i64(2), -1) == -1 - 100
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def test_a_source_shorter_than_its_index_is_stale_not_padded():
+    data = b"".join(b"%04d\n" % i for i in range(100))
+    bounds = np.arange(0, 501, 5, dtype=np.int64)
+    path, index = _stamped(data, RecordIndex(500, bounds))
+    try:
+        plan = FixedOrderPlan(index, np.arange(100)[::-1].copy(), [50])
+        v = view.View(path, index, plan)
+        with open(path, "r+b") as f:
+            f.truncate(300)
+        with pytest.raises(StaleSourceError):
+            v.load_window(0)
+        v.close()
+    finally:
+        os.unlink(path)

@@ -18,6 +18,7 @@ import signal
 import struct
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import crc32c
@@ -27,7 +28,7 @@ import pytest
 from conftest import Link, Mount, is_mounted, write_tree
 from shufflefs.config import parse_buffer, parse_size
 from shufflefs.formats import parse_format_option, resolve_format, scan_file
-from shufflefs.fs import IDLE_WINDOW_BYTES, WINDOWS_PER_VIEW
+from shufflefs.prefetch import WINDOWS
 from shufflefs.layout import Layout, render
 from shufflefs.strategies import ShuffleSpec, make_plan
 
@@ -369,14 +370,51 @@ def test_sequential_reader_loads_each_window_once_within_the_budget(data: Mount)
     assert got == ref
     memory = during["memory"]
     assert memory["loads"] - before["memory"]["loads"] == plan.n_windows  # prefetched, never reloaded
-    # memory: a few windows per open view on top of a fixed allowance, never more
-    assert memory["limit_bytes"] == IDLE_WINDOW_BYTES + WINDOWS_PER_VIEW * int(plan.window_sizes.max())
-    assert memory["window_bytes"] <= memory["limit_bytes"]
+    assert memory["prefetched"] - before["memory"]["prefetched"] == plan.n_windows - 1
+    # memory: a few windows of the largest view in memory, for all views together, never more
+    assert memory["limit_bytes"] >= WINDOWS * int(plan.window_sizes.max())
+    assert memory["window_bytes"] + memory["pooled_bytes"] <= memory["limit_bytes"]
     assert during["views"] == before["views"] + 1
     assert during["bytes_served"] - before["bytes_served"] == len(ref)
     after = data.stats()
-    assert after["views"] == before["views"] and after["memory"]["limit_bytes"] == IDLE_WINDOW_BYTES
-    assert after["memory"]["window_bytes"] <= IDLE_WINDOW_BYTES
+    assert after["views"] == before["views"]
+    assert after["memory"]["window_bytes"] + after["memory"]["pooled_bytes"] <= after["memory"]["limit_bytes"]
+
+
+def test_window_memory_is_three_windows_of_the_largest_view_in_memory(mount):
+    m = mount({"a.jsonl": jsonl(3000, 21), "b.jsonl": jsonl(3000, 22, width=400)}, *ARGS)
+    largest = {rel: int(plan_of(m.src, rel)[1].window_sizes.max()) for rel in ("a.jsonl", "b.jsonl")}
+    assert largest["a.jsonl"] != largest["b.jsonl"]
+
+    def check(views: set[str]) -> dict:
+        memory = m.stats()["memory"]
+        assert memory["limit_bytes"] == WINDOWS * max(largest[v] for v in views)
+        assert memory["window_bytes"] + memory["pooled_bytes"] <= memory["limit_bytes"]
+        return memory
+
+    refs = {rel: reference(m.src, rel) for rel in largest}
+    with open(m.path("a.jsonl"), "rb", buffering=0) as fa:
+        got = {"a.jsonl": fa.read(5000)}
+        check({"a.jsonl"})
+        fb = open(m.path("b.jsonl"), "rb", buffering=0)
+        got["b.jsonl"] = fb.read(5000)
+        check({"a.jsonl", "b.jsonl"})
+        # two sequential readers in turn: both keep their window, neither reloads one per read
+        while True:
+            x, y = fa.read(3000), fb.read(3000)
+            if not x and not y:
+                break
+            got["a.jsonl"] += x
+            got["b.jsonl"] += y
+            check({"a.jsonl", "b.jsonl"})
+        during = m.stats()["memory"]
+        fb.close()
+    assert got == refs
+    windows = sum(plan_of(m.src, rel)[1].n_windows for rel in largest)
+    assert during["loads"] <= 2 * windows  # not one load per read: each reader keeps its window
+    # closed views stay idle with their windows, within the same limit
+    assert m.stats()["views"] == 0 and m.stats()["idle_views"] == 2
+    check({"a.jsonl", "b.jsonl"})
 
 
 # --------------------------------------------------------------------------- read-only and xattrs
@@ -513,6 +551,49 @@ def test_epoch_switch_on_root_and_on_one_file(mount):
     assert m.xattr("epoch", "a.jsonl") == "2"
     assert read(m.path("a.jsonl")) == reference(m.src, "a.jsonl", 2)
     assert m.stats()["epoch"] == 2
+
+
+def _wait_for(m: Mount, cond, what: str, timeout: float = 20.0) -> dict:
+    """Poll the mount's stats until ``cond(stats)`` holds (background work has no reply to wait for)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = m.stats()
+        if cond(stats):
+            return stats
+        assert time.monotonic() < deadline, f"{what} did not happen: {stats}"
+        time.sleep(0.01)
+
+
+def test_an_epoch_change_loads_window_zero_of_recently_opened_files(mount):
+    files = {"a.jsonl": jsonl(3000, 31), "d/b.jsonl": jsonl(2000, 32), "d/c.jsonl": jsonl(2000, 33)}
+    m = mount(files, *ARGS)
+    for rel in ("a.jsonl", "d/b.jsonl"):  # c.jsonl is never opened
+        assert read(m.path(rel), 4096) == reference(m.src, rel, 0)
+    before = m.stats()
+    m.set_epoch(1)
+    ready = _wait_for(m, lambda s: s["epoch_prefetches"] - before["epoch_prefetches"] == 2
+                      and s["memory"]["loads"] - before["memory"]["loads"] == 2, "preparing epoch 1")
+    assert ready["memory"]["prefetched"] - before["memory"]["prefetched"] == 2
+    assert ready["idle_views"] >= 2  # prepared views wait, without a handle, for their first open
+    for rel in ("a.jsonl", "d/b.jsonl"):
+        loads = m.stats()["memory"]["loads"]
+        # reads smaller than a window: the reader holds one window and prefetches the next, so
+        # the other file's prepared window keeps its place in memory (3 windows)
+        assert read(m.path(rel), 4096) == reference(m.src, rel, 1)
+        # window 0 was waiting: the read loaded only the other windows
+        assert m.stats()["memory"]["loads"] - loads == plan_of(m.src, rel, 1)[1].n_windows - 1, rel
+    # a directory's epoch prepares only the recent files under it; a file's only that file
+    before = m.stats()
+    m.set_epoch(2, "d")
+    _wait_for(m, lambda s: s["epoch_prefetches"] - before["epoch_prefetches"] == 1, "preparing d/ for epoch 2")
+    m.set_epoch(3, "a.jsonl")
+    after = _wait_for(m, lambda s: s["epoch_prefetches"] - before["epoch_prefetches"] == 2, "preparing a.jsonl")
+    assert after["errors"] == 0
+    assert read(m.path("d/b.jsonl")) == reference(m.src, "d/b.jsonl", 2)
+    assert read(m.path("d/c.jsonl")) == reference(m.src, "d/c.jsonl", 2)
+    assert read(m.path("a.jsonl")) == reference(m.src, "a.jsonl", 3)
+    time.sleep(0.2)
+    assert m.stats()["epoch_prefetches"] == after["epoch_prefetches"]
 
 
 # --------------------------------------------------------------------------- a changing source

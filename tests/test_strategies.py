@@ -84,6 +84,21 @@ def test_windows_partition_records_exactly(index, spec, epoch, world):
     assert np.array_equal(np.sort(allids), np.arange(index.n))
 
 
+@settings(max_examples=60, deadline=None)
+@given(index=indexes(), spec=specs, epoch=st.integers(0, 3), world=st.integers(1, 3))
+def test_window_runs_are_the_sorted_ids_as_runs(index, spec, epoch, world):
+    for r in range(world):
+        plan = make_plan(index, spec, epoch, r, world)
+        for k in range(plan.n_windows):
+            got = plan.window_runs(k)
+            if got is None:  # the plan does not know them cheaply; the view sorts the ids
+                continue
+            first, count = got
+            assert first.dtype == count.dtype == np.int64 and np.all(count > 0)
+            assert np.all(first[1:] > first[:-1] + count[:-1])  # ascending, adjacent runs merged
+            assert np.array_equal(concat_ranges(first, first + count), np.sort(plan.window(k)))
+
+
 @settings(max_examples=30, deadline=None)
 @given(index=indexes(), spec=specs, epoch=st.integers(0, 3), world=st.integers(2, 4))
 def test_rank_shares_split_the_single_rank_order(index, spec, epoch, world):

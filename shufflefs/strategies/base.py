@@ -60,6 +60,11 @@ class Plan(ABC):
     def window(self, k: int) -> np.ndarray:
         """int64 record ids of window k, in output order."""
 
+    def window_runs(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """Window k's record ids as ascending runs of consecutive ids, ``(first id, count)``
+        (int64), when the plan knows them without sorting the window; None otherwise."""
+        return None
+
     @property
     def n_windows(self) -> int:
         return len(self.window_sizes)

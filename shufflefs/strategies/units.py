@@ -188,6 +188,17 @@ class UnitPlan(CutPlan):
         u = self.units[self.cuts[k]: self.cuts[k + 1]]
         return self.arrange(k, concat_ranges(self.firsts[u], self.firsts[u + 1]))
 
+    def window_runs(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """From the window's units (O(units)): sorted, adjacent ones merged."""
+        self._check_window(k)
+        u = np.sort(self.units[self.cuts[k]: self.cuts[k + 1]])
+        first, end = self.firsts[u], self.firsts[u + 1]
+        if len(u) == 0:
+            return first, end - first
+        starts = np.flatnonzero(np.concatenate(([True], first[1:] != end[:-1])))
+        ends = np.append(starts[1:] - 1, len(u) - 1)
+        return first[starts], end[ends] - first[starts]
+
     def describe(self) -> dict:
         return {**super().describe(), self.unit_label: len(self.firsts) - 1,
                 f"{self.unit_label}_in_share": len(self.units)}

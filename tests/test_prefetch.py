@@ -1,0 +1,108 @@
+"""The window cache without FUSE: one load per window, buffers reused, the memory limit kept."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+
+from shufflefs.prefetch import WINDOWS, WindowCache
+
+W = 1000  # bytes of every window of view "v"
+
+
+def run(test) -> None:
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            cache = WindowCache(trio.CapacityLimiter(2))
+            cache.nursery = nursery
+            cache.register("v", W)
+            await test(cache)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+
+
+class Loads:
+    """Loaders that fill window k with the byte k and remember which buffers they were given."""
+
+    def __init__(self) -> None:
+        self.done: list[int] = []
+        self.buffers: set[int] = set()
+
+    def __call__(self, k: int, fail: bool = False):
+        def load(out: np.ndarray, scratch):
+            if fail:
+                raise OSError(5, "disk error")
+            self.buffers.add(out.__array_interface__["data"][0])
+            out[:W] = k
+            self.done.append(k)
+            return out[:W], scratch
+
+        return load
+
+
+async def read(cache: WindowCache, k: int, loads: Loads, hold: bool = False):
+    slot = await cache.acquire(("v", k), W, loads(k))
+    assert np.all(slot.data == k) and len(slot.data) == W
+    if hold:
+        cache.hold(slot)
+    cache.release(slot)
+    return slot
+
+
+def within(cache: WindowCache) -> bool:
+    return cache.resident + cache.pooled <= cache.limit == WINDOWS * W
+
+
+def test_a_sequential_reader_reuses_three_buffers_and_never_reloads():
+    async def test(cache: WindowCache) -> None:
+        loads = Loads()
+        held = None
+        for k in range(20):
+            slot = await read(cache, k, loads, hold=True)
+            if held is not None:
+                cache.unhold(held)
+            held = slot
+            assert cache.prefetch(("v", k + 1), W, loads(k + 1)) or ("v", k + 1) in cache
+            assert within(cache)
+            await trio.sleep(0.01)  # let the prefetch finish, as a reader would spend time in k
+        assert loads.done == list(range(21))  # every window once: the prefetched ones were found
+        assert len(loads.buffers) == WINDOWS  # the first three buffers, reused ever after
+        assert cache.describe()["prefetched"] == 20
+
+    run(test)
+
+
+def test_prefetch_never_evicts_held_or_unread_windows_but_a_read_may_exceed_the_limit():
+    async def test(cache: WindowCache) -> None:
+        loads = Loads()
+        a = await read(cache, 0, loads, hold=True)
+        assert cache.prefetch(("v", 1), W, loads(1)) and cache.prefetch(("v", 2), W, loads(2))
+        await trio.sleep(0.01)
+        assert not cache.prefetch(("v", 3), W, loads(3))  # full of a held and two unread windows
+        b = await read(cache, 3, loads, hold=True)  # a read takes an unread window's place
+        assert ("v", 0) in cache and ("v", 3) in cache and within(cache)
+        assert sum(("v", k) in cache for k in (1, 2)) == 1
+        c = await read(cache, 4, loads, hold=True)
+        d = await read(cache, 5, loads, hold=True)  # four held windows: over the limit, not reloaded
+        assert cache.resident == 4 * W > cache.limit
+        for slot in (a, b, c, d):
+            cache.unhold(slot)
+        assert within(cache)  # back under the limit once nobody holds them
+        assert cache.prefetch(("v", 9), W, loads(9)) and within(cache)  # room from windows already read
+
+    run(test)
+
+
+def test_a_failed_load_reaches_the_reader_and_returns_its_memory():
+    async def test(cache: WindowCache) -> None:
+        loads = Loads()
+        with pytest.raises(OSError):
+            await cache.acquire(("v", 0), W, loads(0, fail=True))
+        assert ("v", 0) not in cache and cache.resident == 0
+        await read(cache, 0, loads)  # loaded again on the next read
+        cache.unregister("v")
+        assert cache.limit == 0 and cache.resident == 0 and cache.pooled == 0 and ("v", 0) not in cache
+
+    run(test)
