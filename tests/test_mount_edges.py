@@ -83,7 +83,7 @@ FORMATS = {
 }
 
 
-# --------------------------------------------------------------------------- bad input (issue point 9)
+# --------------------------------------------------------------------------- bad input
 
 
 def test_bad_npy_fixed_and_csv_give_eio_a_log_line_with_file_and_offset_and_a_count(mount):
@@ -110,7 +110,7 @@ def test_bad_npy_fixed_and_csv_give_eio_a_log_line_with_file_and_offset_and_a_co
         assert re.search(rf"{re.escape(rel)}.*offset {offset}:", log), rel
 
 
-# --------------------------------------------------------------------------- epochs (issue point 7)
+# --------------------------------------------------------------------------- epochs
 
 
 def test_every_whole_read_during_epoch_changes_is_exactly_one_epoch(mount):
@@ -150,7 +150,7 @@ def test_every_whole_read_during_epoch_changes_is_exactly_one_epoch(mount):
     assert m.stats()["errors"] == 0
 
 
-# --------------------------------------------------------------------------- the tree (issue point 2)
+# --------------------------------------------------------------------------- the tree
 
 
 def test_odd_names_links_and_special_entries(mount):
@@ -191,7 +191,7 @@ def test_odd_names_links_and_special_entries(mount):
     assert read(m.path("hard.jsonl")) == read(m.path("a.jsonl")) == reference(m.src, "a.jsonl")
 
 
-# --------------------------------------------------------------------------- strategies x formats (points 3, 5, 6)
+# --------------------------------------------------------------------------- strategies x formats
 
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
@@ -210,7 +210,7 @@ def test_every_strategy_serves_every_format_byte_for_byte(mount, strategy: str):
     assert np.array_equal(np.sort(arr[:, 0]), np.arange(0, 3000 * 5, 5))
 
 
-# --------------------------------------------------------------------------- empty files (point 9)
+# --------------------------------------------------------------------------- empty files
 
 
 def test_zero_byte_files_give_empty_views(mount):
@@ -228,7 +228,7 @@ def test_zero_byte_npy_gives_an_empty_view(mount):
     assert read(m.path("e.npy")) == b""
 
 
-# --------------------------------------------------------------------------- lifecycle (point 8)
+# --------------------------------------------------------------------------- lifecycle
 
 
 def test_sigterm_with_a_file_open_still_unmounts_and_exits_0(mount):
@@ -246,7 +246,7 @@ def test_sigterm_with_a_file_open_still_unmounts_and_exits_0(mount):
             pass
 
 
-# --------------------------------------------------------------------------- the index cache (points 2, 4)
+# --------------------------------------------------------------------------- the index cache
 
 
 def test_an_index_built_by_the_cli_is_reused_by_the_mount_unchanged(mount, tmp_path):
