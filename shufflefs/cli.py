@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import __version__
-from .config import MountConfig, format_buffer, parse_buffer, parse_size
+from .config import MountConfig, check_paths, format_buffer, parse_buffer, parse_size
+from .index import default_cache_dir
 from .strategies.base import ShuffleSpec
 
 PROG = "shufflefs"
@@ -226,8 +227,6 @@ def _add_format_options(p: argparse.ArgumentParser) -> None:
 
 
 def _default_cache_text() -> str:
-    from .index import default_cache_dir
-
     return str(default_cache_dir())
 
 
@@ -378,40 +377,6 @@ def _inside(path: str, parent: str) -> bool:
     return path != parent and os.path.commonpath([path, parent]) == parent
 
 
-def check_mount_paths(source: str, mountpoint: str, parser: argparse.ArgumentParser) -> tuple[Path, Path]:
-    if not os.path.exists(source):
-        parser.error(f"source {source!r} does not exist")
-    if not os.path.isdir(source):
-        parser.error(f"source {source!r} is not a directory")
-    try:
-        st = os.stat(mountpoint)
-    except FileNotFoundError:
-        parser.error(f"mount point {mountpoint!r} does not exist (create an empty directory)")
-    except OSError as e:
-        hint = f" (a dead mount? run '{PROG} umount {mountpoint}')" if e.errno == errno.ENOTCONN else ""
-        parser.error(f"mount point {mountpoint!r}: {e.strerror}{hint}")
-    import stat as _stat
-
-    if not _stat.S_ISDIR(st.st_mode):
-        parser.error(f"mount point {mountpoint!r} is not a directory")
-    # A daemon must never reach into its own mount: it would wait on itself.
-    src, mnt = os.path.realpath(source), os.path.realpath(mountpoint)
-    if src == mnt:
-        parser.error("source and mount point are the same directory")
-    if _inside(mnt, src):
-        parser.error(f"mount point {mountpoint!r} is inside the source {source!r}")
-    if _inside(src, mnt):
-        parser.error(f"source {source!r} is inside the mount point {mountpoint!r}")
-    if os.path.ismount(mountpoint):
-        parser.error(f"mount point {mountpoint!r} is already a mount point (unmount it first: {PROG} umount {mountpoint})")
-    try:
-        if os.listdir(mountpoint):
-            parser.error(f"mount point {mountpoint!r} is not empty")
-    except OSError as e:
-        parser.error(f"mount point {mountpoint!r}: {e.strerror}")
-    return Path(src), Path(mnt)
-
-
 def _check_writable_dir(path: Path, what: str, parser: argparse.ArgumentParser) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -424,8 +389,6 @@ def _check_writable_dir(path: Path, what: str, parser: argparse.ArgumentParser) 
 def _cache_dir(given: Path | None, source: Path, parser: argparse.ArgumentParser) -> Path:
     """The cache directory to use (given, or the user's default), checked to lie outside the
     source tree (which is never written) and to be writable."""
-    from .index import default_cache_dir
-
     cache_dir = Path(given) if given is not None else default_cache_dir()
     real, src = os.path.realpath(cache_dir), os.path.realpath(source)
     if real == src or _inside(real, src):
@@ -449,7 +412,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     """Validate every mount option; exits with a usage error (2) on the first problem."""
     opts = resolve_options(args, MOUNT_KEYS, parser)
     v = opts.values
-    src, mnt = check_mount_paths(args.source, args.mountpoint, parser)
+    src, mnt = Path(os.path.realpath(args.source)), Path(os.path.realpath(args.mountpoint))
     if v["rank"] >= v["world"]:
         parser.error(f"--rank {v['rank']} must be smaller than --world {v['world']}")
     spec = ShuffleSpec(
@@ -457,10 +420,11 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         page_size=v["page_size"],
     )
     _check_strategy(spec, parser)
-    cache_dir = _cache_dir(v["cache_dir"], src, parser)
-    cache = os.path.realpath(cache_dir)
-    if cache == str(mnt) or _inside(cache, str(mnt)):
-        parser.error(f"cache directory {str(cache_dir)!r} must be outside the mount point")
+    cache_dir = Path(v["cache_dir"]) if v["cache_dir"] is not None else default_cache_dir()
+    problem = check_paths(MountConfig(Path(args.source), Path(args.mountpoint), cache_dir=cache_dir))
+    if problem:
+        parser.error(problem)
+    _check_writable_dir(cache_dir, "cache directory", parser)
     if v["log_file"] is not None:
         log = v["log_file"]
         if _inside(str(log), str(mnt)) or _inside(str(log), str(src)):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,3 +76,56 @@ class MountConfig:
     """Parameters for formats chosen by extension, e.g. ``record_size`` and ``header_bytes``."""
     cache_dir: Path | None = None
     """Where indexes are cached; None means the user's cache directory."""
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def check_paths(config: MountConfig) -> str | None:
+    """What is wrong with the source, mount point or cache directory, or None.
+
+    Shared by the command line (a usage error before any process starts) and the daemon (so that
+    `daemon.run` is safe to call directly).  A daemon must never reach into its own mount (it
+    would wait on itself) and never write into the source.
+    """
+    from .index import default_cache_dir
+
+    src, mnt = Path(config.source), Path(config.mountpoint)
+    if not src.exists():
+        return f"source {src} does not exist"
+    if not src.is_dir():
+        return f"source {src} is not a directory"
+    try:
+        os.listdir(src)
+    except OSError as e:
+        return f"cannot read source {src}: {e.strerror}"
+    try:
+        if not mnt.exists():
+            return f"mount point {mnt} does not exist (create an empty directory)"
+        if not mnt.is_dir():
+            return f"mount point {mnt} is not a directory"
+    except OSError as e:
+        hint = f" (a dead mount? run: shufflefs umount {mnt})" if e.errno == errno.ENOTCONN else ""
+        return f"mount point {mnt}: {e.strerror}{hint}"
+    rsrc, rmnt = os.path.realpath(src), os.path.realpath(mnt)
+    if rsrc == rmnt:
+        return "source and mount point are the same directory"
+    if _inside(rmnt, rsrc):
+        return f"mount point {mnt} is inside the source {src}; the mount would contain itself"
+    if _inside(rsrc, rmnt):
+        return f"source {src} is inside the mount point {mnt}"
+    if os.path.ismount(mnt):
+        return f"mount point {mnt} is already a mount point (unmount it first: shufflefs umount {mnt})"
+    try:
+        if os.listdir(mnt):
+            return f"mount point {mnt} is not empty"
+    except OSError as e:
+        return f"mount point {mnt}: {e.strerror}"
+    cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
+    rcache = os.path.realpath(cache_dir)
+    if _inside(rcache, rsrc):
+        return f"cache directory {cache_dir} is inside the source {src}, which is never written (use --cache-dir)"
+    if _inside(rcache, rmnt):
+        return f"cache directory {cache_dir} is inside the mount point {mnt}"
+    return None

@@ -15,15 +15,13 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pyfuse3
 import trio
 
 from . import indexer
-from .config import MountConfig
+from .config import MountConfig, check_paths
 from .fs import ShuffleFS
-from .index import default_cache_dir
 
 log = logging.getLogger("shufflefs")
 
@@ -48,44 +46,6 @@ def _remove_logging(handler: logging.Handler) -> None:
     for name in ("shufflefs", "pyfuse3"):
         logging.getLogger(name).removeHandler(handler)
     handler.close()
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def check_paths(config: MountConfig) -> str | None:
-    """A message saying what is wrong with the source / mountpoint / cache dir, or None."""
-    src, mnt = Path(config.source), Path(config.mountpoint)
-    if not src.exists():
-        return f"source {src} does not exist"
-    if not src.is_dir():
-        return f"source {src} is not a directory"
-    try:
-        os.listdir(src)
-    except OSError as e:
-        return f"cannot read source {src}: {e.strerror}"
-    try:
-        if not mnt.exists():
-            return f"mountpoint {mnt} does not exist (create it with: mkdir -p {mnt})"
-        if not mnt.is_dir():
-            return f"mountpoint {mnt} is not a directory"
-        if os.listdir(mnt):
-            return f"mountpoint {mnt} is not empty"
-    except OSError as e:
-        return f"mountpoint {mnt} is not usable ({e.strerror}); if a mount is left over, run: fusermount3 -u {mnt}"
-    rsrc, rmnt = os.path.realpath(src), os.path.realpath(mnt)
-    if _inside(rmnt, rsrc):
-        return f"mountpoint {mnt} is inside the source {src}; the mount would contain itself"
-    if _inside(rsrc, rmnt):
-        return f"source {src} is inside the mountpoint {mnt}"
-    cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
-    rcache = os.path.realpath(cache_dir)
-    if _inside(rcache, rsrc):
-        return f"cache directory {cache_dir} is inside the source {src}; the source is never written (use --cache-dir)"
-    if _inside(rcache, rmnt):
-        return f"cache directory {cache_dir} is inside the mountpoint {mnt}"
-    return None
 
 
 def _fsname(source: str) -> str:
