@@ -11,7 +11,7 @@ from shufflefs.index import RecordIndex
 from shufflefs.strategies import STRATEGIES, STRATEGY_HELP, check_spec, make_plan
 from shufflefs.strategies.base import ShuffleSpec
 from shufflefs.strategies.sliding_window import sliding_window_order
-from shufflefs.strategies.units import concat_ranges, cuts_by_bytes, unit_firsts
+from shufflefs.strategies.units import concat_ranges, cuts_by_bytes, id_dtype, order_cuts, unit_firsts
 
 ALL = sorted(STRATEGIES)
 SAME_ORDER_ACROSS_WORLDS = ["none", "once", "full", "lirs-page", "block"]
@@ -74,7 +74,7 @@ def test_windows_partition_records_exactly(index, spec, epoch, world):
         assert sizes.dtype == np.int64 and len(sizes) == plan.n_windows
         for k in range(plan.n_windows):
             ids = plan.window(k)
-            assert ids.dtype == np.int64 and len(ids) > 0
+            assert ids.dtype == id_dtype(index.n) and len(ids) > 0
             assert sizes[k] == index.out_lengths(ids).sum()
             seen.append(ids)
         again = make_plan(index, spec, epoch, r, world)
@@ -279,6 +279,16 @@ def test_cuts_by_bytes_groups_items_by_the_stretch_of_their_last_byte(sizes, tar
     group = (cum - 1) // target
     expect = [0] + [i for i in range(1, len(sizes)) if group[i] != group[i - 1]] + [len(sizes)]
     assert cuts_by_bytes(cum, target).tolist() == (expect if sizes else [0])
+
+
+@settings(max_examples=100, deadline=None)
+@given(index=indexes(), target=st.integers(1, 120), chunk=st.integers(1, 7), seed=st.integers(0, 9))
+def test_order_cuts_chunk_by_chunk_equal_cuts_over_the_whole_running_total(index, target, chunk, seed):
+    order = np.random.default_rng(seed).permutation(index.n).astype(id_dtype(index.n))
+    cum = np.cumsum(index.out_lengths(order))
+    cuts, sizes = order_cuts(index, order, target, chunk)
+    assert cuts.tolist() == cuts_by_bytes(cum, target).tolist()
+    assert sizes.tolist() == [int(index.out_lengths(order[a:b]).sum()) for a, b in zip(cuts[:-1], cuts[1:])]
 
 
 def test_concat_ranges():

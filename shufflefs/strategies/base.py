@@ -58,7 +58,7 @@ class Plan(ABC):
 
     @abstractmethod
     def window(self, k: int) -> np.ndarray:
-        """int64 record ids of window k, in output order."""
+        """Record ids of window k, in output order (`units.id_dtype`: int32 below 2**31 records)."""
 
     def window_runs(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
         """Window k's record ids as ascending runs of consecutive ids, ``(first id, count)``

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import rng
-from .units import OrderPlan, UnitPlan, salt, share
+from .units import OrderPlan, UnitPlan, permutation, salt, share
 
 ONCE = salt("once/records")
 
@@ -32,6 +32,6 @@ class ShuffleOncePlan(OrderPlan):
     name = "once"
 
     def record_order(self) -> np.ndarray:
-        perm = rng(self.spec.seed, ONCE).permutation(self.index.n).astype(np.int64, copy=False)
+        perm = permutation(rng(self.spec.seed, ONCE), self.index.n)
         lo, hi = share(len(perm), self.rank, self.world)
         return perm[lo:hi].copy() if self.world > 1 else perm

@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 
 from .base import rng
-from .units import OrderPlan, salt, share
+from .units import OrderPlan, id_dtype, salt, share
 
 WINDOW = salt("window/steps")
 
 
-def sliding_window_order(m: int, picks: np.ndarray, drain: np.ndarray) -> np.ndarray:
-    """Output order (positions 0..m-1 of the source range) of a sliding window.
+def sliding_window_order(m: int, picks: np.ndarray, drain: np.ndarray, dtype: type = np.int64) -> np.ndarray:
+    """Output order (positions 0..m-1 of the source range, as ``dtype``) of a sliding window.
 
     ``picks[t]`` is the slot chosen at step t (``m - B`` steps, slots 0..B-1) and ``drain`` the
     order in which the B slots are emptied at the end.
@@ -28,15 +28,15 @@ def sliding_window_order(m: int, picks: np.ndarray, drain: np.ndarray) -> np.nda
     steps = m - B
     if len(picks) != steps:
         raise ValueError("need one pick per record beyond the buffer")
-    out = np.empty(m, np.int64)
-    final = np.arange(B, dtype=np.int64)
+    out = np.empty(m, dtype)
+    final = np.arange(B, dtype=dtype)
     if steps:
         # narrow keys let numpy's stable sort use radix sort (several times faster for B <= 65536)
-        order = np.argsort(picks.astype(np.min_scalar_type(B - 1)), kind="stable")
+        order = np.argsort(picks.astype(np.min_scalar_type(B - 1)), kind="stable").astype(dtype, copy=False)
         slot = picks[order]
         first = np.ones(steps, bool)
         first[1:] = slot[1:] != slot[:-1]
-        prev = np.empty(steps, np.int64)
+        prev = np.empty(steps, dtype)
         prev[0] = 0
         prev[1:] = order[:-1]
         prev += B
@@ -70,8 +70,9 @@ class SlidingWindowPlan(OrderPlan):
         B = min(self.buffer_records, m)
         gen = rng(self.spec.seed, self.epoch, WINDOW, self.rank)
         picks = gen.integers(0, B, size=m - B, dtype=np.int64) if B else np.empty(0, np.int64)
+        picks = picks.astype(np.min_scalar_type(max(B - 1, 0)))  # the same draws in fewer bytes
         drain = gen.permutation(B).astype(np.int64, copy=False)
-        out = sliding_window_order(m, picks, drain)
+        out = sliding_window_order(m, picks, drain, id_dtype(hi))
         out += lo
         return out
 

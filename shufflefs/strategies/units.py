@@ -17,6 +17,12 @@ from .base import Plan, ShuffleSpec
 I64 = np.int64
 
 
+def id_dtype(n: int) -> type:
+    """Record ids of an index of ``n`` records: int32 while they fit, so that O(records) orders
+    and the in-window shuffle move half the bytes of int64 (the same draws, hence the same order)."""
+    return np.int32 if n < 2**31 - 1 else np.int64
+
+
 def salt(label: str) -> int:
     """A stable integer naming one use of randomness, so no two uses share a stream."""
     return zlib.crc32(label.encode())
@@ -83,14 +89,21 @@ def share(count: int, rank: int, world: int) -> tuple[int, int]:
     return lo, lo + q + (rank < r)
 
 
-def concat_ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def concat_ranges(lo: np.ndarray, hi: np.ndarray, dtype: type = I64) -> np.ndarray:
     """``concatenate([arange(a, b) for a, b in zip(lo, hi)])`` without the loop."""
     counts = hi - lo
     total = int(counts.sum())
-    out = np.arange(total, dtype=I64)
+    out = np.arange(total, dtype=dtype)
     if total:
         offsets = np.cumsum(counts) - counts
-        out += np.repeat(lo - offsets, counts)
+        out += np.repeat((lo - offsets).astype(dtype, copy=False), counts)
+    return out
+
+
+def permutation(gen: np.random.Generator, n: int) -> np.ndarray:
+    """``gen.permutation(n)`` (the same draws, so the same order) as `id_dtype` record ids."""
+    out = np.arange(n, dtype=id_dtype(n))
+    gen.shuffle(out)
     return out
 
 
@@ -119,6 +132,33 @@ def cuts_by_bytes(cum: np.ndarray, target: int) -> np.ndarray:
     cuts = np.concatenate((np.zeros(1, I64), inner.astype(I64), np.full(1, m, I64)))
     keep = np.concatenate(([True], cuts[1:] != cuts[:-1]))
     return cuts[keep]
+
+
+def order_cuts(index: RecordIndex, order: np.ndarray, target: int,
+               chunk: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
+    """`cuts_by_bytes` over the view lengths of the records ``order``, and the windows' sizes.
+
+    Works a chunk of records at a time, so the running byte total never costs 8 bytes per
+    record of the order (the daemon's memory is budgeted per record).
+    """
+    m = len(order)
+    inner: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    base, prev_w = 0, 0
+    for lo in range(0, m, chunk):
+        cum = index.out_lengths(order[lo: lo + chunk])
+        np.cumsum(cum, out=cum)
+        cum += base
+        w = np.maximum(cum - 1, 0) // target
+        change = np.flatnonzero(np.diff(w, prepend=prev_w))
+        before = np.concatenate((np.full(1, base, I64), cum))[change]  # running total up to the cut
+        keep = change + lo > 0
+        inner.append(change[keep] + lo)
+        ends.append(before[keep])
+        base, prev_w = int(cum[-1]), int(w[-1])
+    cuts = np.concatenate([np.zeros(1, I64), *inner, np.full(1, m, I64)]).astype(I64) if m else np.zeros(1, I64)
+    ends_all = np.concatenate([*ends, np.full(1, base, I64)]).astype(I64) if m else np.zeros(0, I64)
+    return cuts, np.diff(ends_all, prepend=I64(0)).astype(I64)
 
 
 def frozen(a: np.ndarray) -> np.ndarray:
@@ -186,7 +226,7 @@ class UnitPlan(CutPlan):
     def window(self, k: int) -> np.ndarray:
         self._check_window(k)
         u = self.units[self.cuts[k]: self.cuts[k + 1]]
-        return self.arrange(k, concat_ranges(self.firsts[u], self.firsts[u + 1]))
+        return self.arrange(k, concat_ranges(self.firsts[u], self.firsts[u + 1], id_dtype(self.index.n)))
 
     def window_runs(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """From the window's units (O(units)): sorted, adjacent ones merged."""
@@ -216,15 +256,12 @@ class OrderPlan(CutPlan):
         check_params(spec)
         self.buffer_bytes = spec.buffer_bytes(index.data_bytes)
         self.order = frozen(self.record_order())
-        cum = index.out_lengths(self.order)
-        np.cumsum(cum, out=cum)
-        self.cuts = frozen(cuts_by_bytes(cum, self.buffer_bytes))
-        ends = cum[self.cuts[1:] - 1]
-        del cum
-        self._sizes = frozen(np.diff(ends, prepend=I64(0)).astype(I64))
+        cuts, sizes = order_cuts(index, self.order, self.buffer_bytes)
+        self.cuts = frozen(cuts)
+        self._sizes = frozen(sizes)
 
     def record_order(self) -> np.ndarray:
-        """The rank's record ids in output order (int64)."""
+        """The rank's record ids in output order (`id_dtype`)."""
         raise NotImplementedError
 
     def window(self, k: int) -> np.ndarray:
