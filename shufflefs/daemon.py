@@ -8,6 +8,7 @@ the mount is usable.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -21,7 +22,7 @@ import trio
 
 from . import indexer
 from .config import MountConfig, check_paths
-from .fs import ShuffleFS
+from .fs import VIEW_BLKSIZE, ShuffleFS
 
 log = logging.getLogger("shufflefs")
 
@@ -96,11 +97,12 @@ class _Ready:
             self.fd = None
 
 
-async def _main(fs: ShuffleFS) -> None:
+async def _main(fs: ShuffleFS, mnt: str) -> None:
     async with trio.open_nursery() as nursery:
         fs.start(nursery)
         if threading.current_thread() is threading.main_thread():
             nursery.start_soon(_watch_signals)
+        nursery.start_soon(functools.partial(trio.to_thread.run_sync, raise_readahead, mnt, abandon_on_cancel=True))
         try:
             await pyfuse3.main()
         finally:
@@ -140,6 +142,44 @@ def _terminate_early(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+READAHEAD_KB = VIEW_BLKSIZE >> 10
+"""Kernel readahead of the mount, for views served through the page cache (npy, fixed).  The
+kernel starts a FUSE mount at 128 KiB, so a reader's 1 MiB read became eight 128 KiB requests;
+measured on a 2-core VM (520 MB fixed-size view, corgipile, warm source): 1.3 GB/s at 128 KiB,
+1.9-2.0 GB/s at 1 MiB, the largest request the kernel sends."""
+
+
+def mount_device(mnt: str) -> str | None:
+    """``major:minor`` of the filesystem mounted at ``mnt``, from /proc/self/mountinfo (a stat of
+    the mount point would ask this very daemon, which is not serving yet)."""
+    try:
+        with open("/proc/self/mountinfo") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return None
+    found = [r[2] for r in rows if len(r) > 4 and r[4].encode().decode("unicode_escape") == mnt]
+    return found[-1] if found else None
+
+
+def raise_readahead(mnt: str) -> None:
+    """Best effort (needs root): set the mount's readahead to `READAHEAD_KB`.
+
+    Runs on a thread once the loop serves: the kernel applies the readahead agreed in the FUSE
+    handshake after mounting, so the stat (answered by this daemon) comes first."""
+    try:
+        os.stat(mnt)
+    except OSError:
+        return
+    dev = mount_device(mnt)
+    if dev is None:
+        return
+    try:
+        with open(f"/sys/class/bdi/{dev}/read_ahead_kb", "w") as f:
+            f.write(str(READAHEAD_KB))
+    except OSError as e:
+        log.debug("readahead of %s left as it was: %s", mnt, e)
+
+
 def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
     try:
         fs = ShuffleFS(config)
@@ -167,7 +207,7 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
             config.source, mnt, config.spec.strategy, config.spec.seed, config.epoch, os.getpid(),
         )
         ready.signal()
-        trio.run(_main, fs)
+        trio.run(_main, fs, mnt)
     except KeyboardInterrupt:
         log.info("interrupted: unmounting")
     except BaseException:  # noqa: BLE001 -- whatever happened, unmount below

@@ -27,6 +27,7 @@ import pytest
 
 from conftest import Link, Mount, is_mounted, write_tree
 from shufflefs.config import parse_buffer, parse_size
+from shufflefs.daemon import READAHEAD_KB
 from shufflefs.formats import parse_format_option, resolve_format, scan_file
 from shufflefs.prefetch import WINDOWS
 from shufflefs.layout import Layout, render
@@ -189,6 +190,17 @@ def test_sizes_and_types(data: Mount):
     assert os.stat(data.path("nonl.txt")).st_size == len(NONL) + 1  # the view ends the last line
     assert os.path.isdir(data.path("nested/deeper"))
     assert os.stat(data.path("empty.jsonl")).st_size == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the readahead of a mount is set by root")
+def test_the_mount_reads_ahead_a_whole_request(data: Mount):
+    """Page-cache views (fixed, npy) get 1 MiB readahead, not the 128 KiB a FUSE mount starts with."""
+    dev = os.stat(data.mnt).st_dev
+    knob = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+    deadline = time.monotonic() + 10
+    while knob.read_text().strip() != str(READAHEAD_KB) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert knob.read_text().strip() == str(READAHEAD_KB) == "1024"
 
 
 def test_symlinks_inside_the_tree_resolve_inside_the_mount(data: Mount):

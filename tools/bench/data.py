@@ -51,16 +51,19 @@ def make_fixed(path: Path, size: int, record_size: int = FIXED_RECORD, seed: int
             f.write(rec.tobytes())
 
 
-def make_short_lines(path: Path, n: int) -> None:
-    """``n`` lines of 8 digits and a newline (9 bytes each): many records in a small file."""
+def make_short_lines(path: Path, n: int, width: int = 9) -> None:
+    """``n`` lines of ``width`` bytes (the line number in 8 digits, padded with dots, and a
+    newline): many records in a small file."""
+    if width < 9:
+        raise ValueError("lines need at least 9 bytes")
     per_chunk = 1 << 20
     with open(path, "wb") as f:
         for first in range(0, n, per_chunk):
             ids = np.arange(first, min(n, first + per_chunk), dtype=np.int64)
-            out = np.empty((len(ids), 9), np.uint8)
+            out = np.full((len(ids), width), ord("."), np.uint8)
             for d in range(8):
                 out[:, 7 - d] = ord("0") + (ids // 10**d) % 10
-            out[:, 8] = ord("\n")
+            out[:, width - 1] = ord("\n")
             f.write(out.tobytes())
 
 
