@@ -149,32 +149,14 @@ measured on a 2-core VM (520 MB fixed-size view, corgipile, warm source): 1.3 GB
 1.9-2.0 GB/s at 1 MiB, the largest request the kernel sends."""
 
 
-def mount_device(mnt: str) -> str | None:
-    """``major:minor`` of the filesystem mounted at ``mnt``, from /proc/self/mountinfo (a stat of
-    the mount point would ask this very daemon, which is not serving yet)."""
-    try:
-        with open("/proc/self/mountinfo") as f:
-            rows = [line.split() for line in f]
-    except OSError:
-        return None
-    found = [r[2] for r in rows if len(r) > 4 and r[4].encode().decode("unicode_escape") == mnt]
-    return found[-1] if found else None
-
-
 def raise_readahead(mnt: str) -> None:
     """Best effort (needs root): set the mount's readahead to `READAHEAD_KB`.
 
     Runs on a thread once the loop serves: the kernel applies the readahead agreed in the FUSE
-    handshake after mounting, so the stat (answered by this daemon) comes first."""
+    handshake after mounting, and the stat of the mount point is answered by this daemon."""
     try:
-        os.stat(mnt)
-    except OSError:
-        return
-    dev = mount_device(mnt)
-    if dev is None:
-        return
-    try:
-        with open(f"/sys/class/bdi/{dev}/read_ahead_kb", "w") as f:
+        dev = os.stat(mnt).st_dev
+        with open(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb", "w") as f:
             f.write(str(READAHEAD_KB))
     except OSError as e:
         log.debug("readahead of %s left as it was: %s", mnt, e)
