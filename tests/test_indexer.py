@@ -84,6 +84,21 @@ SOURCES = {
 }
 
 
+def in_background(fn, *args) -> tuple[threading.Thread, list]:
+    """Run ``fn(*args)`` on a started thread; its result (or exception) lands in the list."""
+    result: list = []
+
+    def run() -> None:
+        try:
+            result.append(fn(*args))
+        except BaseException as e:  # checked by the caller
+            result.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    return t, result
+
+
 # --------------------------------------------------------------------------- what crosses the process boundary
 
 
@@ -174,16 +189,7 @@ def test_a_crash_fails_only_the_file_that_caused_it(builder, tmp_path) -> None:
     good.write_bytes(b"x\nyy\n")
     bad.write_bytes(b"z\n")
     started, release = tmp_path / "started", tmp_path / "release"
-    result: list = []
-
-    def build_good() -> None:
-        try:
-            result.append(builder.build(good, GatedFormat(str(started), str(release)), tmp_path / "cache"))
-        except BaseException as e:  # reported below
-            result.append(e)
-
-    t = threading.Thread(target=build_good)
-    t.start()
+    t, result = in_background(builder.build, good, GatedFormat(str(started), str(release)), tmp_path / "cache")
     try:
         wait_for(started.exists, "the first scan to start")
         with pytest.raises(StaleSourceError):
@@ -201,16 +207,7 @@ def test_shutdown_stops_a_running_scan_and_a_later_build_starts_afresh(tmp_path)
     p = tmp_path / "a.jsonl"
     p.write_bytes(b"1\n2\n")
     started = tmp_path / "started"
-    result: list = []
-
-    def build() -> None:
-        try:
-            result.append(b.build(p, GatedFormat(str(started), str(tmp_path / "never")), tmp_path / "cache"))
-        except BaseException as e:  # checked below
-            result.append(e)
-
-    t = threading.Thread(target=build)
-    t.start()
+    t, result = in_background(b.build, p, GatedFormat(str(started), str(tmp_path / "never")), tmp_path / "cache")
     try:
         wait_for(started.exists, "the scan to start")
         b.shutdown()
