@@ -8,6 +8,7 @@ the mount is usable.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import logging
 import os
@@ -162,7 +163,27 @@ def raise_readahead(mnt: str) -> None:
         log.debug("readahead of %s left as it was: %s", mnt, e)
 
 
+MMAP_THRESHOLD = 1 << 20
+"""Allocations from this size on are mapped and unmapped on their own.  glibc otherwise raises
+its threshold to the size of each large block freed (up to 32 MiB), after which plans' and
+windows' temporaries of a few MiB stay in its heaps, fragmented, once freed.  Measured on a
+2-core VM (2 GiB of ~1 KiB lines, 64 MiB windows, a new epoch per pass): steady daemon RSS
+430 -> 300 MB for ``lirs-page``; peaks 450 -> 326 MB."""
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+
+
+def fix_mmap_threshold() -> None:
+    """Best effort: glibc only (elsewhere the allocator keeps its own policy)."""
+    try:
+        libc = ctypes.CDLL(None)
+        if not libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD):
+            log.debug("mallopt(M_MMAP_THRESHOLD) refused")
+    except (OSError, AttributeError) as e:
+        log.debug("allocator left as it is: %s", e)
+
+
 def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
+    fix_mmap_threshold()
     try:
         fs = ShuffleFS(config)
     except (OSError, ValueError) as e:

@@ -42,6 +42,8 @@ from typing import Any, Awaitable, Callable, Hashable
 import numpy as np
 import trio
 
+from .errors import ShuffleError
+
 log = logging.getLogger("shufflefs")
 
 WINDOWS = 3
@@ -201,7 +203,14 @@ class WindowCache:
         try:
             slot.buf, data, scratch = await trio.to_thread.run_sync(load, limiter=self.limiter)
         except BaseException as e:  # noqa: BLE001 -- handed to the waiters, never lost
-            slot.error = e if not isinstance(e, trio.Cancelled) else OSError("load cancelled at shutdown")
+            if isinstance(e, trio.Cancelled):
+                slot.error = OSError("load cancelled at shutdown")
+            else:
+                if not isinstance(e, (OSError, ShuffleError)):
+                    log.error("loading window %s failed", slot.key, exc_info=e)
+                # the traceback's frames hold the window buffer in a reference cycle (through
+                # ``slot``): kept, it would stay allocated, uncounted, until a garbage collection
+                slot.error = e.with_traceback(None)
             slot.event.set()
             self._drop(slot)
             if isinstance(e, trio.Cancelled):

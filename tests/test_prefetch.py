@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import trio
@@ -106,3 +109,24 @@ def test_a_failed_load_reaches_the_reader_and_returns_its_memory():
         assert cache.limit == 0 and cache.resident == 0 and cache.pooled == 0 and ("v", 0) not in cache
 
     run(test)
+
+
+def test_a_failed_load_frees_its_buffer_without_waiting_for_the_garbage_collector():
+    """The stored error must not keep the failed load's frames, which hold the window buffer."""
+    buffers: list[weakref.ref] = []
+
+    def failing(out: np.ndarray, scratch):
+        buffers.append(weakref.ref(out.base if out.base is not None else out))
+        raise OSError(5, "disk error")
+
+    async def test(cache: WindowCache) -> None:
+        for k in range(3):
+            with pytest.raises(OSError, match="disk error"):
+                await cache.acquire(("v", k), W, failing)
+        assert len(buffers) == 3 and all(ref() is None for ref in buffers)
+
+    gc.disable()
+    try:
+        run(test)
+    finally:
+        gc.enable()

@@ -16,6 +16,9 @@ from .base import rng
 from .units import OrderPlan, id_dtype, salt, share
 
 WINDOW = salt("window/steps")
+PICK_CHUNK = 1 << 16
+"""Slot draws made at a time (numpy's bounded draws are the same whether made in one call or in
+chunks): the int64 draws never take 8 bytes per record at once."""
 
 
 def sliding_window_order(m: int, picks: np.ndarray, drain: np.ndarray, dtype: type = np.int64) -> np.ndarray:
@@ -31,8 +34,11 @@ def sliding_window_order(m: int, picks: np.ndarray, drain: np.ndarray, dtype: ty
     out = np.empty(m, dtype)
     final = np.arange(B, dtype=dtype)
     if steps:
-        # narrow keys let numpy's stable sort use radix sort (several times faster for B <= 65536)
-        order = np.argsort(picks.astype(np.min_scalar_type(B - 1)), kind="stable").astype(dtype, copy=False)
+        # narrow keys let numpy's stable sort use radix sort (several times faster for B <= 65536);
+        # the temporaries are freed as soon as possible: this runs in the daemon, whose peak
+        # memory is budgeted per record
+        order = np.argsort(picks.astype(np.min_scalar_type(B - 1), copy=False), kind="stable")
+        order = order.astype(dtype, copy=False)
         slot = picks[order]
         first = np.ones(steps, bool)
         first[1:] = slot[1:] != slot[:-1]
@@ -40,7 +46,9 @@ def sliding_window_order(m: int, picks: np.ndarray, drain: np.ndarray, dtype: ty
         prev[0] = 0
         prev[1:] = order[:-1]
         prev += B
-        out[order] = np.where(first, slot, prev)
+        prev[first] = slot[first]
+        out[order] = prev
+        del prev
         last = np.ones(steps, bool)
         last[:-1] = first[1:]
         final[slot[last]] = B + order[last]
@@ -69,8 +77,10 @@ class SlidingWindowPlan(OrderPlan):
         m = hi - lo
         B = min(self.buffer_records, m)
         gen = rng(self.spec.seed, self.epoch, WINDOW, self.rank)
-        picks = gen.integers(0, B, size=m - B, dtype=np.int64) if B else np.empty(0, np.int64)
-        picks = picks.astype(np.min_scalar_type(max(B - 1, 0)))  # the same draws in fewer bytes
+        picks = np.empty(m - B, np.min_scalar_type(max(B - 1, 0)))
+        for lo_ in range(0, len(picks), PICK_CHUNK):  # the draws of one call, in fewer bytes
+            hi_ = min(lo_ + PICK_CHUNK, len(picks))
+            picks[lo_:hi_] = gen.integers(0, B, size=hi_ - lo_, dtype=np.int64)
         drain = gen.permutation(B).astype(np.int64, copy=False)
         out = sliding_window_order(m, picks, drain, id_dtype(hi))
         out += lo

@@ -135,7 +135,7 @@ def cuts_by_bytes(cum: np.ndarray, target: int) -> np.ndarray:
 
 
 def order_cuts(index: RecordIndex, order: np.ndarray, target: int,
-               chunk: int = 1 << 20) -> tuple[np.ndarray, np.ndarray]:
+               chunk: int = 1 << 16) -> tuple[np.ndarray, np.ndarray]:
     """`cuts_by_bytes` over the view lengths of the records ``order``, and the windows' sizes.
 
     Works a chunk of records at a time, so the running byte total never costs 8 bytes per
