@@ -97,6 +97,17 @@ def _strategy(value: Any) -> str:
 class _Option:
     convert: Callable[[Any], Any]
     default: Any
+    env: str | None = None
+    """An environment variable that gives the value when neither the command line nor the config
+    file does (torchrun sets RANK and WORLD_SIZE for every process it starts)."""
+
+
+def _even(value: Any) -> str:
+    from .strategies import EVEN_MODES
+
+    if value not in EVEN_MODES:
+        raise ValueError(f"must be one of {', '.join(EVEN_MODES)}: {value!r}")
+    return str(value)
 
 
 MiB = 1 << 20
@@ -110,8 +121,9 @@ OPTIONS: dict[str, _Option] = {
     "seed": _Option(_integer(0), 0),
     "epoch": _Option(_integer(0, MAX_EPOCH), 0),
     "page_size": _Option(_size, 4096),
-    "rank": _Option(_integer(0), 0),
-    "world": _Option(_integer(1), 1),
+    "rank": _Option(_integer(0), 0, "RANK"),
+    "world_size": _Option(_integer(1), 1, "WORLD_SIZE"),
+    "even": _Option(_even, "none"),
     "cache_dir": _Option(_path, None),
     "record_size": _Option(_size, None),
     "header_bytes": _Option(_size_or_zero, None),
@@ -264,9 +276,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     g.add_argument("--seed", metavar="N", help="seed of every order (default 0)")
     g.add_argument("--epoch", metavar="N", help="initial epoch (default 0)")
     g.add_argument("--page-size", metavar="SIZE", help="page size for page-aware strategies (default 4096)")
-    # rank shares are not public yet: a share's size varies by epoch, which readers do not expect
-    g.add_argument("--rank", metavar="R", help=argparse.SUPPRESS)
-    g.add_argument("--world", metavar="W", help=argparse.SUPPRESS)
+    g = p.add_argument_group(
+        "ranks and loader parts",
+        "The mount shows rank R's share of every epoch; the W ranks' shares are disjoint and hold "
+        "every record once. MNT/.parts/K/i/ mirrors the tree with the i-th of K disjoint parts of "
+        "each view, one per DataLoader worker.")
+    g.add_argument("--rank", metavar="R", help="this mount's rank (default $RANK, else 0)")
+    g.add_argument("--world-size", "--world", dest="world_size", metavar="W",
+                   help="number of ranks (default $WORLD_SIZE, else 1)")
+    g.add_argument("--even", choices=["none", "pad", "drop"], default=None,
+                   help="equal record counts per rank: none (default: every record exactly once, "
+                        "counts may differ by a block's records), pad (short ranks repeat some of "
+                        "their records, like DistributedSampler) or drop (long ranks leave their "
+                        "last records out)")
     _add_format_options(p)
     g = p.add_argument_group("daemon")
     g.add_argument("--log-file", metavar="FILE", help="append the daemon's log here")
@@ -350,6 +372,8 @@ def resolve_options(args: argparse.Namespace, keys: Sequence[str], parser: argpa
             raw, where = cfg.values[key], f"config file {args.config!r}: {key}"
             if key in PATH_KEYS and isinstance(raw, str):
                 raw = os.path.join(os.path.dirname(os.path.abspath(args.config)), os.path.expanduser(raw))
+        elif opt.env and os.environ.get(opt.env, "").strip():
+            raw, where = os.environ[opt.env].strip(), f"environment variable {opt.env}"
         else:
             values[key] = opt.default
             continue
@@ -413,11 +437,11 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     opts = resolve_options(args, MOUNT_KEYS, parser)
     v = opts.values
     src, mnt = Path(os.path.realpath(args.source)), Path(os.path.realpath(args.mountpoint))
-    if v["rank"] >= v["world"]:
-        parser.error(f"--rank {v['rank']} must be smaller than --world {v['world']}")
+    if v["rank"] >= v["world_size"]:
+        parser.error(f"--rank {v['rank']} must be smaller than --world-size {v['world_size']}")
     spec = ShuffleSpec(
         strategy=v["strategy"], seed=v["seed"], block_size=v["block_size"], buffer=v["buffer"],
-        page_size=v["page_size"],
+        page_size=v["page_size"], even=v["even"],
     )
     _check_strategy(spec, parser)
     cache_dir = Path(v["cache_dir"]) if v["cache_dir"] is not None else default_cache_dir()
@@ -435,7 +459,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         except OSError as e:
             parser.error(f"log file {str(log)!r}: {e.strerror}")
     config = MountConfig(
-        source=src, mountpoint=mnt, spec=spec, epoch=v["epoch"], rank=v["rank"], world=v["world"],
+        source=src, mountpoint=mnt, spec=spec, epoch=v["epoch"], rank=v["rank"], world=v["world_size"],
         rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
     )
     return config, opts
@@ -851,9 +875,9 @@ def format_stats(stats: dict) -> str:
         lines.append(("source", str(take("source"))))
     params = [f"{k}={_param(k, take(k))}" for k in ("seed", "block_size", "buffer", "page_size") if k in s]
     lines.append(("strategy", "  ".join([str(take("strategy", "?")), *params])))
-    rank, world = take("rank", None), take("world", None)
+    rank, world, even = take("rank", None), take("world", None), take("even", "none")
     if world is not None and world != 1:
-        lines.append(("rank", f"{rank} of {world}"))
+        lines.append(("rank", f"{rank} of {world}" + (f"  (even={even})" if even != "none" else "")))
     overrides = take("epoch_overrides", None)
     epoch = str(take("epoch", "?"))
     if overrides:
@@ -1059,10 +1083,12 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
         stats = json.loads(get_xattr(root, STATS_XATTR))
         fmt = make_format(info["format"], info.get("format_params") or {})
         spec = ShuffleSpec(strategy=info["strategy"], seed=int(info["seed"]), block_size=int(info["block_size"]),
-                           buffer=parse_buffer(info["buffer"]), page_size=int(stats.get("page_size", 4096)))
+                           buffer=parse_buffer(info["buffer"]), page_size=int(stats.get("page_size", 4096)),
+                           even=str(stats.get("even", "none")))
         source = Path(stats["source"]) / info["path"]
         view_epoch = int(info["epoch"])
         rank, world = int(stats.get("rank", 0)), int(stats.get("world", 1))
+        part, parts = int(info.get("part", 0)), int(info.get("parts", 1))
     except (KeyError, TypeError, ValueError) as e:
         raise CliError(f"{args.path}: unexpected shufflefs attributes ({_message(e)})") from None
     epoch = view_epoch
@@ -1074,8 +1100,9 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
         if args.verify and epoch != view_epoch:
             parser.error(f"--verify reads the view, which is in epoch {view_epoch}, not {epoch}")
     index = load_or_build_index(source, fmt, IndexCache(Path(stats["cache_dir"])))
-    plan = make_plan(index, spec, epoch, rank, world)
-    name = f"{spec.strategy}" + (f" rank {rank}/{world}" if world > 1 else "")
+    plan = make_plan(index, spec, epoch, rank, world, part, parts)
+    name = (f"{spec.strategy}" + (f" rank {rank}/{world}" if world > 1 else "")
+            + (f" part {part}/{parts}" if parts > 1 else ""))
     return _Inspected(source, fmt, index, spec, epoch, {name: plan})
 
 

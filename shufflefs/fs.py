@@ -93,6 +93,11 @@ ROOT_ATTRS = [X_EPOCH, X_STATS, X_PID]
 OURS = frozenset(VIEW_ATTRS + ROOT_ATTRS)
 
 DIR, FILE, LINK, VIEW = "dir", "file", "link", "view"
+PARTS = ".parts"
+"""``MNT/.parts/K/i/`` mirrors the tree; each view there holds the i-th of K disjoint parts of
+what the view at ``MNT/`` holds (one part per loader process).  Not listed in ``MNT/``."""
+MAX_PARTS = 4096
+PARTS_DIR, COUNT_DIR = "parts", "count"
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC
 
 
@@ -104,7 +109,7 @@ class Node:
 
     __slots__ = (
         "ino", "kind", "relpath", "key", "lookups", "st", "target", "fmt", "epoch", "stamp", "size",
-        "plan", "layout", "index", "view", "opens", "broken",
+        "plan", "layout", "index", "view", "opens", "broken", "part", "parts", "role",
     )
 
     def __init__(self, ino: int, kind: str, relpath: str, key: tuple, st: os.stat_result) -> None:
@@ -122,6 +127,9 @@ class Node:
         self.view: SharedView | None = None
         self.opens = 0
         self.broken: ShuffleError | None = None
+        # loader parts: the node shows the ``part``-th of ``parts`` pieces of the rank's share
+        self.part, self.parts = 0, 1
+        self.role: str | None = None  # PARTS_DIR or COUNT_DIR for the directories naming a split
 
 
 class Probe:
@@ -259,14 +267,14 @@ class ShuffleFS(pyfuse3.Operations):
         self._keys: dict[tuple, int] = {}
         self._next_ino = ROOT + 1
         self._handles: dict[int, Handle] = {}
-        self._dirs: dict[int, tuple[str, list[Probe]]] = {}
+        self._dirs: dict[int, tuple[str, list[Probe], tuple[int, int]]] = {}
         self._next_fh = 1
         self._formats: dict[str, Format | None] = {}
         self._indexes: OrderedDict[tuple, RecordIndex] = OrderedDict()
         self._bad_indexes: OrderedDict[tuple, FormatError] = OrderedDict()
         self._open_views: set[int] = set()
         self._idle: OrderedDict[int, Node] = OrderedDict()
-        self._recent: OrderedDict[str, None] = OrderedDict()  # views opened lately, newest last
+        self._recent: OrderedDict[tuple[str, int, int], None] = OrderedDict()  # (relpath, part, parts), newest last
         self.epoch_prefetches = 0
 
         root_st = os.stat(self.source)
@@ -373,18 +381,20 @@ class ShuffleFS(pyfuse3.Operations):
                 out.append(p)
         return out
 
-    async def _entry(self, relpath: str, probe: Probe) -> Node:
-        """The node for a probed entry (existing or new); does not count a lookup."""
+    async def _entry(self, relpath: str, probe: Probe, space: tuple[int, int] = (0, 1)) -> Node:
+        """The node for a probed entry (existing or new) in the tree of loader part ``space``
+        (``(part, parts)``; ``(0, 1)`` is the mount's own tree); does not count a lookup."""
         st = probe.st
+        suffix = () if space == (0, 1) else space
         if stat.S_ISDIR(st.st_mode):
-            key: tuple = ("d", relpath)
+            key: tuple = ("d", relpath, *suffix)
             kind = DIR
         elif stat.S_ISLNK(st.st_mode):
-            key, kind = ("l", relpath), LINK
+            key, kind = ("l", relpath, *suffix), LINK
         elif probe.fmt is None:
-            key, kind = ("f", relpath), FILE
+            key, kind = ("f", relpath, *suffix), FILE
         else:
-            key, kind = ("v", relpath, self.epoch_of(relpath), SourceStamp.of(st)), VIEW
+            key, kind = ("v", relpath, self.epoch_of(relpath), SourceStamp.of(st), *suffix), VIEW
         ino = self._keys.get(key)
         if ino is not None:
             node = self._nodes[ino]
@@ -395,11 +405,12 @@ class ShuffleFS(pyfuse3.Operations):
         node = Node(self._next_ino, kind, relpath, key, st)
         self._next_ino += 1
         node.target = probe.target
+        node.part, node.parts = space
         if kind == VIEW:
             node.fmt = probe.fmt
             node.epoch = key[2]
             node.stamp = key[3]
-            if self.config.world > 1:
+            if self.config.world > 1 or node.parts > 1:
                 node.size = -1  # set below from the plan: a rank sees only its share
             else:
                 node.size = probe.fmt.view_size(st.st_size, probe.last_byte)
@@ -504,7 +515,8 @@ class ShuffleFS(pyfuse3.Operations):
                 raise StaleSourceError(self._path(node.relpath), None, "source changed since it was looked up; reopen it")
 
             def plan_and_layout() -> tuple[Plan, Layout]:
-                plan = make_plan(index, self.spec, node.epoch, self.config.rank, self.config.world)
+                plan = make_plan(index, self.spec, node.epoch, self.config.rank, self.config.world,
+                                 node.part, node.parts)
                 return plan, Layout(index, plan)
 
             plan, layout = await self._io(plan_and_layout, limiter=self.index_limiter)
@@ -596,22 +608,62 @@ class ShuffleFS(pyfuse3.Operations):
         if sname == ".":
             node = parent
         elif sname == "..":
-            up = os.path.dirname(parent.relpath)
-            ino = self._keys.get(("d", up))
+            ino = self._keys.get(self._up_key(parent))
             if ino is None:
                 raise FUSEError(errno.ENOENT)
             node = self._nodes[ino]
+        elif parent.role is not None or (parent.ino == ROOT and sname == PARTS):
+            node = self._split_dir(parent, sname)
         else:
             relpath = os.path.join(parent.relpath, sname) if parent.relpath else sname
             probe = await self._io(self._probe, relpath, sname)
             if probe is None:
                 raise FUSEError(errno.ENOENT)
             try:
-                node = await self._entry(relpath, probe)
+                node = await self._entry(relpath, probe, (parent.part, parent.parts))
             except (ShuffleError, OSError) as e:
                 raise self._fail("lookup", relpath, self.epoch_of(relpath), None, e) from None
         node.lookups += 1
         return self._attrs(node)
+
+    def _up_key(self, node: Node) -> tuple:
+        """The key of a directory's parent (the split directories lead back to the root)."""
+        if node.role == PARTS_DIR:
+            return ("d", "")
+        if node.role == COUNT_DIR:
+            return ("P",)
+        suffix = () if node.parts == 1 else (node.part, node.parts)
+        if node.relpath == "" and node.parts > 1:
+            return ("P", node.parts)
+        return ("d", os.path.dirname(node.relpath), *suffix)
+
+    def _split_dir(self, parent: Node, name: str) -> Node:
+        """``.parts``, ``.parts/K`` and ``.parts/K/i`` (the root of part i's tree): made on
+        lookup; ``.parts`` and ``.parts/K`` list nothing (any K up to `MAX_PARTS` exists)."""
+        if parent.role is None:
+            key, role, space = ("P",), PARTS_DIR, (0, 1)
+        else:
+            if not re.fullmatch(r"[1-9][0-9]{0,4}|0", name):
+                raise FUSEError(errno.ENOENT)
+            k = int(name)
+            if parent.role == PARTS_DIR:
+                if not 1 <= k <= MAX_PARTS:
+                    raise FUSEError(errno.ENOENT)
+                key, role, space = ("P", k), COUNT_DIR, (0, k)
+            else:
+                if k >= parent.parts:
+                    raise FUSEError(errno.ENOENT)
+                key, role, space = ("d", "", k, parent.parts), None, (k, parent.parts)
+        ino = self._keys.get(key)
+        if ino is not None:
+            return self._nodes[ino]
+        node = Node(self._next_ino, DIR, "", key, self._nodes[ROOT].st)
+        self._next_ino += 1
+        node.role = role
+        node.part, node.parts = space
+        self._nodes[node.ino] = node
+        self._keys[key] = node.ino
+        return node
 
     @_guard
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
@@ -653,22 +705,22 @@ class ShuffleFS(pyfuse3.Operations):
         if node.kind != DIR:
             raise FUSEError(errno.ENOTDIR)
         try:
-            entries = await self._io(self._list, node.relpath)
+            entries = [] if node.role is not None else await self._io(self._list, node.relpath)
         except OSError as e:
             raise FUSEError(e.errno or errno.EIO) from None
         fh = self._next_fh
         self._next_fh += 1
-        self._dirs[fh] = (node.relpath, entries)
+        self._dirs[fh] = (node.relpath, entries, (node.part, node.parts))
         return fh
 
     @_guard
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        parent, entries = self._dirs[fh]
+        parent, entries, space = self._dirs[fh]
         for i in range(start_id, len(entries)):
             probe = entries[i]
             relpath = os.path.join(parent, probe.name) if parent else probe.name
             try:
-                node = await self._entry(relpath, probe)
+                node = await self._entry(relpath, probe, space)
             except (ShuffleError, OSError):
                 continue  # listed only if its size is known (world > 1); the error is logged at open
             if not pyfuse3.readdir_reply(token, os.fsencode(probe.name), self._attrs(node), i + 1):
@@ -714,8 +766,9 @@ class ShuffleFS(pyfuse3.Operations):
         except (ShuffleError, OSError) as e:
             raise self._fail("open", node.relpath, node.epoch, None, e) from None
         self.stats.files_opened += 1
-        self._recent[node.relpath] = None
-        self._recent.move_to_end(node.relpath)
+        recent = (node.relpath, node.part, node.parts)
+        self._recent[recent] = None
+        self._recent.move_to_end(recent)
         while len(self._recent) > RECENT_FILES:
             self._recent.popitem(last=False)
         fh = self._new_handle(Handle(node))
@@ -882,7 +935,7 @@ class ShuffleFS(pyfuse3.Operations):
         if name not in self._xattr_names(node):
             raise FUSEError(pyfuse3.ENOATTR)
         if name == X_EPOCH:
-            if node.ino == ROOT:
+            if node.kind == DIR and node.relpath == "":
                 return str(self.epoch).encode()
             if node.kind == DIR:
                 return str(self.epoch_of(node.relpath)).encode()
@@ -905,13 +958,14 @@ class ShuffleFS(pyfuse3.Operations):
             plan = await self._plan(node)
         except (ShuffleError, OSError) as e:
             raise self._fail("getxattr", node.relpath, node.epoch, None, e) from None
-        if field == "records":
-            return str(plan.index.n).encode()
+        if field == "records":  # the records this view holds (a rank's or a part's share)
+            return str(int(plan.window_records.sum())).encode()
         if field == "windows":
             return str(plan.n_windows).encode()
         info = {
             **plan.describe(),
             "path": node.relpath,
+            "view_records": int(plan.window_records.sum()),
             "format": node.fmt.name,
             "format_params": node.fmt.params(),
             "block_size": self.spec.block_size,
@@ -927,7 +981,7 @@ class ShuffleFS(pyfuse3.Operations):
         if name != X_EPOCH:
             raise FUSEError(errno.EPERM if name in OURS else errno.EROFS)
         epoch = parse_epoch(value)
-        if node.ino == ROOT:
+        if node.kind == DIR and node.relpath == "":  # the root, or a part tree's root
             self.epoch = epoch
             self.file_epochs.clear()
             self.dir_epochs.clear()
@@ -945,12 +999,13 @@ class ShuffleFS(pyfuse3.Operations):
         else:
             raise FUSEError(errno.ENOTSUP)
         prefix = node.relpath + "/" if node.kind == DIR else None
-        for relpath in reversed(self._recent):  # newest first
-            if node.ino == ROOT or relpath == node.relpath or (prefix and relpath.startswith(prefix)):
+        everything = node.kind == DIR and node.relpath == ""
+        for relpath, part, parts in reversed(self._recent):  # newest first
+            if everything or relpath == node.relpath or (prefix and relpath.startswith(prefix)):
                 if self.windows.nursery is not None:
-                    self.windows.nursery.start_soon(self._prepare, relpath)
+                    self.windows.nursery.start_soon(self._prepare, relpath, (part, parts))
 
-    async def _prepare(self, relpath: str) -> None:
+    async def _prepare(self, relpath: str, space: tuple[int, int] = (0, 1)) -> None:
         """Open the current epoch's view of ``relpath`` without a handle and load its window 0,
         so that the first read after an epoch change finds it ready (the view then waits among
         the idle ones).  Failures are left for the open to report."""
@@ -958,7 +1013,7 @@ class ShuffleFS(pyfuse3.Operations):
             probe = await self._io(self._probe, relpath, os.path.basename(relpath))
             if probe is None or probe.fmt is None:
                 return
-            node = await self._entry(relpath, probe)
+            node = await self._entry(relpath, probe, space)
             if node.kind != VIEW or node.broken is not None:
                 return
             node.opens += 1  # keeps the view from closing while it is being made
@@ -996,6 +1051,7 @@ class ShuffleFS(pyfuse3.Operations):
             page_size=self.spec.page_size,
             rank=self.config.rank,
             world=self.config.world,
+            even=self.spec.even,
             epoch=self.epoch,
             epoch_overrides={**{d + "/": e for d, e in self.dir_epochs.items()}, **self.file_epochs},
             views=len(self._open_views) - len(self._idle),

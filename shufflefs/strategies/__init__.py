@@ -8,13 +8,14 @@ contiguous piece of it.
 
 from __future__ import annotations
 
+from ..index import RecordIndex
 from .base import Plan, ShuffleSpec, rng
 from .baselines import NoShufflePlan, ShuffleOncePlan
 from .corgipile import BlockOnlyPlan, CorgiPilePlan
+from .even import EVEN_MODES, EvenPlan
 from .lirs import FullShufflePlan, PageShufflePlan
 from .sliding_window import SlidingWindowPlan
 from .units import check_params
-from ..index import RecordIndex
 
 STRATEGIES: dict[str, type[Plan]] = {
     p.name: p
@@ -42,10 +43,18 @@ def check_spec(spec: ShuffleSpec) -> None:
     check_params(spec)
 
 
-def make_plan(index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, world: int = 1) -> Plan:
-    """The output order of one file for (spec, epoch) as seen by ``rank`` of ``world``."""
+def make_plan(index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, world: int = 1,
+              part: int = 0, parts: int = 1) -> Plan:
+    """The output order of one file for (spec, epoch) as seen by ``rank`` of ``world``; with
+    ``parts`` > 1, the ``part``-th of that rank's share split again (for its loader processes).
+
+    The parts of a rank, in part order, are its stream: the same records, exactly once each
+    (after ``spec.even``'s padding or dropping, which works on the rank's whole stream)."""
     check_spec(spec)
-    return STRATEGIES[spec.strategy](index, spec, epoch, rank, world)
+    plan = STRATEGIES[spec.strategy](index, spec, epoch, rank, world, part, parts)
+    if spec.even != "none" and world > 1:
+        plan = EvenPlan(plan)
+    return plan
 
 
-__all__ = ["Plan", "ShuffleSpec", "rng", "STRATEGIES", "STRATEGY_HELP", "check_spec", "make_plan"]
+__all__ = ["EVEN_MODES", "Plan", "ShuffleSpec", "rng", "STRATEGIES", "STRATEGY_HELP", "check_spec", "make_plan"]

@@ -23,6 +23,9 @@ class ShuffleSpec:
     buffer: int | float = 64 * MiB
     """Bytes (int) or a fraction of the file's record bytes (float in (0, 1])."""
     page_size: int = 4096
+    even: str = "none"
+    """Equal record counts per rank: "none" (every record exactly once; counts may differ),
+    "pad" (short ranks repeat some of their records) or "drop" (long ranks leave some out)."""
 
     def buffer_bytes(self, data_bytes: int) -> int:
         if isinstance(self.buffer, float):
@@ -44,12 +47,16 @@ class Plan(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int, world: int):
+    def __init__(self, index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int, world: int,
+                 part: int = 0, parts: int = 1):
         if not (0 <= rank < world):
             raise ValueError(f"rank {rank} outside world size {world}")
+        if not (0 <= part < parts):
+            raise ValueError(f"part {part} outside 0..{parts - 1}")
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
         self.index, self.spec, self.epoch, self.rank, self.world = index, spec, epoch, rank, world
+        self.part, self.parts = part, parts
 
     @property
     @abstractmethod
@@ -69,6 +76,11 @@ class Plan(ABC):
     def n_windows(self) -> int:
         return len(self.window_sizes)
 
+    @property
+    def window_records(self) -> np.ndarray:
+        """int64 record count of each window."""
+        return np.array([len(self.window(k)) for k in range(self.n_windows)], dtype=np.int64)
+
     def describe(self) -> dict:
         """Read-only facts for xattrs and `shufflefs stat`."""
         return {
@@ -77,4 +89,8 @@ class Plan(ABC):
             "epoch": self.epoch,
             "records": self.index.n,
             "windows": self.n_windows,
+            "rank": self.rank,
+            "world": self.world,
+            "part": self.part,
+            "parts": self.parts,
         }

@@ -47,5 +47,6 @@ class CorgiPilePlan(BlockOnlyPlan):
     name = "corgipile"
 
     def arrange(self, k: int, ids: np.ndarray) -> np.ndarray:
-        rng(self.spec.seed, self.epoch, RECORDS, self.rank, k).shuffle(ids)
+        part = () if self.parts == 1 else (self.part, self.parts)
+        rng(self.spec.seed, self.epoch, RECORDS, self.rank, k, *part).shuffle(ids)
         return ids

@@ -45,6 +45,8 @@ def check_params(spec: ShuffleSpec) -> None:
             raise ValueError(f"buffer must be a positive number of bytes, got {b!r}")
     else:
         raise ValueError(f"buffer must be bytes (int) or a fraction (float), got {b!r}")
+    if spec.even not in ("none", "pad", "drop"):
+        raise ValueError(f"even must be none, pad or drop, got {spec.even!r}")
     if isinstance(spec.seed, bool) or not isinstance(spec.seed, (int, np.integer)) or spec.seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {spec.seed!r}")
 
@@ -87,6 +89,18 @@ def share(count: int, rank: int, world: int) -> tuple[int, int]:
     q, r = divmod(count, world)
     lo = rank * q + min(rank, r)
     return lo, lo + q + (rank < r)
+
+
+def share_edges(count: int, world: int) -> np.ndarray:
+    """Where every rank's `share` starts, then ``count`` (int64[world+1])."""
+    r = np.arange(world + 1, dtype=I64)
+    return r * (count // world) + np.minimum(r, count % world)
+
+
+def part_buffer(buffer_bytes: int, parts: int) -> int:
+    """A loader part's buffer: the rank's buffer split between its parts, so that the parts read
+    at once (one per loader process) hold the rank's memory budget."""
+    return max(1, buffer_bytes // parts)
 
 
 def concat_ranges(lo: np.ndarray, hi: np.ndarray, dtype: type = I64) -> np.ndarray:
@@ -172,6 +186,10 @@ class CutPlan(Plan):
     buffer_bytes: int
     cuts: np.ndarray
     _sizes: np.ndarray
+    rank_counts: np.ndarray
+    """Records of every rank's share (all parts), int64[world]: what `even` equalises."""
+    part_start: int
+    """Where this part's records start in its rank's stream."""
 
     @property
     def window_sizes(self) -> np.ndarray:
@@ -181,8 +199,12 @@ class CutPlan(Plan):
         if not 0 <= k < self.n_windows:
             raise IndexError(f"window {k} outside 0..{self.n_windows - 1}")
 
+    @property
+    def window_records(self) -> np.ndarray:
+        return np.diff(self.record_cuts)
+
     def describe(self) -> dict:
-        return {**super().describe(), "rank": self.rank, "world": self.world, "buffer_bytes": self.buffer_bytes}
+        return {**super().describe(), "buffer_bytes": self.buffer_bytes}
 
 
 class UnitPlan(CutPlan):
@@ -194,20 +216,30 @@ class UnitPlan(CutPlan):
 
     unit_label: str = "units"
 
-    def __init__(self, index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, world: int = 1):
-        super().__init__(index, spec, epoch, rank, world)
+    def __init__(self, index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, world: int = 1,
+                 part: int = 0, parts: int = 1):
+        super().__init__(index, spec, epoch, rank, world, part, parts)
         check_params(spec)
-        self.buffer_bytes = spec.buffer_bytes(index.data_bytes)
+        self.buffer_bytes = part_buffer(spec.buffer_bytes(index.data_bytes), parts)
         self.firsts = frozen(unit_firsts(index.bounds, self.unit_size()))
         n_units = len(self.firsts) - 1
         order = self.unit_order(n_units)
+        if order is None:
+            order = np.arange(n_units, dtype=I64)
+        # records of every rank, from the units in output order: O(units)
+        per_unit = np.concatenate((np.zeros(1, I64), np.cumsum(np.diff(self.firsts)[order])))
+        self.rank_counts = frozen(np.diff(per_unit[share_edges(n_units, world)]))
         lo, hi = share(n_units, rank, world)
-        self.units = frozen(np.arange(lo, hi, dtype=I64) if order is None else order[lo:hi].copy())
+        plo, phi = share(hi - lo, part, parts)
+        self.part_start = int(per_unit[lo + plo] - per_unit[lo])
+        self.units = frozen(order[lo + plo: lo + phi].copy())
         sizes = unit_bytes(index, self.firsts)[self.units]
         cum = np.cumsum(sizes)
         self.cuts = frozen(self.window_cuts(cum))
         ends = cum[self.cuts[1:] - 1]
         self._sizes = frozen(np.diff(ends, prepend=I64(0)).astype(I64))
+        records = np.concatenate((np.zeros(1, I64), np.cumsum(np.diff(self.firsts)[self.units])))
+        self.record_cuts = frozen(records[self.cuts])
 
     def unit_size(self) -> int:
         return self.spec.block_size
@@ -251,17 +283,23 @@ class OrderPlan(CutPlan):
     Windows are consecutive stretches of about the buffer's bytes.
     """
 
-    def __init__(self, index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, world: int = 1):
-        super().__init__(index, spec, epoch, rank, world)
+    def __init__(self, index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, world: int = 1,
+                 part: int = 0, parts: int = 1):
+        super().__init__(index, spec, epoch, rank, world, part, parts)
         check_params(spec)
-        self.buffer_bytes = spec.buffer_bytes(index.data_bytes)
-        self.order = frozen(self.record_order())
+        self.buffer_bytes = part_buffer(spec.buffer_bytes(index.data_bytes), parts)
+        self.rank_counts = frozen(np.diff(share_edges(index.n, world)))
+        order = self.record_order()
+        lo, hi = share(len(order), part, parts)
+        self.part_start = lo
+        self.order = frozen(order if parts == 1 else order[lo:hi].copy())
+        del order
         cuts, sizes = order_cuts(index, self.order, self.buffer_bytes)
-        self.cuts = frozen(cuts)
+        self.cuts = self.record_cuts = frozen(cuts)
         self._sizes = frozen(sizes)
 
     def record_order(self) -> np.ndarray:
-        """The rank's record ids in output order (`id_dtype`)."""
+        """The rank's record ids in output order (`id_dtype`): its `share` of the n records."""
         raise NotImplementedError
 
     def window(self, k: int) -> np.ndarray:

@@ -1,0 +1,125 @@
+"""Ranks and loader parts through real mounts: W mounts of one source, K parts of each view.
+
+Every rank mounts the same source with its own ``--rank``; together the ranks' views must hold
+every source record exactly once, epoch after epoch, and the parts under ``.parts/K/i/`` of a
+rank's mount must split that rank's view exactly.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from test_mount import ARGS, RECORD, jsonl, lines, read
+
+N_LINES = 900
+
+
+def fixed(n: int) -> bytes:
+    return b"".join(struct.pack("<I", i).ljust(RECORD, b"r") for i in range(n))
+
+
+def records_of(data: bytes, rel: str) -> collections.Counter:
+    if rel.endswith(".bin"):
+        return collections.Counter(data[i: i + RECORD] for i in range(0, len(data), RECORD))
+    return lines(data)
+
+
+def cat(path) -> bytes:
+    """Read with a real program."""
+    return subprocess.run(["cat", str(path)], check=True, capture_output=True).stdout
+
+
+@pytest.mark.parametrize("strategy", ["corgipile", "full", "window"])
+def test_ranks_together_hold_every_record_exactly_once_every_epoch(mount, strategy: str):
+    files = {"a.jsonl": jsonl(N_LINES, 3), "d/b.bin": fixed(700)}
+    world = 3
+    first = mount(files, *ARGS, "--strategy", strategy, "--rank", "0", "--world-size", str(world))
+    ranks = [first] + [mount(None, *ARGS, "--strategy", strategy, "--rank", str(r), "--world-size", str(world),
+                             src=first.src) for r in range(1, world)]
+    for epoch in (0, 1):
+        for m in ranks:
+            m.set_epoch(epoch)
+        for rel in files:
+            source = records_of((first.src / rel).read_bytes(), rel)
+            views = [cat(m.path(rel)) for m in ranks]
+            got = sum((records_of(v, rel) for v in views), collections.Counter())
+            assert got == source, f"{rel} epoch {epoch}: the ranks' views are not the source records"
+            assert all(os.stat(m.path(rel)).st_size == len(v) for m, v in zip(ranks, views))
+            counts = [sum(records_of(v, rel).values()) for v in views]
+            assert [int(m.xattr("records", rel)) for m in ranks] == counts
+        if epoch == 0:
+            before = [cat(m.path("a.jsonl")) for m in ranks]
+    assert before != [cat(m.path("a.jsonl")) for m in ranks]  # a new epoch, a new order
+
+
+def test_parts_split_a_ranks_view_exactly(mount):
+    files = {"a.jsonl": jsonl(N_LINES, 5), "d/b.bin": fixed(500)}
+    m = mount(files, *ARGS, "--rank", "1", "--world-size", "2")
+    for k in (1, 2, 3):
+        for rel in files:
+            whole = records_of(cat(m.path(rel)), rel)
+            parts = [records_of(cat(m.path(f".parts/{k}/{i}/{rel}")), rel) for i in range(k)]
+            assert sum(parts, collections.Counter()) == whole
+            assert all(not (parts[i] & parts[j]) for i in range(k) for j in range(i + 1, k))  # disjoint
+    # the tree is mirrored under a part; the split directories list nothing and are not listed
+    assert sorted(os.listdir(m.path(".parts/2/1"))) == sorted(os.listdir(m.path("")))
+    assert os.listdir(m.path(".parts")) == [] and os.listdir(m.path(".parts/2")) == []
+    assert ".parts" not in os.listdir(m.path(""))
+    for bad in (".parts/0", ".parts/2/2", ".parts/x", ".parts/2/01", ".parts/99999"):
+        with pytest.raises(FileNotFoundError):
+            os.stat(m.path(bad))
+    # an epoch set on a part tree's root is the mount's epoch
+    m.set_epoch(4, ".parts/2/0")
+    assert m.xattr("epoch") == "4" and m.xattr("epoch", ".parts/3/2/a.jsonl") == "4"
+
+
+def test_rank_and_world_size_default_from_the_environment(mount, monkeypatch):
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    m = mount({"a.jsonl": jsonl(200, 1)}, *ARGS)
+    stats = m.stats()
+    assert (stats["rank"], stats["world"]) == (2, 4)
+    monkeypatch.setenv("RANK", "4")
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        subprocess.run([sys.executable, "-m", "shufflefs", "mount", "-f", str(m.src), str(m.mnt.parent / "x")],
+                       check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert b"--rank 4 must be smaller than --world-size 4" in e.value.stderr
+
+
+@pytest.mark.parametrize("even", ["pad", "drop"])
+def test_even_counts_per_rank(mount, even: str):
+    # blocks of 4 KiB over records of ~40-100 bytes: exact shares differ by many records
+    files = {"a.jsonl": jsonl(N_LINES, 9)}
+    world = 3
+    first = mount(files, *ARGS, "--rank", "0", "--world-size", str(world), "--even", even)
+    ranks = [first] + [mount(None, *ARGS, "--rank", str(r), "--world-size", str(world), "--even", even,
+                             src=first.src) for r in range(1, world)]
+    views = [records_of(read(m.path("a.jsonl")), "a.jsonl") for m in ranks]
+    counts = [sum(v.values()) for v in views]
+    assert len(set(counts)) == 1
+    source = lines(files["a.jsonl"])
+    total = sum(views, collections.Counter())
+    if even == "pad":
+        assert set(total) == set(source) and counts[0] * world >= N_LINES
+        assert sum(total.values()) - N_LINES == counts[0] * world - N_LINES
+    else:
+        assert all(total[r] <= 1 for r in total) and not (set(total) - set(source))
+        assert counts[0] * world <= N_LINES
+    assert all(m.stats()["even"] == even for m in ranks)
+
+
+def test_a_part_view_refuses_writes_like_any_view(mount):
+    m = mount({"a.jsonl": jsonl(50, 2)}, *ARGS)
+    with pytest.raises(OSError) as e:
+        open(m.path(".parts/2/0/a.jsonl"), "r+b")
+    assert e.value.errno in (errno.EROFS, errno.EACCES)
+    with pytest.raises(OSError):
+        os.mkdir(m.path(".parts/2/0/new"))
