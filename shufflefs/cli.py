@@ -102,6 +102,18 @@ class _Option:
     file does (torchrun sets RANK and WORLD_SIZE for every process it starts)."""
 
 
+def _fraction(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"not a fraction: {value!r}")
+    try:
+        q = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"not a fraction: {value!r}") from None
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"must be a fraction in [0, 1]: {value!r}")
+    return q
+
+
 def _even(value: Any) -> str:
     from .strategies import EVEN_MODES
 
@@ -124,6 +136,7 @@ OPTIONS: dict[str, _Option] = {
     "rank": _Option(_integer(0), 0, "RANK"),
     "world_size": _Option(_integer(1), 1, "WORLD_SIZE"),
     "even": _Option(_even, "none"),
+    "exchange": _Option(_fraction, 0.0),
     "cache_dir": _Option(_path, None),
     "record_size": _Option(_size, None),
     "header_bytes": _Option(_size_or_zero, None),
@@ -276,6 +289,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     g.add_argument("--seed", metavar="N", help="seed of every order (default 0)")
     g.add_argument("--epoch", metavar="N", help="initial epoch (default 0)")
     g.add_argument("--page-size", metavar="SIZE", help="page size for page-aware strategies (default 4096)")
+    g.add_argument("--exchange", metavar="Q", help="pls: fraction of every rank's records traded with other "
+                   "ranks before each epoch, 0 (pure local shuffling) to 1 (default 0)")
     g = p.add_argument_group(
         "ranks and loader parts",
         "The mount shows rank R's share of every epoch; the W ranks' shares are disjoint and hold "
@@ -441,7 +456,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         parser.error(f"--rank {v['rank']} must be smaller than --world-size {v['world_size']}")
     spec = ShuffleSpec(
         strategy=v["strategy"], seed=v["seed"], block_size=v["block_size"], buffer=v["buffer"],
-        page_size=v["page_size"], even=v["even"],
+        page_size=v["page_size"], even=v["even"], exchange=v["exchange"],
     )
     _check_strategy(spec, parser)
     cache_dir = Path(v["cache_dir"]) if v["cache_dir"] is not None else default_cache_dir()
@@ -1084,7 +1099,7 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
         fmt = make_format(info["format"], info.get("format_params") or {})
         spec = ShuffleSpec(strategy=info["strategy"], seed=int(info["seed"]), block_size=int(info["block_size"]),
                            buffer=parse_buffer(info["buffer"]), page_size=int(stats.get("page_size", 4096)),
-                           even=str(stats.get("even", "none")))
+                           even=str(stats.get("even", "none")), exchange=float(info.get("exchange", 0.0)))
         source = Path(stats["source"]) / info["path"]
         view_epoch = int(info["epoch"])
         rank, world = int(stats.get("rank", 0)), int(stats.get("world", 1))

@@ -1052,6 +1052,7 @@ class ShuffleFS(pyfuse3.Operations):
             rank=self.config.rank,
             world=self.config.world,
             even=self.spec.even,
+            exchange=self.spec.exchange,
             epoch=self.epoch,
             epoch_overrides={**{d + "/": e for d, e in self.dir_epochs.items()}, **self.file_epochs},
             views=len(self._open_views) - len(self._idle),

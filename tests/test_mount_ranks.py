@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import json
 import os
 import struct
 import subprocess
@@ -123,3 +124,26 @@ def test_a_part_view_refuses_writes_like_any_view(mount):
     assert e.value.errno in (errno.EROFS, errno.EACCES)
     with pytest.raises(OSError):
         os.mkdir(m.path(".parts/2/0/new"))
+
+
+def test_pls_through_mounts_trades_the_exchanged_fraction(mount):
+    files = {"a.jsonl": jsonl(N_LINES, 11)}
+    world = 2
+    args = [*ARGS, "--strategy", "pls", "--exchange", "0.25", "--world-size", str(world)]
+    first = mount(files, *args, "--rank", "0")
+    ranks = [first, mount(None, *args, "--rank", "1", src=first.src)]
+    source = lines(files["a.jsonl"])
+    held = []
+    for epoch in (0, 1, 2):
+        for m in ranks:
+            m.set_epoch(epoch)
+        views = [lines(cat(m.path("a.jsonl"))) for m in ranks]
+        assert sum(views, collections.Counter()) == source
+        infos = [json.loads(m.xattr("info", "a.jsonl")) for m in ranks]
+        if held:
+            sent = infos[0]["sent"]
+            assert sent == int(0.25 * min(i["partition_records"] for i in infos)) > 0
+            for v, before, info in zip(views, held, infos):
+                assert len(set(v) & set(before)) == info["kept"] == sum(v.values()) - sent
+                assert info["received"] == sent
+        held = views

@@ -85,3 +85,33 @@ def test_parts_outside_range_and_unknown_even_are_refused():
         make_plan(index, ShuffleSpec(), 0, 0, 1, 2, 2)
     with pytest.raises(ValueError, match="even"):
         make_plan(index, ShuffleSpec(even="always"), 0, 0, 2)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(1, 30), min_size=1, max_size=150), world=st.integers(2, 4),
+       q=st.floats(0.0, 1.0), seed=st.integers(0, 2**32), epoch=st.integers(1, 3))
+def test_pls_ranks_keep_all_but_the_exchanged_fraction(lengths, world, q, seed, epoch):
+    index = make_index(lengths)
+    spec = ShuffleSpec(strategy="pls", block_size=40, buffer=120, seed=seed, exchange=q)
+    before = [set(stream(index, spec, epoch - 1, r, world, 1).tolist()) for r in range(world)]
+    after = [set(stream(index, spec, epoch, r, world, 1).tolist()) for r in range(world)]
+    plans = [make_plan(index, spec, epoch, r, world) for r in range(world)]
+    sizes = [len(b) for b in before]
+    sent = int(q * min(sizes))  # every rank sends (and receives) the same number
+    for r, plan in enumerate(plans):
+        info = plan.describe()
+        assert len(after[r]) == sizes[r] == info["partition_records"]  # partitions keep their size
+        assert len(after[r] & before[r]) == info["kept"] == sizes[r] - sent
+        assert info["received"] == info["sent"] == sent
+        received = after[r] - before[r]
+        assert all(not (received & after[s]) for s in range(world) if s != r)
+
+
+def test_pls_exchange_zero_keeps_partitions_and_one_moves_everything():
+    index = make_index([10] * 400)
+    for q, stays in ((0.0, True), (1.0, False)):
+        spec = ShuffleSpec(strategy="pls", block_size=100, buffer=500, exchange=q)
+        for r in range(4):
+            a = set(stream(index, spec, 2, r, 4, 1).tolist())
+            b = set(stream(index, spec, 3, r, 4, 1).tolist())
+            assert (a == b) == stays and (stays or not (a & b))

@@ -15,7 +15,7 @@ from shufflefs.strategies.units import concat_ranges, cuts_by_bytes, id_dtype, o
 
 ALL = sorted(STRATEGIES)
 SAME_ORDER_ACROSS_WORLDS = ["none", "once", "full", "lirs-page", "block"]
-EPOCH_DEPENDENT = ["full", "lirs-page", "block", "corgipile", "window"]
+EPOCH_DEPENDENT = ["full", "lirs-page", "block", "corgipile", "window", "pls"]
 
 
 def make_index(lengths, header=0, trailer=0, add_newline=False) -> RecordIndex:
@@ -36,6 +36,7 @@ specs = st.builds(
     block_size=st.integers(1, 64),
     buffer=st.one_of(st.integers(1, 300), st.floats(0.01, 1.0)),
     page_size=st.integers(1, 32),
+    exchange=st.floats(0.0, 1.0),
 )
 
 

@@ -14,6 +14,7 @@ from .baselines import NoShufflePlan, ShuffleOncePlan
 from .corgipile import BlockOnlyPlan, CorgiPilePlan
 from .even import EVEN_MODES, EvenPlan
 from .lirs import FullShufflePlan, PageShufflePlan
+from .partial_local import PartialLocalPlan
 from .sliding_window import SlidingWindowPlan
 from .units import check_params
 
@@ -21,7 +22,7 @@ STRATEGIES: dict[str, type[Plan]] = {
     p.name: p
     for p in (
         NoShufflePlan, ShuffleOncePlan, FullShufflePlan, PageShufflePlan,
-        BlockOnlyPlan, CorgiPilePlan, SlidingWindowPlan,
+        BlockOnlyPlan, CorgiPilePlan, SlidingWindowPlan, PartialLocalPlan,
     )
 }
 
@@ -33,6 +34,7 @@ STRATEGY_HELP: dict[str, str] = {
     "block": "blocks permuted every epoch, records in source order inside blocks (Block-Only Shuffle)",
     "corgipile": "blocks permuted, then buffer-sized groups of blocks shuffled record by record (CorgiPile)",
     "window": "sliding window of buffer-sized record pool over the source order (tf.data shuffle)",
+    "pls": "each rank keeps a partition of blocks and trades a fraction (--exchange) of it before every epoch, then shuffles it (partial local shuffling)",
 }
 
 

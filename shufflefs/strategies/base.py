@@ -23,6 +23,9 @@ class ShuffleSpec:
     buffer: int | float = 64 * MiB
     """Bytes (int) or a fraction of the file's record bytes (float in (0, 1])."""
     page_size: int = 4096
+    exchange: float = 0.0
+    """Partial local shuffling: the fraction of every rank's records that moves to other ranks
+    before each epoch (0: pure local shuffling, 1: everything moves)."""
     even: str = "none"
     """Equal record counts per rank: "none" (every record exactly once; counts may differ),
     "pad" (short ranks repeat some of their records) or "drop" (long ranks leave some out)."""

@@ -45,6 +45,9 @@ def check_params(spec: ShuffleSpec) -> None:
             raise ValueError(f"buffer must be a positive number of bytes, got {b!r}")
     else:
         raise ValueError(f"buffer must be bytes (int) or a fraction (float), got {b!r}")
+    q = spec.exchange
+    if isinstance(q, bool) or not isinstance(q, (int, float, np.integer, np.floating)) or not 0.0 <= float(q) <= 1.0:
+        raise ValueError(f"exchange must be a fraction in [0, 1], got {q!r}")
     if spec.even not in ("none", "pad", "drop"):
         raise ValueError(f"even must be none, pad or drop, got {spec.even!r}")
     if isinstance(spec.seed, bool) or not isinstance(spec.seed, (int, np.integer)) or spec.seed < 0:
@@ -288,8 +291,8 @@ class OrderPlan(CutPlan):
         super().__init__(index, spec, epoch, rank, world, part, parts)
         check_params(spec)
         self.buffer_bytes = part_buffer(spec.buffer_bytes(index.data_bytes), parts)
-        self.rank_counts = frozen(np.diff(share_edges(index.n, world)))
         order = self.record_order()
+        self.rank_counts = frozen(self.share_counts())
         lo, hi = share(len(order), part, parts)
         self.part_start = lo
         self.order = frozen(order if parts == 1 else order[lo:hi].copy())
@@ -301,6 +304,10 @@ class OrderPlan(CutPlan):
     def record_order(self) -> np.ndarray:
         """The rank's record ids in output order (`id_dtype`): its `share` of the n records."""
         raise NotImplementedError
+
+    def share_counts(self) -> np.ndarray:
+        """Records of every rank's share (int64[world])."""
+        return np.diff(share_edges(self.index.n, self.world))
 
     def window(self, k: int) -> np.ndarray:
         """A read-only view into the plan's order."""
