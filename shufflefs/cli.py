@@ -23,15 +23,21 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from . import __version__
-from .config import MountConfig, check_paths, format_buffer, parse_buffer, parse_size
+from .config import (
+    EPOCH_XATTR,
+    PID_XATTR,
+    STATS_XATTR,
+    XATTR_PREFIX,
+    MountConfig,
+    check_paths,
+    format_buffer,
+    parse_buffer,
+    parse_size,
+)
 from .index import default_cache_dir
 from .strategies.base import ShuffleSpec
 
 PROG = "shufflefs"
-XATTR_PREFIX = "user.shufflefs."
-EPOCH_XATTR = XATTR_PREFIX + "epoch"
-STATS_XATTR = XATTR_PREFIX + "stats"
-PID_XATTR = XATTR_PREFIX + "pid"
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 

@@ -18,6 +18,16 @@ _UNITS = {
 }
 
 
+XATTR_PREFIX = "user.shufflefs."
+"""The extended attributes of a mount (read by the CLI and `shufflefs.torch`, served by fs.py)."""
+EPOCH_XATTR = XATTR_PREFIX + "epoch"
+STATS_XATTR = XATTR_PREFIX + "stats"
+PID_XATTR = XATTR_PREFIX + "pid"
+PARTS_DIR = ".parts"
+"""``MNT/.parts/K/i/`` mirrors the tree; each view there holds the i-th of K disjoint parts of
+what the view at ``MNT/`` holds (one part per loader process).  Not listed in ``MNT/``."""
+
+
 def parse_size(text: str | int) -> int:
     """``4MiB`` -> 4194304, ``1.5GB`` -> 1500000000, ``4096`` -> 4096; units are case-insensitive."""
     if isinstance(text, int):

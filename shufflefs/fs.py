@@ -49,7 +49,15 @@ import pyfuse3
 import trio
 from pyfuse3 import FUSEError
 
-from .config import MountConfig, format_buffer
+from .config import (
+    EPOCH_XATTR,
+    PARTS_DIR,
+    PID_XATTR,
+    STATS_XATTR,
+    XATTR_PREFIX,
+    MountConfig,
+    format_buffer,
+)
 from .errors import FormatError, ShuffleError, StaleSourceError
 from .formats import Format, resolve_format
 from .index import IndexCache, RecordIndex, SourceStamp
@@ -81,10 +89,8 @@ PAGE_CACHE_FORMATS = frozenset({"npy", "fixed"})
 mmap_mode='r')``, ``numpy.memmap``) and a shared mmap of a direct_io file fails with ENODEV.  Safe
 because a view inode's bytes never change; every other view uses direct_io (faster here)."""
 
-PREFIX = "user.shufflefs."
-X_EPOCH = b"user.shufflefs.epoch"
-X_STATS = b"user.shufflefs.stats"
-X_PID = b"user.shufflefs.pid"
+PREFIX = XATTR_PREFIX
+X_EPOCH, X_STATS, X_PID = EPOCH_XATTR.encode(), STATS_XATTR.encode(), PID_XATTR.encode()
 VIEW_ATTRS = [X_EPOCH] + [
     (PREFIX + n).encode()
     for n in ("strategy", "seed", "records", "windows", "format", "block_size", "buffer", "info")
@@ -93,9 +99,7 @@ ROOT_ATTRS = [X_EPOCH, X_STATS, X_PID]
 OURS = frozenset(VIEW_ATTRS + ROOT_ATTRS)
 
 DIR, FILE, LINK, VIEW = "dir", "file", "link", "view"
-PARTS = ".parts"
-"""``MNT/.parts/K/i/`` mirrors the tree; each view there holds the i-th of K disjoint parts of
-what the view at ``MNT/`` holds (one part per loader process).  Not listed in ``MNT/``."""
+PARTS = PARTS_DIR
 MAX_PARTS = 4096
 PARTS_DIR, COUNT_DIR = "parts", "count"
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC

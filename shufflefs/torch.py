@@ -30,11 +30,11 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .config import EPOCH_XATTR, PARTS_DIR
+
 __all__ = ["rank_and_world", "set_epoch", "part_path", "LineDataset"]
 
-EPOCH_XATTR = "user.shufflefs.epoch"
-PARTS = ".parts"
-"""``MNT/.parts/K/i/<relpath>``: the i-th of K disjoint parts of the view ``MNT/<relpath>``."""
+PARTS = PARTS_DIR
 
 
 class WorkerInfo(Protocol):
