@@ -89,19 +89,17 @@ PAGE_CACHE_FORMATS = frozenset({"npy", "fixed"})
 mmap_mode='r')``, ``numpy.memmap``) and a shared mmap of a direct_io file fails with ENODEV.  Safe
 because a view inode's bytes never change; every other view uses direct_io (faster here)."""
 
-PREFIX = XATTR_PREFIX
 X_EPOCH, X_STATS, X_PID = EPOCH_XATTR.encode(), STATS_XATTR.encode(), PID_XATTR.encode()
 VIEW_ATTRS = [X_EPOCH] + [
-    (PREFIX + n).encode()
+    (XATTR_PREFIX + n).encode()
     for n in ("strategy", "seed", "records", "windows", "format", "block_size", "buffer", "info")
 ]
 ROOT_ATTRS = [X_EPOCH, X_STATS, X_PID]
 OURS = frozenset(VIEW_ATTRS + ROOT_ATTRS)
 
 DIR, FILE, LINK, VIEW = "dir", "file", "link", "view"
-PARTS = PARTS_DIR
 MAX_PARTS = 4096
-PARTS_DIR, COUNT_DIR = "parts", "count"
+ROLE_PARTS, ROLE_COUNT = "parts", "count"
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC
 
 
@@ -133,7 +131,7 @@ class Node:
         self.broken: ShuffleError | None = None
         # loader parts: the node shows the ``part``-th of ``parts`` pieces of the rank's share
         self.part, self.parts = 0, 1
-        self.role: str | None = None  # PARTS_DIR or COUNT_DIR for the directories naming a split
+        self.role: str | None = None  # ROLE_PARTS or ROLE_COUNT for the directories naming a split
 
 
 class Probe:
@@ -616,7 +614,7 @@ class ShuffleFS(pyfuse3.Operations):
             if ino is None:
                 raise FUSEError(errno.ENOENT)
             node = self._nodes[ino]
-        elif parent.role is not None or (parent.ino == ROOT and sname == PARTS):
+        elif parent.role is not None or (parent.ino == ROOT and sname == PARTS_DIR):
             node = self._split_dir(parent, sname)
         else:
             relpath = os.path.join(parent.relpath, sname) if parent.relpath else sname
@@ -632,9 +630,9 @@ class ShuffleFS(pyfuse3.Operations):
 
     def _up_key(self, node: Node) -> tuple:
         """The key of a directory's parent (the split directories lead back to the root)."""
-        if node.role == PARTS_DIR:
+        if node.role == ROLE_PARTS:
             return ("d", "")
-        if node.role == COUNT_DIR:
+        if node.role == ROLE_COUNT:
             return ("P",)
         suffix = () if node.parts == 1 else (node.part, node.parts)
         if node.relpath == "" and node.parts > 1:
@@ -645,15 +643,15 @@ class ShuffleFS(pyfuse3.Operations):
         """``.parts``, ``.parts/K`` and ``.parts/K/i`` (the root of part i's tree): made on
         lookup; ``.parts`` and ``.parts/K`` list nothing (any K up to `MAX_PARTS` exists)."""
         if parent.role is None:
-            key, role, space = ("P",), PARTS_DIR, (0, 1)
+            key, role, space = ("P",), ROLE_PARTS, (0, 1)
         else:
             if not re.fullmatch(r"[1-9][0-9]{0,4}|0", name):
                 raise FUSEError(errno.ENOENT)
             k = int(name)
-            if parent.role == PARTS_DIR:
+            if parent.role == ROLE_PARTS:
                 if not 1 <= k <= MAX_PARTS:
                     raise FUSEError(errno.ENOENT)
-                key, role, space = ("P", k), COUNT_DIR, (0, k)
+                key, role, space = ("P", k), ROLE_COUNT, (0, k)
             else:
                 if k >= parent.parts:
                     raise FUSEError(errno.ENOENT)
@@ -948,7 +946,7 @@ class ShuffleFS(pyfuse3.Operations):
             return str(os.getpid()).encode()
         if name == X_STATS:
             return json.dumps(self.describe(), sort_keys=True).encode()
-        field = name.decode()[len(PREFIX):]
+        field = name.decode()[len(XATTR_PREFIX):]
         simple = {
             "strategy": self.spec.strategy,
             "seed": self.spec.seed,

@@ -34,7 +34,6 @@ from .config import EPOCH_XATTR, PARTS_DIR
 
 __all__ = ["rank_and_world", "set_epoch", "part_path", "LineDataset"]
 
-PARTS = PARTS_DIR
 
 
 class WorkerInfo(Protocol):
@@ -101,7 +100,7 @@ def part_path(mount: str | os.PathLike, relpath: str | os.PathLike,
     k, i = int(worker_info.num_workers), int(worker_info.id)
     if not 0 <= i < k:
         raise ValueError(f"worker id {i} is not in [0, {k})")
-    return Path(mount, PARTS, str(k), str(i)) / rel
+    return Path(mount, PARTS_DIR, str(k), str(i)) / rel
 
 
 class _Main:

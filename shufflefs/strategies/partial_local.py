@@ -9,6 +9,8 @@ shuffles its partition uniformly.  Q = 0 is pure local shuffling, Q = 1 moves ev
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .base import rng
@@ -24,11 +26,14 @@ class PartialLocalPlan(OrderPlan):
 
     name = "pls"
 
-    def record_order(self) -> np.ndarray:
+    @functools.cached_property
+    def exchange(self) -> Exchange:
+        """The exchange of this file's blocks between the ranks (O(blocks + ranks) state)."""
         firsts = unit_firsts(self.index.bounds, self.spec.block_size)
-        n_units = len(firsts) - 1
-        order = rng(self.spec.seed, UNITS).permutation(n_units).astype(np.int64, copy=False)
-        self.exchange = Exchange(firsts, order, self.world, float(self.spec.exchange), self.spec.seed)
+        order = rng(self.spec.seed, UNITS).permutation(len(firsts) - 1).astype(np.int64, copy=False)
+        return Exchange(firsts, order, self.world, float(self.spec.exchange), self.spec.seed)
+
+    def record_order(self) -> np.ndarray:
         part = self.exchange.partition(self.rank, self.epoch)
         rng(self.spec.seed, self.epoch, LOCAL, self.rank).shuffle(part)
         return part
