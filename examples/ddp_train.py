@@ -121,14 +121,20 @@ def train(args: argparse.Namespace) -> None:
             totals = torch.tensor([loss_sum, records, batches], dtype=torch.float64)
             per_rank = [torch.zeros_like(totals) for _ in range(world)]
             dist.all_gather(per_rank, totals)
-            print(f"rank {rank} epoch {epoch}: {records} records in {batches} batches", flush=True)
+            say(f"rank {rank} epoch {epoch}: {records} records in {batches} batches")
             if rank == 0:
                 total = torch.stack(per_rank).sum(0)
-                print(f"epoch {epoch}: loss {total[0].item() / max(total[1].item(), 1):.4f} over "
-                      f"{int(total[1].item())} records; batches per rank "
-                      f"{[int(t[2].item()) for t in per_rank]}", flush=True)
+                say(f"epoch {epoch}: loss {total[0].item() / max(total[1].item(), 1):.4f} over "
+                    f"{int(total[1].item())} records; batches per rank {[int(t[2].item()) for t in per_rank]}")
     finally:
         dist.destroy_process_group()
+
+
+def say(line: str) -> None:
+    """One line in one write: the ranks share the terminal, and print() writes the text and its
+    newline separately, so two ranks' lines could run together."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
