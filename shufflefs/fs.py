@@ -584,6 +584,15 @@ class ShuffleFS(pyfuse3.Operations):
             if oldest.lookups <= 0:  # prepared at an epoch change, never opened: forget it
                 self._drop(oldest)
 
+    def _close_stale(self) -> None:
+        """Close the idle views of epochs that are no longer current: their names now lead to
+        the new epoch's views, so they can never be opened again, and their plans and windows
+        would otherwise share the memory with the new epoch's while it is being prepared."""
+        for node in [n for n in self._idle.values() if n.epoch != self.epoch_of(n.relpath)]:
+            self._close_view(node)
+            if node.lookups <= 0:
+                self._drop(node)
+
     def _close_view(self, node: Node) -> None:
         """Close the source file and forget the plan (rebuilt cheaply; the index stays in the memo)."""
         self._idle.pop(node.ino, None)
@@ -1000,6 +1009,7 @@ class ShuffleFS(pyfuse3.Operations):
             log.info("epoch of %s set to %d", node.relpath, epoch)
         else:
             raise FUSEError(errno.ENOTSUP)
+        self._close_stale()
         prefix = node.relpath + "/" if node.kind == DIR else None
         everything = node.kind == DIR and node.relpath == ""
         for relpath, part, parts in reversed(self._recent):  # newest first

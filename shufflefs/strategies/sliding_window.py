@@ -19,6 +19,8 @@ WINDOW = salt("window/steps")
 PICK_CHUNK = 1 << 16
 """Slot draws made at a time (numpy's bounded draws are the same whether made in one call or in
 chunks): the int64 draws never take 8 bytes per record at once."""
+GROUP_STEPS = 1 << 18
+"""Steps ordered at a time, by slot group (see ``sliding_window_order``)."""
 
 
 def sliding_window_order(m: int, picks: np.ndarray, drain: np.ndarray, dtype: type = np.int64) -> np.ndarray:
@@ -33,23 +35,32 @@ def sliding_window_order(m: int, picks: np.ndarray, drain: np.ndarray, dtype: ty
         raise ValueError("need one pick per record beyond the buffer")
     out = np.empty(m, dtype)
     final = np.arange(B, dtype=dtype)
-    if steps:
-        # narrow keys let numpy's stable sort use radix sort (several times faster for B <= 65536);
-        # the temporaries are freed as soon as possible: this runs in the daemon, whose peak
-        # memory is budgeted per record
-        order = np.argsort(picks.astype(np.min_scalar_type(B - 1), copy=False), kind="stable")
-        order = order.astype(dtype, copy=False)
-        slot = picks[order]
-        first = np.ones(steps, bool)
+    # a slot's steps only depend on each other, so slots are handled in groups of about
+    # GROUP_STEPS steps: the int64 sort indices never take 8 bytes per record at once (this runs
+    # in the daemon, whose peak memory is budgeted per record)
+    groups = max(1, min(B, -(-steps // GROUP_STEPS)))
+    edges = np.linspace(0, B, groups + 1).astype(np.int64)
+    key_dtype = np.min_scalar_type(max(B - 1, 0))
+    for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()):
+        sel = np.flatnonzero((picks >= a) & (picks < b)) if groups > 1 else None
+        keys = picks if sel is None else picks[sel]
+        if not len(keys):
+            continue
+        # narrow keys let numpy's stable sort use radix sort (several times faster for B <= 65536)
+        order = np.argsort(keys.astype(key_dtype, copy=False), kind="stable")
+        slot = keys[order]
+        order = (order if sel is None else sel[order]).astype(dtype, copy=False)
+        del sel, keys
+        first = np.ones(len(order), bool)
         first[1:] = slot[1:] != slot[:-1]
-        prev = np.empty(steps, dtype)
+        prev = np.empty(len(order), dtype)
         prev[0] = 0
         prev[1:] = order[:-1]
         prev += B
         prev[first] = slot[first]
         out[order] = prev
         del prev
-        last = np.ones(steps, bool)
+        last = np.ones(len(order), bool)
         last[:-1] = first[1:]
         final[slot[last]] = B + order[last]
     out[steps:] = final[drain]
