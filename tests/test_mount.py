@@ -29,8 +29,8 @@ from conftest import Link, Mount, is_mounted, write_tree
 from shufflefs.config import parse_buffer, parse_size
 from shufflefs.daemon import READAHEAD_KB
 from shufflefs.formats import parse_format_option, resolve_format, scan_file
-from shufflefs.prefetch import WINDOWS
 from shufflefs.layout import Layout, render
+from shufflefs.prefetch import WINDOWS
 from shufflefs.strategies import ShuffleSpec, make_plan
 
 BLOCK, BUFFER, SEED, RECORD = "4KiB", "16KiB", 7, 24
