@@ -91,6 +91,12 @@ def _flag(value: Any) -> bool:
     return value
 
 
+def _field(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"not a field name: {value!r}")
+    return value
+
+
 def _strategy(value: Any) -> str:
     from .strategies import STRATEGIES
 
@@ -143,6 +149,9 @@ OPTIONS: dict[str, _Option] = {
     "world_size": _Option(_integer(1), 1, "WORLD_SIZE"),
     "even": _Option(_even, "none"),
     "exchange": _Option(_fraction, 0.0),
+    "balance": _Option(_flag, False),
+    "balance_field": _Option(_field, None),
+    "random_level": _Option(_fraction, 0.0),
     "cache_dir": _Option(_path, None),
     "record_size": _Option(_size, None),
     "header_bytes": _Option(_size_or_zero, None),
@@ -310,6 +319,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                         "counts may differ by a block's records), pad (short ranks repeat some of "
                         "their records, like DistributedSampler) or drop (long ranks leave their "
                         "last records out)")
+    g.add_argument("--balance", action="store_true", default=None,
+                   help="with --strategy full: assign records so that the i-th record of every rank "
+                        "has a similar cost (its byte length), like Bagua's load-balancing sampler; "
+                        "still every record once per epoch (with --even none)")
+    g.add_argument("--balance-field", metavar="NAME",
+                   help="JSON lines: the cost of a record is this numeric top-level field (e.g. a "
+                        "token count) instead of its byte length; implies --balance")
+    g.add_argument("--random-level", metavar="X",
+                   help="--balance: noise added to the costs before sorting, 0 (the same cost "
+                        "groups every epoch) to 1 (noise spanning the cost range) (default 0)")
     _add_format_options(p)
     g = p.add_argument_group("daemon")
     g.add_argument("--log-file", metavar="FILE", help="append the daemon's log here")
@@ -463,6 +482,8 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     spec = ShuffleSpec(
         strategy=v["strategy"], seed=v["seed"], block_size=v["block_size"], buffer=v["buffer"],
         page_size=v["page_size"], even=v["even"], exchange=v["exchange"],
+        balance=bool(v["balance"] or v["balance_field"]), balance_field=v["balance_field"],
+        random_level=v["random_level"],
     )
     _check_strategy(spec, parser)
     cache_dir = Path(v["cache_dir"]) if v["cache_dir"] is not None else default_cache_dir()
@@ -897,8 +918,11 @@ def format_stats(stats: dict) -> str:
     params = [f"{k}={_param(k, take(k))}" for k in ("seed", "block_size", "buffer", "page_size") if k in s]
     lines.append(("strategy", "  ".join([str(take("strategy", "?")), *params])))
     rank, world, even = take("rank", None), take("world", None), take("even", "none")
+    balance, field, level = take("balance", False), take("balance_field", None), take("random_level", 0.0)
     if world is not None and world != 1:
         lines.append(("rank", f"{rank} of {world}" + (f"  (even={even})" if even != "none" else "")))
+    if balance:
+        lines.append(("balance", f"by {field or 'byte length'}  random_level={level}"))
     overrides = take("epoch_overrides", None)
     epoch = str(take("epoch", "?"))
     if overrides:
@@ -1088,6 +1112,7 @@ def _check_stamp(path: Path, index: Any) -> None:
 
 def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, info: dict) -> _Inspected:
     """Rebuild the plan of a mounted view from its attributes and the source file."""
+    from .costs import record_costs
     from .formats import load_or_build_index, make_format
     from .index import IndexCache
     from .strategies import make_plan
@@ -1105,7 +1130,9 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
         fmt = make_format(info["format"], info.get("format_params") or {})
         spec = ShuffleSpec(strategy=info["strategy"], seed=int(info["seed"]), block_size=int(info["block_size"]),
                            buffer=parse_buffer(info["buffer"]), page_size=int(stats.get("page_size", 4096)),
-                           even=str(stats.get("even", "none")), exchange=float(info.get("exchange", 0.0)))
+                           even=str(stats.get("even", "none")), exchange=float(info.get("exchange", 0.0)),
+                           balance=bool(stats.get("balance", False)), balance_field=stats.get("balance_field"),
+                           random_level=float(stats.get("random_level", 0.0)))
         source = Path(stats["source"]) / info["path"]
         view_epoch = int(info["epoch"])
         rank, world = int(stats.get("rank", 0)), int(stats.get("world", 1))
@@ -1121,7 +1148,8 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
         if args.verify and epoch != view_epoch:
             parser.error(f"--verify reads the view, which is in epoch {view_epoch}, not {epoch}")
     index = load_or_build_index(source, fmt, IndexCache(Path(stats["cache_dir"])))
-    plan = make_plan(index, spec, epoch, rank, world, part, parts)
+    costs = record_costs(str(source), index, spec.balance_field, fmt.name) if spec.balance else None
+    plan = make_plan(index, spec, epoch, rank, world, part, parts, costs=costs)
     name = (f"{spec.strategy}" + (f" rank {rank}/{world}" if world > 1 else "")
             + (f" part {part}/{parts}" if parts > 1 else ""))
     return _Inspected(source, fmt, index, spec, epoch, {name: plan})

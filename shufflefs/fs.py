@@ -58,6 +58,7 @@ from .config import (
     MountConfig,
     format_buffer,
 )
+from .costs import record_costs
 from .errors import FormatError, ShuffleError, StaleSourceError
 from .formats import Format, resolve_format
 from .index import IndexCache, RecordIndex, SourceStamp
@@ -81,6 +82,8 @@ readers that open the file for every record do not rebuild the plan and reload w
 RECENT_FILES = IDLE_VIEWS
 """Files opened most recently whose window 0 is loaded ahead when their epoch changes: at most
 as many as idle views are kept (a prepared view waits there for its first open)."""
+COST_FILES = IDLE_VIEWS
+"""Files whose ``--balance-field`` costs (4 bytes per record) are kept for the next epoch's plan."""
 INDEX_MEMO_BOUNDS = 32 << 20
 """Record boundaries (8 bytes each) of recently used indexes kept in memory besides the disk cache."""
 
@@ -276,6 +279,7 @@ class ShuffleFS(pyfuse3.Operations):
         self._bad_indexes: OrderedDict[tuple, FormatError] = OrderedDict()
         self._open_views: set[int] = set()
         self._idle: OrderedDict[int, Node] = OrderedDict()
+        self._costs: OrderedDict[tuple[str, SourceStamp], np.ndarray] = OrderedDict()  # --balance-field
         self._recent: OrderedDict[tuple[str, int, int], None] = OrderedDict()  # (relpath, part, parts), newest last
         self.epoch_prefetches = 0
 
@@ -516,12 +520,23 @@ class ShuffleFS(pyfuse3.Operations):
             if index.stamp != node.stamp:
                 raise StaleSourceError(self._path(node.relpath), None, "source changed since it was looked up; reopen it")
 
-            def plan_and_layout() -> tuple[Plan, Layout]:
-                plan = make_plan(index, self.spec, node.epoch, self.config.rank, self.config.world,
-                                 node.part, node.parts)
-                return plan, Layout(index, plan)
+            cost_key = (node.relpath, index.stamp)
+            known = self._costs.get(cost_key)
 
-            plan, layout = await self._io(plan_and_layout, limiter=self.index_limiter)
+            def plan_and_layout() -> tuple[Plan, Layout, np.ndarray | None]:
+                costs = known
+                if costs is None and self.spec.balance:
+                    costs = record_costs(self._path(node.relpath), index, self.spec.balance_field, node.fmt.name)
+                plan = make_plan(index, self.spec, node.epoch, self.config.rank, self.config.world,
+                                 node.part, node.parts, costs=costs)
+                return plan, Layout(index, plan), costs
+
+            plan, layout, costs = await self._io(plan_and_layout, limiter=self.index_limiter)
+            if costs is not None:
+                self._costs[cost_key] = costs
+                self._costs.move_to_end(cost_key)
+                while len(self._costs) > COST_FILES:
+                    self._costs.popitem(last=False)
             if node.size >= 0 and layout.size != node.size:
                 raise FormatError(
                     self._path(node.relpath), None,
@@ -1065,6 +1080,9 @@ class ShuffleFS(pyfuse3.Operations):
             world=self.config.world,
             even=self.spec.even,
             exchange=self.spec.exchange,
+            balance=self.spec.balance,
+            balance_field=self.spec.balance_field,
+            random_level=self.spec.random_level,
             epoch=self.epoch,
             epoch_overrides={**{d + "/": e for d, e in self.dir_epochs.items()}, **self.file_epochs},
             views=len(self._open_views) - len(self._idle),

@@ -10,7 +10,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shufflefs.strategies.balance import balanced_order, field_costs, noisy_costs, step_imbalance
+from shufflefs.strategies.balance import (
+    balanced_order,
+    field_costs,
+    noisy_costs,
+    step_imbalance,
+)
 from shufflefs.strategies.units import id_dtype
 
 # small values give many ties, large ones skew
@@ -322,3 +327,61 @@ def test_field_costs_feed_balanced_order():
     os_ = orders(costs, 4, 0, 0, 0.0, "drop")
     at_step = costs[np.stack(os_)]
     assert (at_step.max(axis=0) - at_step.min(axis=0) <= chunk_spread(costs, 4)).all()
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def _index(lengths: np.ndarray):
+    from shufflefs.index import RecordIndex
+
+    return RecordIndex(int(lengths.sum()), np.concatenate(([0], np.cumsum(lengths))).astype(np.int64))
+
+
+def _stream(plan) -> np.ndarray:
+    return np.concatenate([plan.window(k) for k in range(plan.n_windows)] or [np.zeros(0, np.int64)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 500), min_size=1, max_size=300), st.integers(1, 5), st.integers(1, 3),
+       st.sampled_from(["none", "pad", "drop"]), st.integers(0, 3), st.floats(0, 1), st.booleans())
+def test_balanced_plan_is_the_assignment_split_into_parts_and_windows(lengths, world, parts, even, epoch, rl, by_field):
+    from shufflefs.strategies import ShuffleSpec, make_plan
+
+    lengths = np.array(lengths, np.int64)
+    index = _index(lengths)
+    costs = (lengths * 7 % 13).astype(np.int32) if by_field else None
+    spec = ShuffleSpec(strategy="full", balance=True, balance_field="n" if by_field else None,
+                       random_level=rl, even=even, buffer=2000)
+    streams = []
+    for r in range(world):
+        whole = make_plan(index, spec, epoch, r, world, costs=costs)
+        expect = balanced_order(costs if by_field else lengths, world, r, 0, epoch, rl, even if world > 1 else "none")
+        got = _stream(whole)
+        assert np.array_equal(got, expect)
+        assert int(whole.rank_counts[r]) == len(got)
+        assert np.array_equal(np.concatenate([_stream(make_plan(index, spec, epoch, r, world, i, parts, costs=costs))
+                                              for i in range(parts)]), got)
+        streams.append(got)
+    every = np.concatenate(streams)
+    if even == "none" or world == 1:
+        assert np.array_equal(np.sort(every), np.arange(index.n))  # every record exactly once
+    else:
+        assert len({len(s) for s in streams}) == 1  # equal counts
+        assert len(np.unique(every)) == len(every) if even == "drop" else set(every.tolist()) == set(range(index.n))
+
+
+def test_balance_is_refused_where_it_cannot_hold():
+    from shufflefs.strategies import ShuffleSpec, make_plan
+
+    index = _index(np.full(10, 5, np.int64))
+    with pytest.raises(ValueError, match="needs strategy full"):
+        make_plan(index, ShuffleSpec(strategy="corgipile", balance=True), 0)
+    with pytest.raises(ValueError, match="needs the records' costs"):
+        make_plan(index, ShuffleSpec(strategy="full", balance=True, balance_field="n"), 0)
+    with pytest.raises(ValueError, match="only used with balance"):
+        make_plan(index, ShuffleSpec(strategy="full"), 0, costs=np.ones(10, np.int32))
+    with pytest.raises(ValueError, match="random_level"):
+        make_plan(index, ShuffleSpec(strategy="full", balance=True, random_level=1.5), 0)
+    with pytest.raises(ValueError, match="costs for"):
+        make_plan(index, ShuffleSpec(strategy="full", balance=True), 0, costs=np.ones(9, np.int32))

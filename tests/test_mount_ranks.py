@@ -15,8 +15,8 @@ import struct
 import subprocess
 import sys
 
+import numpy as np
 import pytest
-
 from conftest import REPO
 from test_mount import ARGS, RECORD, jsonl, lines, read
 
@@ -147,3 +147,63 @@ def test_pls_through_mounts_trades_the_exchanged_fraction(mount):
                 assert len(set(v) & set(before)) == info["kept"] == sum(v.values()) - sent
                 assert info["received"] == sent
         held = views
+
+
+def tokens_jsonl(n: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    return b"".join(json.dumps({"id": i, "tokens": int(t), "text": "t" * int(t)}).encode() + b"\n"
+                    for i, t in enumerate(rng.integers(1, 200, n)))
+
+
+@pytest.mark.parametrize("cost", ["bytes", "field"])
+def test_balanced_ranks_pair_records_of_similar_cost(mount, cost: str):
+    """--balance: every record once across the ranks, and at random_level 0 the i-th record of
+    rank 0 never costs more than rank 1's (each step's records are neighbours in cost order,
+    the cheaper to the lower rank); unbalanced ``full`` breaks that pairing."""
+    files = {"a.jsonl": tokens_jsonl(N_LINES, 11)}
+    flag = ["--balance"] if cost == "bytes" else ["--balance-field", "tokens"]
+    common = [*ARGS, "--strategy", "full", "--world-size", "2", *flag]
+    first = mount(files, *common, "--rank", "0")
+    ranks = [first, mount(None, *common, "--rank", "1", src=first.src)]
+    plain = mount(None, *ARGS, "--strategy", "full", "--world-size", "2", "--rank", "1", src=first.src)
+
+    def costs(data: bytes) -> list[int]:
+        return [len(x) if cost == "bytes" else json.loads(x)["tokens"] for x in data.splitlines(keepends=True)]
+
+    source = records_of((first.src / "a.jsonl").read_bytes(), "a.jsonl")
+    for epoch in (0, 1):
+        for m in (*ranks, plain):
+            m.set_epoch(epoch)
+        views = [cat(m.path("a.jsonl")) for m in ranks]
+        assert sum((records_of(v, "a.jsonl") for v in views), collections.Counter()) == source
+        c0, c1 = (costs(v) for v in views)
+        assert abs(len(c0) - len(c1)) <= 1
+        assert all(a <= b for a, b in zip(c0, c1)), f"epoch {epoch}: a step's records are not paired by cost"
+        unbalanced = costs(cat(plain.path("a.jsonl")))
+        assert not all(a <= b for a, b in zip(c0, unbalanced))
+    stats = first.stats()
+    assert stats["balance"] is True and stats["balance_field"] == (None if cost == "bytes" else "tokens")
+    info = json.loads(first.xattr("info", "a.jsonl"))
+    assert info["balance"] == ("bytes" if cost == "bytes" else "tokens")
+
+
+def test_balance_field_missing_is_an_error_naming_the_record(mount):
+    data = tokens_jsonl(50, 12) + b'{"id": 50}\n'
+    m = mount({"a.jsonl": data}, *ARGS, "--strategy", "full", "--balance-field", "tokens")
+    with pytest.raises(OSError) as e, open(m.path("a.jsonl"), "rb") as f:
+        f.read()
+    assert e.value.errno == errno.EIO
+    offset = len(tokens_jsonl(50, 12))
+    assert any(f"at source offset {offset}" in line and "has no field 'tokens'" in line
+               for line in m.stats().get("last_errors", [])), m.stats()
+
+
+def test_balance_needs_strategy_full(mount, tmp_path):
+    src = tmp_path / "s"
+    src.mkdir()
+    (src / "a.jsonl").write_bytes(jsonl(10, 1))
+    mnt = tmp_path / "m"
+    mnt.mkdir()
+    out = subprocess.run([sys.executable, "-m", "shufflefs", "mount", str(src), str(mnt), "--balance",
+                          "--cache-dir", str(tmp_path / "c")], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 2 and "needs strategy full" in out.stderr, out.stderr

@@ -8,7 +8,10 @@ contiguous piece of it.
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..index import RecordIndex
+from .balance import BalancedPlan
 from .base import Plan, ShuffleSpec, rng
 from .baselines import NoShufflePlan, ShuffleOncePlan
 from .corgipile import BlockOnlyPlan, CorgiPilePlan
@@ -43,16 +46,25 @@ def check_spec(spec: ShuffleSpec) -> None:
     if spec.strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {spec.strategy!r}; valid: {', '.join(STRATEGIES)}")
     check_params(spec)
+    if spec.balance and spec.strategy != "full":
+        raise ValueError(f"balance assigns single records to ranks: it needs strategy full, not {spec.strategy!r}")
 
 
 def make_plan(index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, world: int = 1,
-              part: int = 0, parts: int = 1) -> Plan:
+              part: int = 0, parts: int = 1, costs: np.ndarray | None = None) -> Plan:
     """The output order of one file for (spec, epoch) as seen by ``rank`` of ``world``; with
     ``parts`` > 1, the ``part``-th of that rank's share split again (for its loader processes).
 
     The parts of a rank, in part order, are its stream: the same records, exactly once each
-    (after ``spec.even``'s padding or dropping, which works on the rank's whole stream)."""
+    (after ``spec.even``'s padding or dropping, which works on the rank's whole stream).
+    ``costs``: per-record costs for ``spec.balance`` (default: byte lengths)."""
     check_spec(spec)
+    if spec.balance:
+        if spec.balance_field is not None and costs is None:
+            raise ValueError(f"balance by field {spec.balance_field!r} needs the records' costs")
+        return BalancedPlan(index, spec, epoch, rank, world, part, parts, costs=costs)
+    if costs is not None:
+        raise ValueError("costs are only used with balance")
     plan = STRATEGIES[spec.strategy](index, spec, epoch, rank, world, part, parts)
     if spec.even != "none" and world > 1:
         plan = EvenPlan(plan)

@@ -21,8 +21,9 @@ import re
 
 import numpy as np
 
-from .base import rng
-from .units import id_dtype, salt
+from ..index import RecordIndex
+from .base import ShuffleSpec, rng
+from .units import OrderPlan, id_dtype, salt
 
 NOISE = salt("balance/noise")
 CHUNKS = salt("balance/chunks")
@@ -30,6 +31,14 @@ LEVEL = salt("balance/level")
 SHORT = salt("balance/short")
 
 EVEN = ("none", "drop", "pad")
+
+
+class RecordCostError(ValueError):
+    """A record whose cost cannot be read; ``record`` is its id, so callers can name its offset."""
+
+    def __init__(self, record: int, message: str) -> None:
+        super().__init__(f"record {record}: {message}")
+        self.record = record
 
 
 def _check_costs(costs: np.ndarray) -> np.ndarray:
@@ -217,12 +226,12 @@ def _top_level(raw: bytes, field: str, rid: int) -> int | float:
     try:
         obj = json.loads(raw)
     except ValueError as e:
-        raise ValueError(f"record {rid} is not valid JSON: {e}") from None
+        raise RecordCostError(rid, f"is not valid JSON: {e}") from None
     if not isinstance(obj, dict) or field not in obj:
-        raise ValueError(f"record {rid} has no top-level field {field!r}")
+        raise RecordCostError(rid, f"has no top-level field {field!r}")
     v = obj[field]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"record {rid}: field {field!r} is not a number ({v!r})")
+        raise RecordCostError(rid, f"field {field!r} is not a number ({v!r})")
     return v
 
 
@@ -270,12 +279,12 @@ def field_costs(data: bytes | memoryview | np.ndarray, bounds: np.ndarray, field
     counts = np.bincount(rec, minlength=n)
     missing = np.flatnonzero(counts == 0)
     if len(missing):
-        raise ValueError(f"record {int(missing[0])} has no field {field!r}")
+        raise RecordCostError(int(missing[0]), f"has no field {field!r}")
     single = counts[rec] == 1
     rec1, nums1 = rec[single], nums[single]
     bad = np.flatnonzero(nums1 == b"")
     if len(bad):
-        raise ValueError(f"record {int(rec1[bad[0]])}: field {field!r} is not a number")
+        raise RecordCostError(int(rec1[bad[0]]), f"field {field!r} is not a number")
     multi = np.flatnonzero(counts > 1)
     extra = [_top_level(bytes(buf[b[i]:b[i + 1]]), field, int(i)) for i in multi]
     if all(map(_is_int, extra)):
@@ -290,3 +299,57 @@ def field_costs(data: bytes | memoryview | np.ndarray, bounds: np.ndarray, field
     out[rec1] = nums1.astype(np.float64)
     out[multi] = np.array(list(map(float, extra)), dtype=np.float64)
     return out
+
+
+def balanced_counts(n: int, world: int, seed: int, epoch: int, even: str = "none") -> np.ndarray:
+    """Records of every rank's `balanced_order` (int64[world]), without sorting anything."""
+    q, k = divmod(n, world)
+    counts = np.full(world, q, np.int64)
+    if even == "pad" and q == 0:
+        counts[:] = 1 if n else 0
+    elif even == "pad" and k:
+        counts += 1
+    elif even == "none" and k:
+        counts[rng(seed, epoch, SHORT).permutation(world)[:k]] += 1
+    return counts
+
+
+def compact_costs(costs: np.ndarray) -> np.ndarray:
+    """Costs in the narrowest of int32 / int64 / float64 that holds them exactly: a daemon keeps
+    them for every balanced file, so a token count should not take 8 bytes per record."""
+    c = _check_costs(costs)
+    if c.dtype.kind in "iu" and (len(c) == 0 or int(c.max()) < 2**31):
+        return c.astype(np.int32)
+    return c
+
+
+class BalancedPlan(OrderPlan):
+    """``full`` with Bagua's load-balanced assignment: the epoch's order is `balanced_order`.
+
+    Costs are the records' byte lengths unless ``costs`` are given (a JSONL field, see
+    `field_costs`).  ``spec.even`` is applied by the assignment itself (the partial chunk), so
+    `make_plan` adds no `EvenPlan` on top.  A loader part takes a contiguous piece of the rank's
+    order, so the parts of all ranks still cover every record once.
+    """
+
+    name = "full"
+
+    def __init__(self, index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, world: int = 1,
+                 part: int = 0, parts: int = 1, costs: np.ndarray | None = None):
+        if costs is not None and len(costs) != index.n:
+            raise ValueError(f"{len(costs)} costs for {index.n} records")
+        self.costs = costs
+        super().__init__(index, spec, epoch, rank, world, part, parts)
+
+    def record_order(self) -> np.ndarray:
+        costs = self.costs if self.costs is not None else np.diff(self.index.bounds)
+        return balanced_order(costs, self.world, self.rank, self.spec.seed, self.epoch,
+                              self.spec.random_level, self.spec.even if self.world > 1 else "none")
+
+    def share_counts(self) -> np.ndarray:
+        return balanced_counts(self.index.n, self.world, self.spec.seed, self.epoch,
+                               self.spec.even if self.world > 1 else "none")
+
+    def describe(self) -> dict:
+        return {**super().describe(), "balance": self.spec.balance_field or "bytes",
+                "random_level": self.spec.random_level}

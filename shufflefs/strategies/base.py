@@ -29,6 +29,12 @@ class ShuffleSpec:
     even: str = "none"
     """Equal record counts per rank: "none" (every record exactly once; counts may differ),
     "pad" (short ranks repeat some of their records) or "drop" (long ranks leave some out)."""
+    balance: bool = False
+    """Load-balanced ranks (``full`` only): the i-th record of every rank has a similar cost."""
+    balance_field: str | None = None
+    """The cost of a JSONL record for ``balance``: this numeric field (None: its byte length)."""
+    random_level: float = 0.0
+    """``balance``: seeded noise added to the costs before sorting, 0 (none) to 1 (their range)."""
 
     def buffer_bytes(self, data_bytes: int) -> int:
         if isinstance(self.buffer, float):

@@ -48,6 +48,13 @@ def check_params(spec: ShuffleSpec) -> None:
     q = spec.exchange
     if isinstance(q, bool) or not isinstance(q, (int, float, np.integer, np.floating)) or not 0.0 <= float(q) <= 1.0:
         raise ValueError(f"exchange must be a fraction in [0, 1], got {q!r}")
+    r = spec.random_level
+    if isinstance(r, bool) or not isinstance(r, (int, float, np.integer, np.floating)) or not 0.0 <= float(r) <= 1.0:
+        raise ValueError(f"random_level must be a fraction in [0, 1], got {r!r}")
+    if spec.balance_field is not None and not spec.balance:
+        raise ValueError("a balance field needs balance")
+    if spec.balance_field is not None and not (isinstance(spec.balance_field, str) and spec.balance_field):
+        raise ValueError(f"balance field must be a field name, got {spec.balance_field!r}")
     if spec.even not in ("none", "pad", "drop"):
         raise ValueError(f"even must be none, pad or drop, got {spec.even!r}")
     if isinstance(spec.seed, bool) or not isinstance(spec.seed, (int, np.integer)) or spec.seed < 0:

@@ -1,0 +1,32 @@
+"""Record costs for load-balanced ranks (``--balance``): byte lengths, or a JSON lines field.
+
+Field costs need the records' bytes: the source is mapped read-only and scanned once per file
+version (the caller keeps the result), never copied into the daemon's memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import FormatError
+from .index import RecordIndex
+from .strategies.balance import RecordCostError, compact_costs, field_costs
+
+
+def record_costs(path: str, index: RecordIndex, field: str | None, format_name: str) -> np.ndarray | None:
+    """The costs ``make_plan`` takes for ``spec.balance``: None for byte lengths (the plan reads
+    them from the index), else the numeric field ``field`` of every JSON lines record.
+
+    Raises `FormatError` naming the file and the record's offset when a record has no such field,
+    and for formats other than lines."""
+    if field is None:
+        return None
+    if format_name != "lines":
+        raise FormatError(path, None, f"--balance-field needs JSON lines, not a {format_name} file")
+    if index.n == 0:
+        return np.zeros(0, np.int32)
+    data = np.memmap(path, np.uint8, "r")  # unmapped when the last view of it goes
+    try:
+        return compact_costs(field_costs(data, index.bounds, field))
+    except RecordCostError as e:
+        raise FormatError(path, int(index.bounds[e.record]), f"--balance-field: {e}") from None
