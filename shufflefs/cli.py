@@ -923,6 +923,8 @@ def format_stats(stats: dict) -> str:
         lines.append(("rank", f"{rank} of {world}" + (f"  (even={even})" if even != "none" else "")))
     if balance:
         lines.append(("balance", f"by {field or 'byte length'}  random_level={level}"))
+    for relpath, counts in (take("pls_exchange", None) or {}).items():
+        lines.append(("pls exchange", f"{relpath}: {counts}"))
     overrides = take("epoch_overrides", None)
     epoch = str(take("epoch", "?"))
     if overrides:

@@ -599,6 +599,17 @@ class ShuffleFS(pyfuse3.Operations):
             if oldest.lookups <= 0:  # prepared at an epoch change, never opened: forget it
                 self._drop(oldest)
 
+    def _exchange_counts(self) -> dict[str, str]:
+        """pls: what each view of the current epoch with a plan kept and received this epoch."""
+        out = {}
+        for node in self._nodes.values():
+            if node.kind == VIEW and node.plan is not None and node.parts == 1 \
+                    and node.epoch == self.epoch_of(node.relpath):
+                d = node.plan.describe()
+                out[node.relpath] = (f"epoch {node.epoch}: kept {d['kept']} received {d['received']} "
+                                     f"sent {d['sent']} of {d['partition_records']}")
+        return dict(sorted(out.items()))
+
     def _close_stale(self) -> None:
         """Close the idle views of epochs that are no longer current: their names now lead to
         the new epoch's views, so they can never be opened again, and their plans and windows
@@ -1080,6 +1091,7 @@ class ShuffleFS(pyfuse3.Operations):
             world=self.config.world,
             even=self.spec.even,
             exchange=self.spec.exchange,
+            **({"pls_exchange": self._exchange_counts()} if self.spec.strategy == "pls" else {}),
             balance=self.spec.balance,
             balance_field=self.spec.balance_field,
             random_level=self.spec.random_level,

@@ -146,6 +146,12 @@ def test_pls_through_mounts_trades_the_exchanged_fraction(mount):
             for v, before, info in zip(views, held, infos):
                 assert len(set(v) & set(before)) == info["kept"] == sum(v.values()) - sent
                 assert info["received"] == sent
+        # `shufflefs stat` shows the same counts
+        for m, info in zip(ranks, infos):
+            text = subprocess.run([sys.executable, "-m", "shufflefs", "stat", str(m.path(""))], check=True,
+                                  capture_output=True, text=True, cwd=REPO).stdout
+            assert (f"a.jsonl: epoch {epoch}: kept {info['kept']} received {info['received']} "
+                    f"sent {info['sent']} of {info['partition_records']}") in text, text
         held = views
 
 
