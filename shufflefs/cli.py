@@ -91,6 +91,12 @@ def _flag(value: Any) -> bool:
     return value
 
 
+def _pls_local(value: Any) -> str:
+    if value not in ("uniform", "corgipile"):
+        raise ValueError(f"must be uniform or corgipile: {value!r}")
+    return str(value)
+
+
 def _field(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"not a field name: {value!r}")
@@ -149,6 +155,7 @@ OPTIONS: dict[str, _Option] = {
     "world_size": _Option(_integer(1), 1, "WORLD_SIZE"),
     "even": _Option(_even, "none"),
     "exchange": _Option(_fraction, 0.0),
+    "pls_local": _Option(_pls_local, "uniform"),
     "balance": _Option(_flag, False),
     "balance_field": _Option(_field, None),
     "random_level": _Option(_fraction, 0.0),
@@ -306,6 +313,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     g.add_argument("--page-size", metavar="SIZE", help="page size for page-aware strategies (default 4096)")
     g.add_argument("--exchange", metavar="Q", help="pls: fraction of every rank's records traded with other "
                    "ranks before each epoch, 0 (pure local shuffling) to 1 (default 0)")
+    g.add_argument("--pls-local", choices=["uniform", "corgipile"], default=None,
+                   help="pls: how each rank shuffles its partition: uniform (default) or corgipile "
+                        "(its records grouped by block, blocks permuted, records shuffled inside "
+                        "the buffer: block-sized reads)")
     g = p.add_argument_group(
         "ranks and loader parts",
         "The mount shows rank R's share of every epoch; the W ranks' shares are disjoint and hold "
@@ -481,7 +492,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         parser.error(f"--rank {v['rank']} must be smaller than --world-size {v['world_size']}")
     spec = ShuffleSpec(
         strategy=v["strategy"], seed=v["seed"], block_size=v["block_size"], buffer=v["buffer"],
-        page_size=v["page_size"], even=v["even"], exchange=v["exchange"],
+        page_size=v["page_size"], even=v["even"], exchange=v["exchange"], pls_local=v["pls_local"],
         balance=bool(v["balance"] or v["balance_field"]), balance_field=v["balance_field"],
         random_level=v["random_level"],
     )
@@ -1133,6 +1144,7 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
         spec = ShuffleSpec(strategy=info["strategy"], seed=int(info["seed"]), block_size=int(info["block_size"]),
                            buffer=parse_buffer(info["buffer"]), page_size=int(stats.get("page_size", 4096)),
                            even=str(stats.get("even", "none")), exchange=float(info.get("exchange", 0.0)),
+                           pls_local=str(info.get("local", "uniform")),
                            balance=bool(stats.get("balance", False)), balance_field=stats.get("balance_field"),
                            random_level=float(stats.get("random_level", 0.0)))
         source = Path(stats["source"]) / info["path"]

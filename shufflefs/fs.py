@@ -1091,7 +1091,8 @@ class ShuffleFS(pyfuse3.Operations):
             world=self.config.world,
             even=self.spec.even,
             exchange=self.spec.exchange,
-            **({"pls_exchange": self._exchange_counts()} if self.spec.strategy == "pls" else {}),
+            **({"pls_exchange": self._exchange_counts(), "pls_local": self.spec.pls_local}
+               if self.spec.strategy == "pls" else {}),
             balance=self.spec.balance,
             balance_field=self.spec.balance_field,
             random_level=self.spec.random_level,

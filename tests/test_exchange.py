@@ -302,3 +302,41 @@ def test_one_rank_of_1024_over_ten_million_records():
     assert p3.min() >= 0 and p3.max() < 10**7
     assert len(np.intersect1d(p2, p3)) == ex.sizes[123] - ex.q
     assert np.array_equal(ex.partition(123, 3, previous=p2), p3)
+
+
+# --------------------------------------------------------------------------- CorgiPile inside
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.integers(0, 3), st.floats(0, 1), st.integers(0, 10))
+def test_pls_corgipile_inside_reads_the_same_partition_in_few_blocks_per_window(world, epoch, q, seed):
+    from shufflefs.index import RecordIndex
+    from shufflefs.strategies import ShuffleSpec, make_plan
+
+    lengths = np.random.default_rng(seed).integers(20, 200, 3000)
+    index = RecordIndex(int(lengths.sum()), np.concatenate(([0], np.cumsum(lengths))).astype(np.int64))
+    block, buffer = 4096, 16384
+    base = ShuffleSpec(strategy="pls", exchange=q, seed=seed, block_size=block, buffer=buffer)
+    firsts = np.searchsorted(index.starts, np.arange(0, index.size + block, block))
+    for r in range(world):
+        uniform = make_plan(index, base, epoch, r, world)
+        corgi = make_plan(index, ShuffleSpec(**{**base.__dict__, "pls_local": "corgipile"}), epoch, r, world)
+        u = np.concatenate([uniform.window(k) for k in range(uniform.n_windows)])
+        c = np.concatenate([corgi.window(k) for k in range(corgi.n_windows)])
+        assert np.array_equal(np.sort(u), np.sort(c))  # the same partition, each record once
+        # CorgiPile's shape: a window is whole block groups of the partition (the records of one
+        # source block it holds), only its first and last group may continue in a neighbour
+        group = np.searchsorted(firsts, c, side="right")
+        group_windows = {}
+        for k in range(corgi.n_windows):
+            for g in np.unique(np.searchsorted(firsts, corgi.window(k), side="right")).tolist():
+                group_windows.setdefault(g, []).append(k)
+        assert all(ks == list(range(ks[0], ks[-1] + 1)) for ks in group_windows.values())  # contiguous
+        if q == 0 and corgi.n_windows > 1:  # a partition of whole blocks: about buffer/block per window
+            per_window = lambda p: np.mean([len(np.unique(np.searchsorted(firsts, p.window(k), side="right")))  # noqa: E731
+                                            for k in range(p.n_windows - 1)])
+            assert per_window(corgi) <= buffer // block + 3 < per_window(uniform)
+        assert len(np.unique(group)) == len(group_windows)
+        if len(c) > 1000:
+            assert not np.array_equal(c, np.sort(c))  # shuffled
+            assert not np.array_equal(u, c)

@@ -126,10 +126,11 @@ def test_a_part_view_refuses_writes_like_any_view(mount):
         os.mkdir(m.path(".parts/2/0/new"))
 
 
-def test_pls_through_mounts_trades_the_exchanged_fraction(mount):
+@pytest.mark.parametrize("local", ["uniform", "corgipile"])
+def test_pls_through_mounts_trades_the_exchanged_fraction(mount, local: str):
     files = {"a.jsonl": jsonl(N_LINES, 11)}
     world = 2
-    args = [*ARGS, "--strategy", "pls", "--exchange", "0.25", "--world-size", str(world)]
+    args = [*ARGS, "--strategy", "pls", "--exchange", "0.25", "--world-size", str(world), "--pls-local", local]
     first = mount(files, *args, "--rank", "0")
     ranks = [first, mount(None, *args, "--rank", "1", src=first.src)]
     source = lines(files["a.jsonl"])
@@ -140,6 +141,7 @@ def test_pls_through_mounts_trades_the_exchanged_fraction(mount):
         views = [lines(cat(m.path("a.jsonl"))) for m in ranks]
         assert sum(views, collections.Counter()) == source
         infos = [json.loads(m.xattr("info", "a.jsonl")) for m in ranks]
+        assert all(i["local"] == local for i in infos)
         if held:
             sent = infos[0]["sent"]
             assert sent == int(0.25 * min(i["partition_records"] for i in infos)) > 0

@@ -26,6 +26,8 @@ class ShuffleSpec:
     exchange: float = 0.0
     """Partial local shuffling: the fraction of every rank's records that moves to other ranks
     before each epoch (0: pure local shuffling, 1: everything moves)."""
+    pls_local: str = "uniform"
+    """Partial local shuffling: how a rank shuffles its partition, "uniform" or "corgipile"."""
     even: str = "none"
     """Equal record counts per rank: "none" (every record exactly once; counts may differ),
     "pad" (short ranks repeat some of their records) or "drop" (long ranks leave some out)."""

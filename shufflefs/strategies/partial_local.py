@@ -4,7 +4,10 @@ Every rank holds a partition of the file: at epoch 0 its share of the blocks, pe
 the seed (so the partition is read in whole blocks, and stays the same while Q = 0).  Before each
 later epoch a fraction Q of every rank's records moves to other ranks with balanced counts
 (`exchange.Exchange`: computed by every rank from the seed, no communication), then the rank
-shuffles its partition uniformly.  Q = 0 is pure local shuffling, Q = 1 moves every record.
+shuffles its partition: uniformly, or with ``spec.pls_local = "corgipile"`` the CorgiPile way (the
+partition's records grouped by source block, the groups permuted, records shuffled inside
+buffer-sized windows), which reads the partition in block runs instead of record by record.
+Q = 0 is pure local shuffling, Q = 1 moves every record.
 """
 
 from __future__ import annotations
@@ -15,10 +18,29 @@ import numpy as np
 
 from .base import rng
 from .exchange import Exchange
-from .units import OrderPlan, salt, unit_firsts
+from .units import OrderPlan, cuts_by_bytes, salt, unit_firsts
 
 UNITS = salt("pls/units")
 LOCAL = salt("pls/local")
+LOCAL_BLOCKS = salt("pls/local-blocks")
+LOCAL_MODES = ("uniform", "corgipile")
+
+
+def corgipile_order(part: np.ndarray, bounds: np.ndarray, block_firsts: np.ndarray, buffer_bytes: int,
+                    gen: np.random.Generator) -> np.ndarray:
+    """CorgiPile over a set of records: ``part``'s records grouped by the source block holding
+    them (block k owns ids ``[block_firsts[k], block_firsts[k+1])``), the groups in a random order,
+    then the records shuffled inside consecutive windows of about ``buffer_bytes``."""
+    ids = np.sort(part)
+    block = np.searchsorted(block_firsts, ids, side="right") - 1
+    present = np.unique(block)
+    rank = np.empty(len(block_firsts), np.int64)
+    rank[present] = gen.permutation(len(present))
+    ids = ids[np.argsort(rank[block], kind="stable")]  # blocks permuted, source order inside
+    lengths = bounds[ids.astype(np.int64) + 1] - bounds[ids]
+    cuts = cuts_by_bytes(np.cumsum(lengths), buffer_bytes)
+    window = np.repeat(np.arange(len(cuts) - 1), np.diff(cuts))
+    return ids[np.lexsort((gen.random(len(ids)), window))]
 
 
 class PartialLocalPlan(OrderPlan):
@@ -35,6 +57,10 @@ class PartialLocalPlan(OrderPlan):
 
     def record_order(self) -> np.ndarray:
         part = self.exchange.partition(self.rank, self.epoch)
+        if self.spec.pls_local == "corgipile":
+            gen = rng(self.spec.seed, self.epoch, LOCAL_BLOCKS, self.rank)
+            buffer = self.spec.buffer_bytes(self.index.data_bytes)  # the rank's, however many parts read it
+            return corgipile_order(part, self.index.bounds, self.exchange.firsts, buffer, gen)
         rng(self.spec.seed, self.epoch, LOCAL, self.rank).shuffle(part)
         return part
 
@@ -44,4 +70,4 @@ class PartialLocalPlan(OrderPlan):
     def describe(self) -> dict:
         c = self.exchange.counts(self.rank, self.epoch)
         return {**super().describe(), "exchange": float(self.spec.exchange), "block_size": self.spec.block_size,
-                "partition_records": c["records"], "kept": c["kept"], "received": c["received"], "sent": c["sent"]}
+                "local": self.spec.pls_local, "partition_records": c["records"], "kept": c["kept"], "received": c["received"], "sent": c["sent"]}
