@@ -35,7 +35,7 @@ from .config import (
     parse_size,
 )
 from .index import default_cache_dir
-from .strategies.base import ShuffleSpec
+from .strategies.base import EVEN_MODES, LOCAL_MODES, ShuffleSpec
 
 PROG = "shufflefs"
 
@@ -91,12 +91,6 @@ def _flag(value: Any) -> bool:
     return value
 
 
-def _pls_local(value: Any) -> str:
-    if value not in ("uniform", "corgipile"):
-        raise ValueError(f"must be uniform or corgipile: {value!r}")
-    return str(value)
-
-
 def _field(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"not a field name: {value!r}")
@@ -132,12 +126,13 @@ def _fraction(value: Any) -> float:
     return q
 
 
-def _even(value: Any) -> str:
-    from .strategies import EVEN_MODES
+def _one_of(modes: tuple[str, ...]) -> Callable[[Any], str]:
+    def convert(value: Any) -> str:
+        if value not in modes:
+            raise ValueError(f"must be one of {', '.join(modes)}: {value!r}")
+        return str(value)
 
-    if value not in EVEN_MODES:
-        raise ValueError(f"must be one of {', '.join(EVEN_MODES)}: {value!r}")
-    return str(value)
+    return convert
 
 
 MiB = 1 << 20
@@ -153,9 +148,9 @@ OPTIONS: dict[str, _Option] = {
     "page_size": _Option(_size, 4096),
     "rank": _Option(_integer(0), 0, "RANK"),
     "world_size": _Option(_integer(1), 1, "WORLD_SIZE"),
-    "even": _Option(_even, "none"),
+    "even": _Option(_one_of(EVEN_MODES), "none"),
     "exchange": _Option(_fraction, 0.0),
-    "pls_local": _Option(_pls_local, "uniform"),
+    "pls_local": _Option(_one_of(LOCAL_MODES), "uniform"),
     "balance": _Option(_flag, False),
     "balance_field": _Option(_field, None),
     "random_level": _Option(_fraction, 0.0),
@@ -313,7 +308,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     g.add_argument("--page-size", metavar="SIZE", help="page size for page-aware strategies (default 4096)")
     g.add_argument("--exchange", metavar="Q", help="pls: fraction of every rank's records traded with other "
                    "ranks before each epoch, 0 (pure local shuffling) to 1 (default 0)")
-    g.add_argument("--pls-local", choices=["uniform", "corgipile"], default=None,
+    g.add_argument("--pls-local", choices=LOCAL_MODES, default=None,
                    help="pls: how each rank shuffles its partition: uniform (default) or corgipile "
                         "(its records grouped by block, blocks permuted, records shuffled inside "
                         "the buffer: block-sized reads)")
@@ -325,7 +320,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     g.add_argument("--rank", metavar="R", help="this mount's rank (default $RANK, else 0)")
     g.add_argument("--world-size", "--world", dest="world_size", metavar="W",
                    help="number of ranks (default $WORLD_SIZE, else 1)")
-    g.add_argument("--even", choices=["none", "pad", "drop"], default=None,
+    g.add_argument("--even", choices=EVEN_MODES, default=None,
                    help="equal record counts per rank: none (default: every record exactly once, "
                         "counts may differ by a block's records), pad (short ranks repeat some of "
                         "their records, like DistributedSampler) or drop (long ranks leave their "

@@ -12,10 +12,10 @@ import numpy as np
 
 from ..index import RecordIndex
 from .balance import BalancedPlan
-from .base import Plan, ShuffleSpec, rng
+from .base import EVEN_MODES, LOCAL_MODES, Plan, ShuffleSpec, rng
 from .baselines import NoShufflePlan, ShuffleOncePlan
 from .corgipile import BlockOnlyPlan, CorgiPilePlan
-from .even import EVEN_MODES, EvenPlan
+from .even import EvenPlan
 from .lirs import FullShufflePlan, PageShufflePlan
 from .partial_local import PartialLocalPlan
 from .sliding_window import SlidingWindowPlan
@@ -71,4 +71,4 @@ def make_plan(index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, 
     return plan
 
 
-__all__ = ["EVEN_MODES", "Plan", "ShuffleSpec", "rng", "STRATEGIES", "STRATEGY_HELP", "check_spec", "make_plan"]
+__all__ = ["EVEN_MODES", "LOCAL_MODES", "Plan", "ShuffleSpec", "rng", "STRATEGIES", "STRATEGY_HELP", "check_spec", "make_plan"]

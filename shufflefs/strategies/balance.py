@@ -22,15 +22,13 @@ import re
 import numpy as np
 
 from ..index import RecordIndex
-from .base import ShuffleSpec, rng
+from .base import EVEN_MODES, ShuffleSpec, rng
 from .units import OrderPlan, id_dtype, salt
 
 NOISE = salt("balance/noise")
 CHUNKS = salt("balance/chunks")
 LEVEL = salt("balance/level")
 SHORT = salt("balance/short")
-
-EVEN = ("none", "drop", "pad")
 
 
 class RecordCostError(ValueError):
@@ -132,8 +130,8 @@ def balanced_order(costs: np.ndarray, world: int, rank: int, seed: int, epoch: i
             raise ValueError(f"{name} must be a non-negative integer, got {v!r}")
     if isinstance(random_level, bool) or not (0.0 <= random_level <= 1.0):
         raise ValueError(f"random_level must be in [0, 1], got {random_level!r}")
-    if even not in EVEN:
-        raise ValueError(f"even must be one of {EVEN}, got {even!r}")
+    if even not in EVEN_MODES:
+        raise ValueError(f"even must be one of {EVEN_MODES}, got {even!r}")
     keys = noisy_costs(costs, seed, epoch, random_level)
     n = len(keys)
     dt = id_dtype(n)

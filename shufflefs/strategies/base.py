@@ -11,6 +11,10 @@ import numpy as np
 from ..index import RecordIndex
 
 MiB = 1 << 20
+EVEN_MODES = ("none", "pad", "drop")
+"""``ShuffleSpec.even``: every record once, or equal counts per rank by padding or dropping."""
+LOCAL_MODES = ("uniform", "corgipile")
+"""``ShuffleSpec.pls_local``: how a pls rank shuffles its partition."""
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Plan
+from .base import EVEN_MODES, Plan
 from .units import I64, CutPlan, id_dtype
-
-EVEN_MODES = ("none", "pad", "drop")
 
 
 class EvenPlan(Plan):

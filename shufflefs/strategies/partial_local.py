@@ -23,7 +23,6 @@ from .units import OrderPlan, cuts_by_bytes, salt, unit_firsts
 UNITS = salt("pls/units")
 LOCAL = salt("pls/local")
 LOCAL_BLOCKS = salt("pls/local-blocks")
-LOCAL_MODES = ("uniform", "corgipile")
 
 
 def corgipile_order(part: np.ndarray, bounds: np.ndarray, block_firsts: np.ndarray, buffer_bytes: int,

@@ -12,7 +12,7 @@ import zlib
 import numpy as np
 
 from ..index import RecordIndex
-from .base import Plan, ShuffleSpec
+from .base import EVEN_MODES, LOCAL_MODES, Plan, ShuffleSpec
 
 I64 = np.int64
 
@@ -55,9 +55,9 @@ def check_params(spec: ShuffleSpec) -> None:
         raise ValueError("a balance field needs balance")
     if spec.balance_field is not None and not (isinstance(spec.balance_field, str) and spec.balance_field):
         raise ValueError(f"balance field must be a field name, got {spec.balance_field!r}")
-    if spec.pls_local not in ("uniform", "corgipile"):
-        raise ValueError(f"pls local shuffle must be uniform or corgipile, got {spec.pls_local!r}")
-    if spec.even not in ("none", "pad", "drop"):
+    if spec.pls_local not in LOCAL_MODES:
+        raise ValueError(f"pls local shuffle must be one of {', '.join(LOCAL_MODES)}, got {spec.pls_local!r}")
+    if spec.even not in EVEN_MODES:
         raise ValueError(f"even must be none, pad or drop, got {spec.even!r}")
     if isinstance(spec.seed, bool) or not isinstance(spec.seed, (int, np.integer)) or spec.seed < 0:
         raise ValueError(f"seed must be a non-negative integer, got {spec.seed!r}")
