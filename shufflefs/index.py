@@ -98,12 +98,57 @@ class RecordIndex:
             return self._lengths[0][ids]
         return self.bounds[ids + 1] - self.bounds[ids]
 
+    @property
+    def newline_ids(self) -> np.ndarray:
+        """Records that gain a newline in the view (sorted int64): the last one, if
+        ``add_newline``; a pool has one per member whose last line lacks it."""
+        return np.full(1, self.n - 1, np.int64) if self.add_newline else np.zeros(0, np.int64)
+
     def out_lengths(self, ids: np.ndarray) -> np.ndarray:
-        """Length in the view of records ``ids`` (the last record may gain a newline)."""
+        """Length in the view of records ``ids`` (a record in `newline_ids` gains a newline)."""
         out = self.record_lengths(ids)
         if self.add_newline:
             out = out + (ids == self.n - 1)
         return out
+
+    def unit_firsts(self, unit_size: int) -> np.ndarray:
+        """First record id of every non-empty unit of ``unit_size`` bytes, then n (int64[units+1]);
+        see `unit_firsts`."""
+        return unit_firsts(self.bounds, unit_size)
+
+    def unit_bytes(self, firsts: np.ndarray) -> np.ndarray:
+        """View bytes of each unit ``[firsts[u], firsts[u+1])`` (newlines the view adds included)."""
+        b = self.bounds
+        out = b[firsts[1:]] - b[firsts[:-1]]
+        nl = self.newline_ids
+        if len(nl) and len(out):
+            out += np.diff(np.searchsorted(nl, firsts, side="left"))
+        return out
+
+
+def unit_firsts(bounds: np.ndarray, unit_size: int) -> np.ndarray:
+    """First record id of every non-empty unit of ``unit_size`` bytes, then n (int64[units+1]).
+
+    Unit u is the absolute source range ``[u*unit_size, (u+1)*unit_size)`` and owns the records
+    whose first byte lies in it; units owning no record (inside a large record) are dropped.
+    Costs O(min(spanned units, n)) with a searchsorted per unit boundary, never a Python loop.
+    """
+    I64 = np.int64
+    starts = bounds[:-1]
+    n = len(starts)
+    if n == 0:
+        return np.zeros(1, I64)
+    u0, u1 = int(starts[0]) // unit_size, int(starts[-1]) // unit_size
+    if u1 - u0 + 1 <= n:
+        edges = np.arange(u0 + 1, u1 + 1, dtype=I64) * unit_size
+        inner = np.searchsorted(starts, edges, side="left").astype(I64)
+    else:
+        # units far smaller than records: most units are empty, so look at the records instead
+        owner = starts // unit_size
+        inner = np.flatnonzero(owner[1:] != owner[:-1]).astype(I64) + 1
+    firsts = np.concatenate((np.zeros(1, I64), inner, np.full(1, n, I64)))
+    keep = np.concatenate((firsts[1:] != firsts[:-1], [True]))
+    return firsts[keep]
 
 
 # --------------------------------------------------------------------------- on-disk cache

@@ -11,7 +11,8 @@ from shufflefs.index import RecordIndex
 from shufflefs.strategies import STRATEGIES, STRATEGY_HELP, check_spec, make_plan
 from shufflefs.strategies.base import ShuffleSpec
 from shufflefs.strategies.sliding_window import sliding_window_order
-from shufflefs.strategies.units import concat_ranges, cuts_by_bytes, id_dtype, order_cuts, unit_firsts
+from shufflefs.index import unit_firsts
+from shufflefs.strategies.units import concat_ranges, cuts_by_bytes, id_dtype, order_cuts
 
 ALL = sorted(STRATEGIES)
 SAME_ORDER_ACROSS_WORLDS = ["none", "once", "full", "lirs-page", "block"]

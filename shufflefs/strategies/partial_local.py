@@ -18,7 +18,7 @@ import numpy as np
 
 from .base import rng
 from .exchange import Exchange
-from .units import OrderPlan, cuts_by_bytes, salt, unit_firsts
+from .units import OrderPlan, cuts_by_bytes, salt
 
 UNITS = salt("pls/units")
 LOCAL = salt("pls/local")
@@ -50,7 +50,7 @@ class PartialLocalPlan(OrderPlan):
     @functools.cached_property
     def exchange(self) -> Exchange:
         """The exchange of this file's blocks between the ranks (O(blocks + ranks) state)."""
-        firsts = unit_firsts(self.index.bounds, self.spec.block_size)
+        firsts = self.index.unit_firsts(self.spec.block_size)
         order = rng(self.spec.seed, UNITS).permutation(len(firsts) - 1).astype(np.int64, copy=False)
         return Exchange(firsts, order, self.world, float(self.spec.exchange), self.spec.seed)
 

@@ -63,39 +63,6 @@ def check_params(spec: ShuffleSpec) -> None:
         raise ValueError(f"seed must be a non-negative integer, got {spec.seed!r}")
 
 
-def unit_firsts(bounds: np.ndarray, unit_size: int) -> np.ndarray:
-    """First record id of every non-empty unit of ``unit_size`` bytes, then n (int64[units+1]).
-
-    Unit u is the absolute source range ``[u*unit_size, (u+1)*unit_size)`` and owns the records
-    whose first byte lies in it; units owning no record (inside a large record) are dropped.
-    Costs O(min(spanned units, n)) with a searchsorted per unit boundary, never a Python loop.
-    """
-    starts = bounds[:-1]
-    n = len(starts)
-    if n == 0:
-        return np.zeros(1, I64)
-    u0, u1 = int(starts[0]) // unit_size, int(starts[-1]) // unit_size
-    if u1 - u0 + 1 <= n:
-        edges = np.arange(u0 + 1, u1 + 1, dtype=I64) * unit_size
-        inner = np.searchsorted(starts, edges, side="left").astype(I64)
-    else:
-        # units far smaller than records: most units are empty, so look at the records instead
-        owner = starts // unit_size
-        inner = np.flatnonzero(owner[1:] != owner[:-1]).astype(I64) + 1
-    firsts = np.concatenate((np.zeros(1, I64), inner, np.full(1, n, I64)))
-    keep = np.concatenate((firsts[1:] != firsts[:-1], [True]))
-    return firsts[keep]
-
-
-def unit_bytes(index: RecordIndex, firsts: np.ndarray) -> np.ndarray:
-    """View bytes of each unit (the unit holding the last record carries the added newline)."""
-    b = index.bounds
-    out = b[firsts[1:]] - b[firsts[:-1]]
-    if index.add_newline and len(out):
-        out[-1] += 1
-    return out
-
-
 def share(count: int, rank: int, world: int) -> tuple[int, int]:
     """Rank's piece ``[lo, hi)`` of ``count`` items, split like `np.array_split`."""
     q, r = divmod(count, world)
@@ -233,7 +200,7 @@ class UnitPlan(CutPlan):
         super().__init__(index, spec, epoch, rank, world, part, parts)
         check_params(spec)
         self.buffer_bytes = part_buffer(spec.buffer_bytes(index.data_bytes), parts)
-        self.firsts = frozen(unit_firsts(index.bounds, self.unit_size()))
+        self.firsts = frozen(index.unit_firsts(self.unit_size()))
         n_units = len(self.firsts) - 1
         order = self.unit_order(n_units)
         if order is None:
@@ -245,7 +212,7 @@ class UnitPlan(CutPlan):
         plo, phi = share(hi - lo, part, parts)
         self.part_start = int(per_unit[lo + plo] - per_unit[lo])
         self.units = frozen(order[lo + plo: lo + phi].copy())
-        sizes = unit_bytes(index, self.firsts)[self.units]
+        sizes = index.unit_bytes(self.firsts)[self.units]
         cum = np.cumsum(sizes)
         self.cuts = frozen(self.window_cuts(cum))
         ends = cum[self.cuts[1:] - 1]
