@@ -5,15 +5,18 @@
    gather(out, src, out_pos, src_pos, lengths)
        out[out_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]] for all i.
 
-   build_window(fd, out, scratch, bounds, ids, run_first, run_count, newline_id)
-       Builds the window of records ``ids`` (in view order; record i is file bytes
-       [bounds[i], bounds[i+1])) in ``out`` by reading the file once, in ascending order.
-       ``run_first``/``run_count`` give the same records as ascending runs of consecutive ids.
-       Each run is read in chunks of at most len(scratch) bytes (ending at record boundaries)
-       into ``scratch``, and the chunk's records are copied to their view positions while the
-       chunk is still in the CPU cache; a record larger than the scratch is read straight into
-       place.  Record ``newline_id`` (-1: none) gets a newline after it in the view.  Returns the window size, or -(1 + offset) if the file
-       ended early at ``offset`` (it shrank: the caller reports it).
+   build_window(out, scratch, bounds, ids, run_first, run_count, run_fd, run_shift, newline_ids)
+       Builds the window of records ``ids`` (in view order; record i is bytes
+       [bounds[i], bounds[i+1]) of its file) in ``out`` by reading the files once, in ascending
+       order.  ``run_first``/``run_count`` give the same records as ascending runs of consecutive
+       ids; run r lies in the file ``run_fd[r]`` at offsets shifted by ``run_shift[r]`` (one file:
+       every fd the same, every shift 0; a pool of files: a run never crosses a file).  Each run
+       is read in chunks of at most len(scratch) bytes (ending at record boundaries) into
+       ``scratch``, and the chunk's records are copied to their view positions while the chunk
+       is still in the CPU cache; a record larger than the scratch is read straight into place.
+       The records ``newline_ids`` (sorted) get a newline after them in the view.  Returns the
+       window size, or ``(run, file offset)`` if the file of that run ended early at that offset
+       (it shrank: the caller reports it).
 
    Every id, run and position is checked before any byte is read or copied; bad input raises
    ValueError or IndexError. */
@@ -75,34 +78,52 @@ static int pread_full(int fd, char *buf, int64_t n, int64_t off, int64_t *at) {
     return 0;
 }
 
+/* index of the last element of sorted a[0..n) that is <= x, or -1 */
+static Py_ssize_t last_le(const int64_t *a, Py_ssize_t n, int64_t x) {
+    Py_ssize_t lo = -1, hi = n;
+    while (hi - lo > 1) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (a[mid] <= x) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
 static PyObject *build_window(PyObject *self, PyObject *args) {
-    int fd;
-    long long newline_id;
-    Py_buffer out, scratch, bounds, idsb, rfirst, rcount;
-    if (!PyArg_ParseTuple(args, "iw*w*y*y*y*y*L", &fd, &out, &scratch, &bounds, &idsb, &rfirst, &rcount,
-                          &newline_id))
+    Py_buffer out, scratch, bounds, idsb, rfirst, rcount, rfd, rshift, nlb;
+    if (!PyArg_ParseTuple(args, "w*w*y*y*y*y*y*y*y*", &out, &scratch, &bounds, &idsb, &rfirst, &rcount, &rfd,
+                          &rshift, &nlb))
         return NULL;
     PyObject *ret = NULL;
     int64_t *dst = NULL, *rrank = NULL;
-    Py_ssize_t n = idsb.len / 8, R = rfirst.len / 8, nrec = bounds.len / 8 - 1;
+    Py_ssize_t n = idsb.len / 8, R = rfirst.len / 8, nrec = bounds.len / 8 - 1, NL = nlb.len / 8;
     if (check_i64(&bounds, -1, "bounds") || check_i64(&idsb, -1, "ids") || check_i64(&rfirst, -1, "run_first")
-        || check_i64(&rcount, R, "run_count"))
+        || check_i64(&rcount, R, "run_count") || check_i64(&rfd, R, "run_fd") || check_i64(&rshift, R, "run_shift")
+        || check_i64(&nlb, -1, "newline_ids"))
         goto done;
     if (nrec < 0 || scratch.len < 1) {
         PyErr_SetString(PyExc_ValueError, "need bounds of at least one element and a scratch buffer");
         goto done;
     }
-    const int64_t *b = bounds.buf, *ids = idsb.buf, *rf = rfirst.buf, *rc = rcount.buf;
+    const int64_t *b = bounds.buf, *ids = idsb.buf, *rf = rfirst.buf, *rc = rcount.buf, *fds = rfd.buf,
+                  *shift = rshift.buf, *nl = nlb.buf;
+    for (Py_ssize_t i = 1; i < NL; i++) {
+        if (nl[i] <= nl[i - 1]) {
+            PyErr_SetString(PyExc_ValueError, "newline_ids must be sorted and distinct");
+            goto done;
+        }
+    }
     rrank = malloc((size_t)(R ? R : 1) * 8);
     dst = malloc((size_t)(n ? n : 1) * 8);
     if (!rrank || !dst) {
         PyErr_NoMemory();
         goto done;
     }
-    /* runs: ascending, disjoint, inside the file; rrank[r] = where run r starts in source order */
+    /* runs: ascending, disjoint, inside the bounds, readable offsets; rrank[r] = where run r
+       starts in source order */
     int64_t acc = 0, prev_end = 0;
     for (Py_ssize_t r = 0; r < R; r++) {
-        if (rc[r] < 1 || rf[r] < prev_end || rf[r] > nrec - rc[r]) {
+        if (rc[r] < 1 || rf[r] < prev_end || rf[r] > nrec - rc[r] || fds[r] < 0 || fds[r] > INT32_MAX
+            || b[rf[r]] + shift[r] < 0) {
             PyErr_Format(PyExc_IndexError, "run %zd out of order or out of bounds", r);
             goto done;
         }
@@ -120,12 +141,8 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
     int64_t pos = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t x = ids[i];
-        Py_ssize_t lo = 0, hi = R;  /* last run with rf <= x */
-        while (hi - lo > 1) {
-            Py_ssize_t mid = (lo + hi) / 2;
-            if (rf[mid] <= x) lo = mid; else hi = mid;
-        }
-        if (R == 0 || x < rf[lo] || x >= rf[lo] + rc[lo] || dst[rrank[lo] + x - rf[lo]] != -1) {
+        Py_ssize_t lo = last_le(rf, R, x);
+        if (lo < 0 || x >= rf[lo] + rc[lo] || dst[rrank[lo] + x - rf[lo]] != -1) {
             PyErr_Format(PyExc_IndexError, "id %lld at %zd is not a record of the runs, or repeated", (long long)x, i);
             goto done;
         }
@@ -135,7 +152,11 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
             goto done;
         }
         dst[rrank[lo] + x - rf[lo]] = pos;
-        pos += len + (x == newline_id);
+        pos += len;
+        if (NL) {
+            Py_ssize_t j = last_le(nl, NL, x);
+            pos += j >= 0 && nl[j] == x;
+        }
     }
     if (pos > out.len) {
         PyErr_Format(PyExc_IndexError, "window of %lld bytes does not fit the output buffer", (long long)pos);
@@ -143,12 +164,15 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
     }
     int err = 0;
     int64_t short_at = -1;
+    Py_ssize_t short_run = -1;
     Py_BEGIN_ALLOW_THREADS
     char *ob = out.buf, *sb = scratch.buf;
     const int64_t cap = scratch.len;
     for (Py_ssize_t r = 0; r < R && !err; r++) {
-        int64_t x = rf[r], end = rf[r] + rc[r];
+        int64_t x = rf[r], end = rf[r] + rc[r], sh = shift[r];
+        int fd = (int)fds[r];
         const int64_t *d = dst + rrank[r] - rf[r];  /* d[y] = view position of record y */
+        short_run = r;
         while (x < end && !err) {
             int64_t a = x, size = 0;
             while (x < end && size + (b[x + 1] - b[x]) <= cap) {
@@ -156,11 +180,11 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
                 x++;
             }
             if (x == a) {  /* one record larger than the scratch: read it in place */
-                err = pread_full(fd, ob + d[a], b[a + 1] - b[a], b[a], &short_at);
+                err = pread_full(fd, ob + d[a], b[a + 1] - b[a], b[a] + sh, &short_at);
                 x++;
                 continue;
             }
-            err = pread_full(fd, sb, size, b[a], &short_at);
+            err = pread_full(fd, sb, size, b[a] + sh, &short_at);
             if (err) break;
             for (int64_t y = a, p = 0; y < x; y++) {
                 memcpy(ob + d[y], sb + p, (size_t)(b[y + 1] - b[y]));
@@ -168,20 +192,24 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
             }
         }
     }
-    if (!err && newline_id >= 0 && R > 0 && newline_id >= rf[R - 1] && newline_id < rf[R - 1] + rc[R - 1])
-        ob[dst[rrank[R - 1] + newline_id - rf[R - 1]] + b[newline_id + 1] - b[newline_id]] = '\n';
+    for (Py_ssize_t j = 0; j < NL && !err; j++) {
+        Py_ssize_t r = last_le(rf, R, nl[j]);
+        if (r >= 0 && nl[j] < rf[r] + rc[r])
+            ob[dst[rrank[r] + nl[j] - rf[r]] + b[nl[j] + 1] - b[nl[j]]] = '\n';
+    }
     Py_END_ALLOW_THREADS
     if (err > 0) {
         errno = err;
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
     }
-    ret = PyLong_FromLongLong(err < 0 ? -1 - short_at : pos);
+    ret = err < 0 ? Py_BuildValue("nL", short_run, (long long)short_at) : PyLong_FromLongLong(pos);
 done:
     free(dst);
     free(rrank);
     PyBuffer_Release(&out); PyBuffer_Release(&scratch); PyBuffer_Release(&bounds); PyBuffer_Release(&idsb);
-    PyBuffer_Release(&rfirst); PyBuffer_Release(&rcount);
+    PyBuffer_Release(&rfirst); PyBuffer_Release(&rcount); PyBuffer_Release(&rfd); PyBuffer_Release(&rshift);
+    PyBuffer_Release(&nlb);
     return ret;
 }
 

@@ -42,12 +42,14 @@ class Piece:
 class Layout:
     """Virtual offsets of header, windows and trailer; O(windows) memory."""
 
-    def __init__(self, index: RecordIndex, plan: Plan) -> None:
+    def __init__(self, index: RecordIndex, plan: Plan, header_size: int | None = None,
+                 trailer_size: int | None = None) -> None:
+        """Header and trailer are the index's own unless given (a pool's shard shows its member's)."""
         self.index = index
         self.plan = plan
         sizes = np.asarray(plan.window_sizes, dtype=np.int64)
-        self.header_size = index.header_end
-        self.trailer_size = index.size - index.trailer_start
+        self.header_size = index.header_end if header_size is None else header_size
+        self.trailer_size = index.size - index.trailer_start if trailer_size is None else trailer_size
         self.window_starts = self.header_size + np.concatenate(([0], np.cumsum(sizes)))
         self.trailer_offset = int(self.window_starts[-1])
         self.size = self.trailer_offset + self.trailer_size
@@ -140,11 +142,9 @@ def assemble(index: RecordIndex, ids: np.ndarray, fetch: Fetch, out: np.ndarray 
     src_pos[order] = src_pos_sorted
     out_pos = np.concatenate(([0], np.cumsum(out_len)[:-1]))
     gather(src, src_pos, lengths, out, out_pos)
-    if index.add_newline:
-        hit = np.flatnonzero(ids == index.n - 1)
-        if len(hit):
-            j = int(hit[0])
-            out[out_pos[j] + lengths[j]] = 0x0A
+    if len(index.newline_ids):
+        hit = np.flatnonzero(np.isin(ids, index.newline_ids))
+        out[out_pos[hit] + lengths[hit]] = 0x0A
     return out
 
 

@@ -17,13 +17,16 @@ works on them while this window is served and the next load starts.
 
 from __future__ import annotations
 
+import errno
 import os
+import threading
 
 import numpy as np
 
 from .errors import StaleSourceError
 from .index import RecordIndex, SourceStamp
 from .layout import Layout, assemble, id_runs
+from .pooled import PooledIndex
 
 try:
     from ._gather import build_window as _build_window  # compiled at install time; optional
@@ -118,15 +121,22 @@ class SourceFile:
         """Records ``ids`` (view order; the same records as the ascending runs ``first``,
         ``count``) read into ``out``; see the module docstring."""
         i64 = np.ascontiguousarray
+        runs = len(first)
         got = _build_window(
-            self.fd, out, scratch, index.bounds, i64(ids, np.int64), i64(first, np.int64), i64(count, np.int64),
-            index.n - 1 if index.add_newline else -1,
+            out, scratch, index.bounds, i64(ids, np.int64), i64(first, np.int64), i64(count, np.int64),
+            np.full(runs, self.fd, np.int64), np.zeros(runs, np.int64), index.newline_ids,
         )
-        if got < 0:
-            self._verify(os.fstat(self.fd), -1 - got)
-            raise StaleSourceError(self.path, -1 - got, "unexpected end of file")
+        if isinstance(got, tuple):  # (run, offset): the file ended early
+            self._verify(os.fstat(self.fd), got[1])
+            raise StaleSourceError(self.path, got[1], "unexpected end of file")
         self._verify(os.fstat(self.fd), int(index.bounds[first[0]]) if len(first) else None)
         return out[:got]
+
+    def advise(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> None:
+        """Ask the kernel to read the runs' bytes into the page cache (returns at once)."""
+        b = index.bounds
+        for s, e in zip(b[first].tolist(), b[first + count].tolist()):
+            os.posix_fadvise(self.fd, s, e - s, os.POSIX_FADV_WILLNEED)
 
     def read_range(self, start: int, end: int) -> bytes:
         return self.read_runs(np.array([start]), np.array([end])).tobytes()
@@ -137,23 +147,116 @@ class SourceFile:
             self.fd = -1
 
 
-class View:
-    """Layout + source for one (file, epoch): turns window numbers into bytes."""
+class PoolSource:
+    """The member files of a pool, each pinned to its stamp; shared by the views of the pool's
+    shards (one descriptor per member however many shards are open), closed by its last user."""
 
-    def __init__(self, path: str, index: RecordIndex, plan: Plan) -> None:
-        if index.stamp is None:
-            raise ValueError("a mounted view needs an index with a source stamp")
+    def __init__(self, paths: list[str], index: PooledIndex) -> None:
+        self.index = index
+        self.files: list[SourceFile] = []
+        self._users = 1
+        self._lock = threading.Lock()
+        try:
+            for p, stamp in zip(paths, index.member_stamps):
+                self.files.append(SourceFile(p, stamp))
+        except BaseException:
+            self._close()
+            raise
+        self.fds = np.array([f.fd for f in self.files], np.int64)
+
+    def share(self) -> "PoolSource":
+        """One more user (a view); each calls `close` once."""
+        with self._lock:
+            if self._users == 0:
+                raise OSError(errno.EBADF, "pool source closed")
+            self._users += 1
+        return self
+
+    def check(self) -> None:
+        for f in self.files:
+            f.check()
+
+    def verify_open(self) -> None:
+        for f in self.files:
+            f.verify_open()
+
+    def build_window(self, index: PooledIndex, ids: np.ndarray, first: np.ndarray, count: np.ndarray,
+                     out: np.ndarray, scratch: np.ndarray) -> np.ndarray:
+        """Like `SourceFile.build_window`, reading each run from its member file."""
+        first, count, member = index.split_runs(first, count)
+        i64 = np.ascontiguousarray
+        got = _build_window(out, scratch, index.bounds, i64(ids, np.int64), first, count,
+                            self.fds[member], index.shifts[member], index.newline_ids)
+        if isinstance(got, tuple):
+            f = self.files[int(member[got[0]])]
+            f._verify(os.fstat(f.fd), got[1])
+            raise StaleSourceError(f.path, got[1], "unexpected end of file")
+        for m in np.unique(member).tolist():
+            f = self.files[m]
+            f._verify(os.fstat(f.fd), None)
+        return out[:got]
+
+    def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Pooled byte ranges (ascending, perhaps across members), concatenated (the fallback
+        build without the compiled module)."""
+        index = self.index
+        edges = index.bounds[index.member_firsts[1:-1]]  # pooled offsets where members 1.. start
+        pieces = []
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            while s < e:
+                m = int(np.searchsorted(edges, s, side="right"))
+                stop = min(e, int(edges[m])) if m < len(edges) else e
+                shift = int(index.shifts[m])
+                pieces.append(self.files[m].read_runs(np.array([s + shift]), np.array([stop + shift])))
+                s = stop
+        return np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
+
+    def advise(self, index: PooledIndex, first: np.ndarray, count: np.ndarray) -> None:
+        first, count, member = index.split_runs(first, count)
+        b = index.bounds
+        starts, ends = b[first] + index.shifts[member], b[first + count] + index.shifts[member]
+        for m, s, e in zip(member.tolist(), starts.tolist(), ends.tolist()):
+            os.posix_fadvise(self.files[m].fd, s, e - s, os.POSIX_FADV_WILLNEED)
+
+    def close(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            self._close()
+
+    def _close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+class View:
+    """Layout + source for one (file, epoch): turns window numbers into bytes.
+
+    A shard of a pool passes its ``source`` (the pool's files, shared) and ``frame`` (the
+    header and trailer bytes it shows); a single file reads both from its own source."""
+
+    def __init__(self, path: str, index: RecordIndex, plan: Plan, source: PoolSource | None = None,
+                 frame: tuple[bytes, bytes] | None = None) -> None:
         self.path = path
         self.index = index
         self.plan = plan
-        self.layout = Layout(index, plan)
-        self.source = SourceFile(path, index.stamp)
-        try:
-            self.header = self.source.read_range(0, index.header_end)
-            self.trailer = self.source.read_range(index.trailer_start, index.size)
-        except BaseException:
-            self.source.close()
-            raise
+        if source is not None:
+            if frame is None:
+                raise ValueError("a view over a pool needs its header and trailer")
+            self.source: SourceFile | PoolSource = source
+            self.header, self.trailer = frame
+        else:
+            if index.stamp is None:
+                raise ValueError("a mounted view needs an index with a source stamp")
+            self.source = SourceFile(path, index.stamp)
+            try:
+                self.header = self.source.read_range(0, index.header_end)
+                self.trailer = self.source.read_range(index.trailer_start, index.size)
+            except BaseException:
+                self.source.close()
+                raise
+        self.layout = Layout(index, plan, len(self.header), len(self.trailer))
 
     @property
     def size(self) -> int:
@@ -189,10 +292,8 @@ class View:
         if runs is None:  # a record-level order: runs of a record or two, nothing to hint
             return
         b = self.index.bounds
-        starts, ends = b[runs[0]], b[runs[0] + runs[1]]
-        long = np.flatnonzero(ends - starts >= HINT_RUN)
-        for s, e in zip(starts[long].tolist(), ends[long].tolist()):
-            os.posix_fadvise(self.source.fd, s, e - s, os.POSIX_FADV_WILLNEED)
+        long = np.flatnonzero(b[runs[0] + runs[1]] - b[runs[0]] >= HINT_RUN)
+        self.source.advise(self.index, runs[0][long], runs[1][long])
 
     def close(self) -> None:
         self.source.close()

@@ -196,15 +196,21 @@ def test_view_windows_match_the_reference(compiled, case, scratch):
 def test_compiled_window_build_checks_everything_before_reading():
     if view._build_window is None:
         pytest.skip("compiled window build not built")
-    build = view._build_window
     data = bytes(range(100))
     bounds = np.arange(0, 101, 10, dtype=np.int64)  # ten records of ten bytes
     fd, path = tempfile.mkstemp(prefix="shufflefs-layout-")
     os.write(fd, data)
+    i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+
+    def build(out, scratch, bounds, ids, first, count, newline=(), fds=None, shifts=None):
+        runs = len(first)
+        fds = np.full(runs, fd, np.int64) if fds is None else fds
+        shifts = np.zeros(runs, np.int64) if shifts is None else shifts
+        return view._build_window(out, scratch, bounds, ids, first, count, fds, shifts, np.array(newline, np.int64))
+
     try:
         out = np.zeros(100, np.uint8)
         scratch = np.zeros(16, np.uint8)
-        i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
         bad = [
             (i64(1, 1), i64(1), i64(2)),  # an id twice (and one missing)
             (i64(1, 5), i64(1), i64(2)),  # an id outside the runs
@@ -214,17 +220,31 @@ def test_compiled_window_build_checks_everything_before_reading():
         ]
         for ids, first, count in bad:
             with pytest.raises((IndexError, ValueError)):
-                build(fd, out, scratch, bounds, ids, first, count, -1)
+                build(out, scratch, bounds, ids, first, count)
         with pytest.raises(IndexError):  # the window does not fit the output
-            build(fd, np.zeros(15, np.uint8), scratch, bounds, i64(2, 1), i64(1), i64(2), -1)
+            build(np.zeros(15, np.uint8), scratch, bounds, i64(2, 1), i64(1), i64(2))
+        with pytest.raises(IndexError):  # a shift before the start of the file
+            build(out, scratch, bounds, i64(2, 1), i64(1), i64(2), shifts=i64(-11))
+        with pytest.raises(ValueError):  # newline ids out of order
+            build(out, scratch, bounds, i64(2, 1), i64(1), i64(2), newline=(2, 1))
         assert not out.any()
         # a record larger than the scratch goes straight to its place; an added newline follows the last record
-        assert build(fd, out, scratch, np.array([0, 40, 100], np.int64), i64(1, 0), i64(0), i64(2), -1) == 100
+        assert build(out, scratch, np.array([0, 40, 100], np.int64), i64(1, 0), i64(0), i64(2)) == 100
         assert bytes(out[:60]) == data[40:] and bytes(out[60:100]) == data[:40]
-        assert build(fd, out, scratch, np.array([0, 40, 99], np.int64), i64(1, 0), i64(0), i64(2), 1) == 100
+        assert build(out, scratch, np.array([0, 40, 99], np.int64), i64(1, 0), i64(0), i64(2), newline=(1,)) == 100
         assert bytes(out[:60]) == data[40:99] + b"\n" and bytes(out[60:100]) == data[:40]
-        # a file shorter than its index: the offset where it ended
-        assert build(fd, np.zeros(120, np.uint8), scratch, np.array([0, 60, 120], np.int64), i64(1, 0), i64(0), i64(2), -1) == -1 - 100
+        # a file shorter than its index: the run and the offset where it ended
+        assert build(np.zeros(120, np.uint8), scratch, np.array([0, 60, 120], np.int64), i64(1, 0), i64(0), i64(2)) == (0, 100)
+        # two files: runs with their own descriptor and shift, a newline after each file's last record
+        other = tempfile.TemporaryFile()
+        other.write(b"HEADER" + b"abcdefgh")
+        other.flush()
+        pooled = np.array([0, 10, 20, 24, 28], np.int64)  # data[0:20] then the other file's 8 bytes at 6
+        fds, shifts = i64(fd, other.fileno()), i64(0, 6 - 20)
+        got = build(out, scratch, pooled, i64(2, 0, 3, 1), i64(0, 2), i64(2, 2), newline=(1, 3), fds=fds, shifts=shifts)
+        assert got == 30
+        assert bytes(out[:30]) == b"abcd" + data[0:10] + b"efgh\n" + data[10:20] + b"\n"
+        other.close()
     finally:
         os.close(fd)
         os.unlink(path)
