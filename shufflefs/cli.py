@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -155,6 +155,7 @@ OPTIONS: dict[str, _Option] = {
     "balance_field": _Option(_field, None),
     "random_level": _Option(_fraction, 0.0),
     "cache_dir": _Option(_path, None),
+    "no_pool": _Option(_flag, False),
     "record_size": _Option(_size, None),
     "header_bytes": _Option(_size_or_zero, None),
     "log_file": _Option(_path, None),
@@ -181,6 +182,8 @@ class ConfigFile:
     values: dict[str, Any]
     formats: list[str]
     """``[[format]]`` tables rewritten as ``--format`` texts, in file order."""
+    pools: list[str] = field(default_factory=list)
+    """``[[pool]]`` tables' globs, in file order."""
 
 
 def read_config(path: str | os.PathLike) -> ConfigFile:
@@ -202,6 +205,7 @@ def read_config(path: str | os.PathLike) -> ConfigFile:
 
     values: dict[str, Any] = {}
     formats: list[str] = []
+    pools: list[str] = []
     for raw_key, value in data.items():
         key = raw_key.replace("-", "_")
         where = f"config file {str(path)!r}"
@@ -209,12 +213,22 @@ def read_config(path: str | os.PathLike) -> ConfigFile:
             tables = value if isinstance(value, list) else [value]
             for i, table in enumerate(tables):
                 formats.append(_format_table_text(table, f"{where}: [[format]] #{i + 1}"))
+        elif key == "pool":
+            tables = value if isinstance(value, list) else [value]
+            for i, table in enumerate(tables):
+                pools.append(_pool_table_glob(table, f"{where}: [[pool]] #{i + 1}"))
         elif key in OPTIONS:
             values[key] = value
         else:
-            known = ", ".join(sorted([*OPTIONS, "format"]))
+            known = ", ".join(sorted([*OPTIONS, "format", "pool"]))
             raise ValueError(f"{where}: unknown key {raw_key!r} (known: {known})")
-    return ConfigFile(values, formats)
+    return ConfigFile(values, formats, pools)
+
+
+def _pool_table_glob(table: Any, where: str) -> str:
+    if not isinstance(table, dict) or set(table) != {"glob"} or not isinstance(table["glob"], str) or not table["glob"]:
+        raise ValueError(f"{where}: must be a table with one key, glob (a non-empty string)")
+    return table["glob"]
 
 
 def _format_table_text(table: Any, where: str) -> str:
@@ -336,6 +350,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                    help="--balance: noise added to the costs before sorting, 0 (the same cost "
                         "groups every epoch) to 1 (noise spanning the cost range) (default 0)")
     _add_format_options(p)
+    g = p.add_argument_group(
+        "pools of shards",
+        "Numbered files of one stem and extension in one directory (train-00000-of-00064.tfrecord, "
+        "part-00001.jsonl, shard-000123.tar) are shards of one set, shuffled as one pool: output "
+        "shard i, under its own name, holds the i-th equal share of the pool's stream, so the "
+        "shards read in name order are the pooled order. Other files are shuffled alone.")
+    g.add_argument("--pool", action="append", default=[], metavar="GLOB",
+                   help="declare a set: the data files matching GLOB (relative to SRC, '*' spans "
+                        "directories) are one pool; repeatable, first match wins; also [[pool]] "
+                        "tables with a glob key in --config")
+    g.add_argument("--no-pool", action="store_true", default=None,
+                   help="shuffle every file alone, shards of a set too")
     g = p.add_argument_group("daemon")
     g.add_argument("--log-file", metavar="FILE", help="append the daemon's log here")
     g.add_argument("-v", "--verbose", action="count", default=None, help="more output (repeatable)")
@@ -390,6 +416,8 @@ class Resolved:
     values: dict[str, Any]
     rules: list[Any]
     """`shufflefs.formats.FormatRule`s: command line first, then the config file's."""
+    pools: list[str] = field(default_factory=list)
+    """Declared pool globs: command line first, then the config file's."""
 
     @property
     def format_defaults(self) -> dict[str, Any]:
@@ -436,7 +464,7 @@ def resolve_options(args: argparse.Namespace, keys: Sequence[str], parser: argpa
             rules.append(parse_format_option(text, _format_defaults(values)))
         except (ValueError, KeyError, TypeError) as e:
             parser.error(f"argument --format: {_message(e)}")
-    return Resolved(values, rules)
+    return Resolved(values, rules, [*getattr(args, "pool", []), *cfg.pools])
 
 
 def _message(e: BaseException) -> str:
@@ -509,7 +537,10 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     config = MountConfig(
         source=src, mountpoint=mnt, spec=spec, epoch=v["epoch"], rank=v["rank"], world=v["world_size"],
         rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
+        pool=not v["no_pool"], pool_globs=opts.pools,
     )
+    if v["no_pool"] and opts.pools:
+        parser.error("--pool declares a set but --no-pool turns pooling off")
     return config, opts
 
 

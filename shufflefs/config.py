@@ -86,6 +86,10 @@ class MountConfig:
     """Parameters for formats chosen by extension, e.g. ``record_size`` and ``header_bytes``."""
     cache_dir: Path | None = None
     """Where indexes are cached; None means the user's cache directory."""
+    pool: bool = True
+    """Shuffle each set of shard files as one pool (`shufflefs.pools`); False: every file alone."""
+    pool_globs: list[str] = field(default_factory=list)
+    """Declared sets: each glob pools the data files it matches (`pools.find_sets`)."""
 
 
 def _inside(path: str, root: str) -> bool:

@@ -66,8 +66,11 @@ from .indexer import default_builder
 from .layout import HEADER, TRAILER, Layout
 from .prefetch import SharedTasks, Slot, WindowCache
 from .stats import Stats
+from .pool_table import PoolEntry, PoolTable
+from .pooled import PooledIndex
 from .strategies import Plan, make_plan
-from .view import View
+from .strategies.slices import SlicePlan, slice_edges
+from .view import PoolSource, SourceFile, View
 
 log = logging.getLogger("shufflefs")
 
@@ -84,6 +87,8 @@ RECENT_FILES = IDLE_VIEWS
 as many as idle views are kept (a prepared view waits there for its first open)."""
 COST_FILES = IDLE_VIEWS
 """Files whose ``--balance-field`` costs (4 bytes per record) are kept for the next epoch's plan."""
+POOL_STREAMS = IDLE_VIEWS
+"""Pools' streams (plans of the whole pool for an epoch and rank) kept for their shards' views."""
 INDEX_MEMO_BOUNDS = 32 << 20
 """Record boundaries (8 bytes each) of recently used indexes kept in memory besides the disk cache."""
 
@@ -114,7 +119,7 @@ class Node:
 
     __slots__ = (
         "ino", "kind", "relpath", "key", "lookups", "st", "target", "fmt", "epoch", "stamp", "size",
-        "plan", "layout", "index", "view", "opens", "broken", "part", "parts", "role",
+        "plan", "layout", "index", "view", "opens", "broken", "part", "parts", "role", "pool", "frame",
     )
 
     def __init__(self, ino: int, kind: str, relpath: str, key: tuple, st: os.stat_result) -> None:
@@ -135,6 +140,14 @@ class Node:
         # loader parts: the node shows the ``part``-th of ``parts`` pieces of the rank's share
         self.part, self.parts = 0, 1
         self.role: str | None = None  # ROLE_PARTS or ROLE_COUNT for the directories naming a split
+        # a shard of a pool: shows a stretch of the pool's stream, framed by its own header/trailer
+        self.pool: PoolEntry | None = None
+        self.frame: tuple[bytes, bytes] | None = None
+
+    @property
+    def epoch_path(self) -> str:
+        """The file whose epoch this node follows: a pool's shards all follow its first member."""
+        return self.pool.pool.members[0] if self.pool is not None else self.relpath
 
 
 class Probe:
@@ -281,6 +294,9 @@ class ShuffleFS(pyfuse3.Operations):
         self._idle: OrderedDict[int, Node] = OrderedDict()
         self._costs: OrderedDict[tuple[str, SourceStamp], np.ndarray] = OrderedDict()  # --balance-field
         self._recent: OrderedDict[tuple[str, int, int], None] = OrderedDict()  # (relpath, part, parts), newest last
+        self.pools = PoolTable(self.source, self._format_key, config.pool_globs) if config.pool else None
+        self._pool_plans: OrderedDict[tuple, Plan] = OrderedDict()  # the pooled streams shards cut up
+        self._pool_sources: dict[tuple, PoolSource] = {}
         self.epoch_prefetches = 0
 
         root_st = os.stat(self.source)
@@ -321,6 +337,11 @@ class ShuffleFS(pyfuse3.Operations):
                 self._formats.clear()
             self._formats[relpath] = resolve_format(relpath, self.config.rules, self.config.format_defaults)
         return self._formats[relpath]
+
+    def _format_key(self, relpath: str) -> str | None:
+        """Files pool only with files of the same format and parameters."""
+        fmt = self._format(relpath)
+        return repr(fmt) if fmt is not None else None
 
     def epoch_of(self, relpath: str) -> int:
         """A file's own override, else the nearest directory's, else the mount's epoch."""
@@ -400,7 +421,12 @@ class ShuffleFS(pyfuse3.Operations):
         elif probe.fmt is None:
             key, kind = ("f", relpath, *suffix), FILE
         else:
-            key, kind = ("v", relpath, self.epoch_of(relpath), SourceStamp.of(st), *suffix), VIEW
+            pool = None
+            if self.pools is not None:
+                pool = await self._io(self.pools.find, relpath, SourceStamp.of(st))
+            version = pool.stamps if pool is not None else SourceStamp.of(st)
+            epoch = self.epoch_of(pool.pool.members[0] if pool is not None else relpath)
+            key, kind = ("v", relpath, epoch, version, *suffix), VIEW
         ino = self._keys.get(key)
         if ino is not None:
             node = self._nodes[ino]
@@ -415,8 +441,9 @@ class ShuffleFS(pyfuse3.Operations):
         if kind == VIEW:
             node.fmt = probe.fmt
             node.epoch = key[2]
-            node.stamp = key[3]
-            if self.config.world > 1 or node.parts > 1:
+            node.stamp = SourceStamp.of(st)
+            node.pool = pool
+            if self.config.world > 1 or node.parts > 1 or pool is not None:
                 node.size = -1  # set below from the plan: a rank sees only its share
             else:
                 node.size = probe.fmt.view_size(st.st_size, probe.last_byte)
@@ -479,15 +506,66 @@ class ShuffleFS(pyfuse3.Operations):
     # ------------------------------------------------------------------ index, plan, view
 
     async def _index(self, node: Node) -> RecordIndex:
+        """The node's file's index, or its pool's."""
+        if node.pool is not None:
+            return await self._pool_index(node.pool, node.fmt)
+        return await self._file_index(node.relpath, node.stamp, node.fmt)
+
+    def _memo(self, key: tuple, index: RecordIndex) -> None:
+        self._indexes[key] = index
+        while len(self._indexes) > 1 and sum(len(i.bounds) for i in self._indexes.values()) > INDEX_MEMO_BOUNDS:
+            self._indexes.popitem(last=False)
+
+    async def _pool_index(self, entry: PoolEntry, fmt: Format) -> PooledIndex:
+        """The members' indexes (each built and cached like a single file's) joined in shard order."""
+        pool = entry.pool
+        key = ("pool", pool.key, pool.members, entry.stamps, repr(fmt))
+        if key in self._indexes:
+            self._indexes.move_to_end(key)
+            return self._indexes[key]
+
+        async def build() -> PooledIndex:
+            members: list[RecordIndex | None] = [None] * len(pool.members)
+
+            async def one(i: int) -> None:
+                members[i] = await self._file_index(pool.members[i], entry.stamps[i], fmt)
+
+            async with trio.open_nursery() as nursery:
+                for i in range(len(pool.members)):
+                    nursery.start_soon(one, i)
+            if fmt.name == "npy":
+                await self._io(self._check_npy_pool, pool)
+            index = await self._io(PooledIndex, members, limiter=self.index_limiter)
+            log.info("pool %s: %d shards, %d records", pool.key, len(pool.members), index.n)
+            self._memo(key, index)
+            return index
+
+        return await self.tasks.run(key, build)
+
+    def _check_npy_pool(self, pool: Any) -> None:
+        """Blocking: arrays pool only if their rows are alike (the shards' headers are rewritten)."""
+        from .formats.npy import row_kind
+
+        kinds = []
+        for m in pool.members:
+            path = self._path(m)
+            with open(path, "rb") as f:
+                head = f.read(1 << 16)
+            kinds.append((row_kind(head, path), path))
+        for kind, path in kinds[1:]:
+            if kind != kinds[0][0]:
+                raise FormatError(path, 0, f"rows {kind} differ from those of {kinds[0][1]} {kinds[0][0]}; "
+                                  "arrays pool only with rows of one dtype and shape (--no-pool shuffles each file alone)")
+
+    async def _file_index(self, relpath: str, stamp: SourceStamp, fmt: Format) -> RecordIndex:
         """Built once per (file, stamp, format) even under concurrent opens; cached on disk."""
-        fmt = node.fmt
-        key = (node.relpath, node.stamp, fmt.name, json.dumps(fmt.params(), sort_keys=True, default=str))
+        key = (relpath, stamp, fmt.name, json.dumps(fmt.params(), sort_keys=True, default=str))
         if key in self._indexes:
             self._indexes.move_to_end(key)
             return self._indexes[key]
         if key in self._bad_indexes:
             raise self._bad_indexes[key]
-        path = self._path(node.relpath)
+        path = self._path(relpath)
 
         async def build() -> RecordIndex:
             t0 = time.monotonic()
@@ -501,10 +579,10 @@ class ShuffleFS(pyfuse3.Operations):
                 while len(self._bad_indexes) > 256:
                     self._bad_indexes.popitem(last=False)
                 raise
-            log.info("index of %s: %d records (%s) in %.3f s", node.relpath, index.n, fmt, time.monotonic() - t0)
-            self._indexes[key] = index
-            while len(self._indexes) > 1 and sum(len(i.bounds) for i in self._indexes.values()) > INDEX_MEMO_BOUNDS:
-                self._indexes.popitem(last=False)
+            log.info("index of %s: %d records (%s) in %.3f s", relpath, index.n, fmt, time.monotonic() - t0)
+            if index.stamp != stamp:
+                raise StaleSourceError(path, None, "source changed since it was looked up; reopen it")
+            self._memo(key, index)
             return index
 
         return await self.tasks.run(("index",) + key, build)
@@ -517,26 +595,13 @@ class ShuffleFS(pyfuse3.Operations):
             if node.plan is not None:
                 return node.plan
             index = await self._index(node)
-            if index.stamp != node.stamp:
-                raise StaleSourceError(self._path(node.relpath), None, "source changed since it was looked up; reopen it")
-
-            cost_key = (node.relpath, index.stamp)
-            known = self._costs.get(cost_key)
-
-            def plan_and_layout() -> tuple[Plan, Layout, np.ndarray | None]:
-                costs = known
-                if costs is None and self.spec.balance:
-                    costs = record_costs(self._path(node.relpath), index, self.spec.balance_field, node.fmt.name)
-                plan = make_plan(index, self.spec, node.epoch, self.config.rank, self.config.world,
-                                 node.part, node.parts, costs=costs)
-                return plan, Layout(index, plan), costs
-
-            plan, layout, costs = await self._io(plan_and_layout, limiter=self.index_limiter)
-            if costs is not None:
-                self._costs[cost_key] = costs
-                self._costs.move_to_end(cost_key)
-                while len(self._costs) > COST_FILES:
-                    self._costs.popitem(last=False)
+            if node.pool is not None:
+                plan, layout = await self._shard_plan(node, index)
+            else:
+                if index.stamp != node.stamp:
+                    raise StaleSourceError(self._path(node.relpath), None, "source changed since it was looked up; reopen it")
+                plan = await self._make_plan(node, index, (node.relpath, index.stamp))
+                layout = await self._io(Layout, index, plan, limiter=self.index_limiter)
             if node.size >= 0 and layout.size != node.size:
                 raise FormatError(
                     self._path(node.relpath), None,
@@ -547,6 +612,99 @@ class ShuffleFS(pyfuse3.Operations):
             return plan
 
         return await self.tasks.run(("plan", node.ino), build)
+
+    async def _make_plan(self, node: Node, index: RecordIndex, cost_key: tuple) -> Plan:
+        """`make_plan` on a worker thread, with the records' costs for ``--balance`` (kept per
+        file or pool version under ``cost_key``)."""
+        known = self._costs.get(cost_key)
+
+        def plan() -> tuple[Plan, np.ndarray | None]:
+            costs = known
+            if costs is None and self.spec.balance:
+                costs = self._record_costs(node, index)
+            return make_plan(index, self.spec, node.epoch, self.config.rank, self.config.world,
+                             node.part, node.parts, costs=costs), costs
+
+        made, costs = await self._io(plan, limiter=self.index_limiter)
+        if costs is not None:
+            self._costs[cost_key] = costs
+            self._costs.move_to_end(cost_key)
+            while len(self._costs) > COST_FILES:
+                self._costs.popitem(last=False)
+        return made
+
+    def _record_costs(self, node: Node, index: RecordIndex) -> np.ndarray:
+        """Blocking: every record's cost (a pool's: its members' in shard order)."""
+        field, fmt = self.spec.balance_field, node.fmt.name
+        if node.pool is None:
+            return record_costs(self._path(node.relpath), index, field, fmt)
+        members = node.pool.pool.members
+        return np.concatenate([record_costs(self._path(m), index.member_index(i), field, fmt)
+                               for i, m in enumerate(members)])
+
+    async def _shard_plan(self, node: Node, index: PooledIndex) -> tuple[Plan, Layout]:
+        """Shard i of a pool: the i-th stretch of the pool's stream (the rank's, or its part's),
+        framed by the shard's own header and trailer."""
+        entry = node.pool
+        version = (entry.pool.key, entry.pool.members, entry.stamps)
+        key = (*version, node.epoch, node.part, node.parts)
+        stream = self._pool_plans.get(key)
+        if stream is None:
+            async def build() -> Plan:
+                plan = await self._make_plan(node, index, version)
+                self._pool_plans[key] = plan
+                while len(self._pool_plans) > POOL_STREAMS:
+                    self._pool_plans.popitem(last=False)
+                return plan
+
+            stream = await self.tasks.run(("stream", *key), build)
+        else:
+            self._pool_plans.move_to_end(key)
+
+        def cut() -> tuple[Plan, tuple[bytes, bytes]]:
+            shards = len(entry.pool.members)
+            edges = slice_edges(int(np.asarray(stream.window_records).sum()), shards)
+            lo, hi = int(edges[entry.shard]), int(edges[entry.shard + 1])
+            return SlicePlan(stream, lo, hi, entry.shard, shards), self._shard_frame(node, index, hi - lo)
+
+        plan, frame = await self._io(cut, limiter=self.index_limiter)
+        node.frame = frame
+        return plan, Layout(index, plan, len(frame[0]), len(frame[1]))
+
+    def _shard_frame(self, node: Node, index: PooledIndex, records: int) -> tuple[bytes, bytes]:
+        """Blocking: the header and trailer a shard shows, its own file's (an ``.npy`` header
+        rewritten for the shard's row count)."""
+        size, head, trail = index.member_frames[node.pool.shard]
+        path = self._path(node.relpath)
+        src = SourceFile(path, node.stamp)
+        try:
+            header, trailer = src.read_range(0, head), src.read_range(trail, size)
+        finally:
+            src.close()
+        if node.fmt.name == "npy" and head:
+            from .formats.npy import header_with_rows
+
+            header = header_with_rows(header, records, path)
+        return header, trailer
+
+    def _pool_view(self, node: Node, plan: Plan) -> View:
+        """Blocking: a shard's view over its pool's files, opened once for all its shards."""
+        entry = node.pool
+        key = (entry.pool.key, entry.pool.members, entry.stamps)
+        src = self._pool_sources.get(key)
+        try:
+            src = src.share() if src is not None else None
+        except OSError:
+            src = None
+        if src is None:
+            for k in [k for k, v in self._pool_sources.items() if v.closed]:
+                del self._pool_sources[k]
+            src = self._pool_sources[key] = PoolSource([self._path(m) for m in entry.pool.members], node.index)
+        try:
+            return View(self._path(node.relpath), node.index, plan, src, node.frame)
+        except BaseException:
+            src.close()
+            raise
 
     async def _open_view(self, node: Node) -> None:
         """Make ``node.view`` usable for one more handle (counted in ``node.opens``)."""
@@ -567,7 +725,10 @@ class ShuffleFS(pyfuse3.Operations):
         if node.view is not None:
             return
         plan = await self._plan(node)
-        view = await self._io(View, self._path(node.relpath), node.index, plan, limiter=self.index_limiter)
+        if node.pool is not None:
+            view = await self._io(self._pool_view, node, plan, limiter=self.index_limiter)
+        else:
+            view = await self._io(View, self._path(node.relpath), node.index, plan, limiter=self.index_limiter)
         if node.opens == 0:  # every opener gave up meanwhile
             view.close()
             return
@@ -604,7 +765,7 @@ class ShuffleFS(pyfuse3.Operations):
         out = {}
         for node in self._nodes.values():
             if node.kind == VIEW and node.plan is not None and node.parts == 1 \
-                    and node.epoch == self.epoch_of(node.relpath):
+                    and node.epoch == self.epoch_of(node.epoch_path):
                 d = node.plan.describe()
                 out[node.relpath] = (f"epoch {node.epoch}: kept {d['kept']} received {d['received']} "
                                      f"sent {d['sent']} of {d['partition_records']}")
@@ -614,7 +775,7 @@ class ShuffleFS(pyfuse3.Operations):
         """Close the idle views of epochs that are no longer current: their names now lead to
         the new epoch's views, so they can never be opened again, and their plans and windows
         would otherwise share the memory with the new epoch's while it is being prepared."""
-        for node in [n for n in self._idle.values() if n.epoch != self.epoch_of(n.relpath)]:
+        for node in [n for n in self._idle.values() if n.epoch != self.epoch_of(n.epoch_path)]:
             self._close_view(node)
             if node.lookups <= 0:
                 self._drop(node)
@@ -627,7 +788,7 @@ class ShuffleFS(pyfuse3.Operations):
             node.view = None
             self._open_views.discard(node.ino)
             self.windows.unregister(node.ino)
-        node.plan = node.layout = node.index = None
+        node.plan = node.layout = node.index = node.frame = None
 
     def _loader(self, node: Node, k: int, ahead: bool = False) -> Callable:
         """Loads window k; ``ahead`` (a sequential reader): then hints the next window's blocks."""
@@ -1010,6 +1171,9 @@ class ShuffleFS(pyfuse3.Operations):
             "source_size": node.stamp.size,
             "view_size": node.size,
         }
+        if node.pool is not None:
+            info.update(pool=node.pool.pool.key, pool_shards=len(node.pool.pool.members),
+                        pool_declared=node.pool.pool.declared)
         return json.dumps(info, sort_keys=True, default=str).encode()
 
     @_guard
@@ -1030,6 +1194,10 @@ class ShuffleFS(pyfuse3.Operations):
                     del d[p]
             self.dir_epochs[node.relpath] = epoch
             log.info("epoch of files under %s set to %d", node.relpath, epoch)
+        elif node.kind == VIEW and node.pool is not None:  # a pool's shards share its epoch
+            for m in node.pool.pool.members:
+                self.file_epochs[m] = epoch
+            log.info("epoch of the pool %s set to %d", node.pool.pool.key, epoch)
         elif node.kind == VIEW:
             self.file_epochs[node.relpath] = epoch
             log.info("epoch of %s set to %d", node.relpath, epoch)
@@ -1039,7 +1207,8 @@ class ShuffleFS(pyfuse3.Operations):
         prefix = node.relpath + "/" if node.kind == DIR else None
         everything = node.kind == DIR and node.relpath == ""
         for relpath, part, parts in reversed(self._recent):  # newest first
-            if everything or relpath == node.relpath or (prefix and relpath.startswith(prefix)):
+            if everything or relpath == node.relpath or (prefix and relpath.startswith(prefix)) \
+                    or (node.pool is not None and relpath in node.pool.pool.members):
                 if self.windows.nursery is not None:
                     self.windows.nursery.start_soon(self._prepare, relpath, (part, parts))
 
@@ -1093,6 +1262,8 @@ class ShuffleFS(pyfuse3.Operations):
             exchange=self.spec.exchange,
             **({"pls_exchange": self._exchange_counts(), "pls_local": self.spec.pls_local}
                if self.spec.strategy == "pls" else {}),
+            pooling=self.pools is not None,
+            pool_globs=list(self.config.pool_globs),
             balance=self.spec.balance,
             balance_field=self.spec.balance_field,
             random_level=self.spec.random_level,

@@ -84,6 +84,14 @@ class PooledIndex(RecordIndex):
                 pieces.append(own[1:] + f[m])
         return np.concatenate(pieces)
 
+    def member_index(self, m: int) -> RecordIndex:
+        """Member m's own index, rebuilt from the pooled bounds (O(its records))."""
+        f = self.member_firsts
+        size, _, _ = self.member_frames[m]
+        bounds = self.bounds[f[m]: f[m + 1] + 1] + self.shifts[m]
+        newline = bool(len(self._newline)) and int(f[m + 1]) - 1 in self._newline
+        return RecordIndex(size, bounds, newline and f[m + 1] > f[m], self.member_stamps[m])
+
     def member_of(self, ids: np.ndarray) -> np.ndarray:
         """The member holding each record id (int64)."""
         return np.searchsorted(self.member_firsts, ids, side="right") - 1

@@ -164,6 +164,10 @@ class PoolSource:
             raise
         self.fds = np.array([f.fd for f in self.files], np.int64)
 
+    @property
+    def closed(self) -> bool:
+        return self._users == 0
+
     def share(self) -> "PoolSource":
         """One more user (a view); each calls `close` once."""
         with self._lock:

@@ -104,3 +104,25 @@ class NpyFormat(Format):
         bounds *= row_bytes
         bounds += h.header_end
         return RecordIndex(size, bounds)
+
+
+def header_with_rows(header: bytes, rows: int, path: str) -> bytes:
+    """The ``.npy`` header ``header`` rewritten for an array of ``rows`` rows of the same kind (a
+    pooled shard shows a share of the pool's rows), in the first format version that holds it."""
+    h = read_npy_header(np.frombuffer(header, np.uint8), path)
+    if not h.shape:
+        raise FormatError(path, 0, "a 0-d array has no rows to share out")
+    d = {"descr": npformat.dtype_to_descr(h.dtype), "fortran_order": h.fortran_order, "shape": (rows, *h.shape[1:])}
+    fp = io.BytesIO()
+    try:
+        npformat.write_array_header_1_0(fp, d)
+    except ValueError:  # too long for a 2-byte length
+        fp = io.BytesIO()
+        npformat.write_array_header_2_0(fp, d)
+    return fp.getvalue()
+
+
+def row_kind(header: bytes, path: str) -> tuple:
+    """What rows of two arrays must share to be pooled: dtype, row shape and order."""
+    h = read_npy_header(np.frombuffer(header, np.uint8), path)
+    return (h.dtype.str if not h.dtype.names else h.dtype.descr, h.shape[1:], h.fortran_order, len(h.shape))

@@ -43,7 +43,8 @@ class SlicePlan(Plan):
         sizes = np.array(inner.window_sizes[k0:k1], I64)
         self._clipped = np.flatnonzero((self._cut_lo > 0) | (self._cut_hi < records[k0:k1]))
         for j in self._clipped.tolist():
-            sizes[j] = int(self.index.out_lengths(self.window(j)).sum())
+            ids = inner.window(k0 + j)[int(self._cut_lo[j]): int(self._cut_hi[j])]
+            sizes[j] = int(self.index.out_lengths(ids).sum())
         self._sizes = sizes
         self._records = (self._cut_hi - self._cut_lo).astype(I64)
 

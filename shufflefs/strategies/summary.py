@@ -75,6 +75,8 @@ class BlockSummary:
     """First record id of every block, then n (int64[blocks+1]); read-only, returned as is."""
     offsets: np.ndarray = field(init=False, repr=False)
     """Source offset of every block's first record, then the trailer's (int64[blocks+1])."""
+    _step: int = field(init=False, repr=False)
+    _lut: np.ndarray | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, (int, np.integer)) or self.block_size <= 0:
@@ -94,8 +96,16 @@ class BlockSummary:
         nl = _int64_vector(self.newlines, "newlines")
         if len(nl) and (nl[0] < 0 or nl[-1] >= firsts[-1] or (np.diff(nl) <= 0).any()):
             raise ValueError("newlines must be sorted distinct record ids")
+        # ids in a run of `step` (the fewest records of any block but the last) meet at most two
+        # blocks, so lut[id // step] and one comparison find an id's block in O(1) instead of a
+        # binary search; kept while it costs O(blocks)
+        step = int(recs[:-1].min()) if len(recs) > 1 else max(int(firsts[-1]), 1)
+        lut = None
+        if len(recs) and firsts[-1] // step <= 4 * len(recs):
+            lut = np.searchsorted(firsts, np.arange(0, firsts[-1] + 1, step, dtype=I64), side="right") - 1
+            lut = frozen(np.minimum(lut, len(recs) - 1).astype(np.int32 if len(recs) < 2**31 else I64))
         for name, value in (("block_records", recs), ("block_bytes", nbytes), ("newlines", nl),
-                            ("firsts", frozen(firsts)), ("offsets", frozen(offsets))):
+                            ("firsts", frozen(firsts)), ("offsets", frozen(offsets)), ("_step", step), ("_lut", lut)):
             object.__setattr__(self, name, value)
 
     # -- construction ---------------------------------------------------------------------
@@ -182,7 +192,8 @@ class BlockSummary:
     @property
     def nbytes(self) -> int:
         """Memory the summary holds (its arrays)."""
-        return sum(a.nbytes for a in (self.block_records, self.block_bytes, self.newlines, self.firsts, self.offsets))
+        arrays = (self.block_records, self.block_bytes, self.newlines, self.firsts, self.offsets, self._lut)
+        return sum(a.nbytes for a in arrays if a is not None)
 
     def unit_firsts(self, unit_size: int) -> np.ndarray:
         """The block firsts (O(1): the summary's own read-only array); other unit sizes need the
@@ -207,7 +218,11 @@ class BlockSummary:
 
     def _locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Block of every id (the last block for id n) and the id's place in it."""
-        k = np.searchsorted(self.firsts, ids, side="right") - 1
+        if self._lut is None:
+            k = np.searchsorted(self.firsts, ids, side="right") - 1
+        else:
+            k = self._lut[ids // self._step].astype(I64)
+            k += ids >= self.firsts[k + 1]
         np.minimum(k, self.blocks - 1, out=k)
         return k, ids - self.firsts[k]
 
