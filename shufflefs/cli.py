@@ -960,6 +960,10 @@ def format_stats(stats: dict) -> str:
         lines.append(("rank", f"{rank} of {world}" + (f"  (even={even})" if even != "none" else "")))
     if balance:
         lines.append(("balance", f"by {field or 'byte length'}  random_level={level}"))
+    pooling, globs = take("pooling", None), take("pool_globs", None) or []
+    if pooling is not None:
+        lines.append(("pools", ("shard sets by name" + (", declared: " + ", ".join(globs) if globs else ""))
+                      if pooling else "off (every file shuffled alone)"))
     for relpath, counts in (take("pls_exchange", None) or {}).items():
         lines.append(("pls exchange", f"{relpath}: {counts}"))
     overrides = take("epoch_overrides", None)
@@ -1164,6 +1168,9 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
     root = _mount_root(args.path)
     if root is None:
         raise CliError(f"{args.path}: cannot find the root of its shufflefs mount")
+    if "pool" in info:
+        raise CliError(f"{args.path}: shard {info.get('shard')} of the pool {info['pool']!r}; inspect analyses "
+                       "the order of one file (inspect a member in the source, or mount with --no-pool)")
     try:
         stats = json.loads(get_xattr(root, STATS_XATTR))
         fmt = make_format(info["format"], info.get("format_params") or {})
