@@ -42,7 +42,7 @@ import stat
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 import pyfuse3
@@ -169,13 +169,13 @@ class SharedView:
         self._closing = False
 
     def load(self, k: int, out: np.ndarray | None, scratch: np.ndarray | None,
-             ahead: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+             ahead: bool = False, plan: Plan | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         with self._lock:
             if self._closing:
                 raise OSError(errno.EBADF, "view closed")
             self._users += 1
         try:
-            return self.view.load_window(k, out, scratch, ahead)
+            return self.view.load_window(k, out, scratch, ahead, plan)
         finally:
             with self._lock:
                 self._users -= 1
@@ -193,12 +193,13 @@ class Handle:
     """An open file.  For views: the window it reads now (``slot``, held in the window cache),
     which sits at view bytes ``[lo, hi)``, and where its last read ended."""
 
-    __slots__ = ("node", "fd", "last_end", "slot", "lo", "hi")
+    __slots__ = ("node", "fd", "last_end", "slot", "lo", "hi", "shift")
 
     def __init__(self, node: Node, fd: int = -1) -> None:
         self.node, self.fd, self.last_end = node, fd, 0
         self.slot: Slot | None = None
         self.lo, self.hi = 0, -1  # no window: no read is inside it
+        self.shift = 0  # view byte ``lo`` is byte ``shift`` of the slot (a shard's stretch of a stream window)
 
 
 def parse_epoch(value: bytes) -> int:
@@ -297,6 +298,7 @@ class ShuffleFS(pyfuse3.Operations):
         self.pools = PoolTable(self.source, self._format_key, config.pool_globs) if config.pool else None
         self._pool_plans: OrderedDict[tuple, Plan] = OrderedDict()  # the pooled streams shards cut up
         self._pool_sources: dict[tuple, PoolSource] = {}
+        self._owners: dict[Hashable, int] = {}  # views reading each window owner (see _owner)
         self.epoch_prefetches = 0
 
         root_st = os.stat(self.source)
@@ -742,8 +744,11 @@ class ShuffleFS(pyfuse3.Operations):
 
     def _reserve(self, node: Node) -> None:
         """Let the view's windows load; its largest window counts in the memory limit."""
-        sizes = np.asarray(node.plan.window_sizes)
-        self.windows.register(node.ino, int(sizes.max()) if len(sizes) else 0)
+        owner = self._owner(node)
+        plan = node.plan.inner if node.pool is not None else node.plan
+        sizes = np.asarray(plan.window_sizes)
+        self._owners[owner] = self._owners.get(owner, 0) + 1
+        self.windows.register(owner, int(sizes.max()) if len(sizes) else 0)
 
     def _retire(self, node: Node) -> None:
         """The last handle closed: keep the view idle (LRU) unless it can never be read again."""
@@ -787,13 +792,33 @@ class ShuffleFS(pyfuse3.Operations):
             node.view.close()
             node.view = None
             self._open_views.discard(node.ino)
-            self.windows.unregister(node.ino)
+            owner = self._owner(node)
+            self._owners[owner] -= 1
+            if self._owners[owner] == 0:
+                del self._owners[owner]
+                self.windows.unregister(owner)
         node.plan = node.layout = node.index = node.frame = None
 
-    def _loader(self, node: Node, k: int, ahead: bool = False) -> Callable:
-        """Loads window k; ``ahead`` (a sequential reader): then hints the next window's blocks."""
+    @staticmethod
+    def _owner(node: Node) -> Hashable:
+        """Whose windows a view reads: its own, or for a pool's shard its pool stream's, which all
+        the shards of that stream share (a window is loaded once however the shards cut it)."""
+        if node.pool is None:
+            return node.ino
+        e = node.pool
+        return ("stream", e.pool.key, e.pool.members, e.stamps, node.epoch, node.part, node.parts)
+
+    def _window(self, node: Node, k: int, ahead: bool = False) -> tuple[Hashable, int, int, Callable]:
+        """View window k as the window cache knows it: ``(key, bytes, shift, loader)``; its
+        bytes start ``shift`` bytes into the cached window (a shard's stretch of a stream window).
+        The loader builds it; ``ahead`` (a sequential reader): then hints the next window's blocks."""
         view = node.view
-        return lambda out, scratch: view.load(k, out, scratch, ahead)
+        if node.pool is None:
+            return (node.ino, k), node.layout.window_size(k), 0, lambda out, scratch: view.load(k, out, scratch, ahead)
+        stream = node.plan.inner
+        kin, shift = node.plan.stream_window(k)
+        return ((self._owner(node), kin), int(stream.window_sizes[kin]), shift,
+                lambda out, scratch: view.load(kin, out, scratch, ahead, stream))
 
     # ------------------------------------------------------------------ tree
 
@@ -997,7 +1022,8 @@ class ShuffleFS(pyfuse3.Operations):
         try:
             if h.lo <= off and off + size <= h.hi:
                 # inside the window this handle is reading: held, so loaded and never evicted
-                data = memoryview(h.slot.data)[off - h.lo: off - h.lo + size]
+                at = off - h.lo + h.shift
+                data = memoryview(h.slot.data)[at: at + size]
             else:
                 data = await self._read_view(h, off, size)
             node.view.view.source.verify_open()  # never serve bytes of a source that changed
@@ -1025,11 +1051,11 @@ class ShuffleFS(pyfuse3.Operations):
                 return memoryview(view.header)[p.lo: p.hi]
             if p.part == TRAILER:
                 return memoryview(view.trailer)[p.lo: p.hi]
-            slot = await self.windows.acquire((node.ino, p.part), layout.window_size(p.part),
-                                              self._loader(node, p.part, sequential))
+            key, nbytes, shift, loader = self._window(node, p.part, sequential)
+            slot = await self.windows.acquire(key, nbytes, loader)
             try:
-                entered = self._hold(h, p.part, slot)
-                data = memoryview(slot.data)[p.lo: p.hi]
+                entered = self._hold(h, p.part, slot, shift)
+                data = memoryview(slot.data)[p.lo + shift: p.hi + shift]
             finally:
                 self.windows.release(slot)
             if entered and sequential:
@@ -1037,11 +1063,8 @@ class ShuffleFS(pyfuse3.Operations):
             return data
         # a read across parts: pin every window first (loads start together and none of them
         # can be evicted before its turn), then copy them in order
-        slots = {
-            p.part: self.windows.pin((node.ino, p.part), layout.window_size(p.part),
-                                     self._loader(node, p.part, sequential))
-            for p in pieces if p.part >= 0
-        }
+        where = {p.part: self._window(node, p.part, sequential) for p in pieces if p.part >= 0}
+        slots = {k: self.windows.pin(key, nbytes, loader) for k, (key, nbytes, _, loader) in where.items()}
         entered = False
         try:
             out = bytearray(sum(p.hi - p.lo for p in pieces))
@@ -1055,10 +1078,12 @@ class ShuffleFS(pyfuse3.Operations):
                     mv[pos: pos + n] = view.trailer[p.lo: p.hi]
                 else:
                     window = await self.windows.wait(slots[p.part])
-                    mv[pos: pos + n] = memoryview(window)[p.lo: p.hi]
+                    shift = where[p.part][2]
+                    mv[pos: pos + n] = memoryview(window)[p.lo + shift: p.hi + shift]
                 pos += n
             if slots:
-                entered = self._hold(h, max(slots), slots[max(slots)])
+                last = max(slots)
+                entered = self._hold(h, last, slots[last], where[last][2])
         finally:
             for slot in slots.values():
                 self.windows.release(slot)
@@ -1066,26 +1091,28 @@ class ShuffleFS(pyfuse3.Operations):
             self._prefetch(node, max(slots) + 1)
         return out
 
-    def _hold(self, h: Handle, k: int, slot: Slot) -> bool:
-        """``h`` now reads window k: hold it for the handle, letting go of the previous one.
-        True if that is a window change (a sequential reader then prefetches the next one,
-        once the read's pins are gone, so that the window left behind can make room)."""
+    def _hold(self, h: Handle, k: int, slot: Slot, shift: int = 0) -> bool:
+        """``h`` now reads window k (starting ``shift`` bytes into ``slot``): hold it for the
+        handle, letting go of the previous one.  True if that is a window change (a sequential
+        reader then prefetches the next one, once the read's pins are gone, so that the window
+        left behind can make room)."""
         if h.slot is slot:
             return False
         self._leave(h)
         self.windows.hold(slot)
         starts = h.node.layout.window_starts
-        h.slot, h.lo, h.hi = slot, int(starts[k]), int(starts[k + 1])
+        h.slot, h.lo, h.hi, h.shift = slot, int(starts[k]), int(starts[k + 1]), shift
         return True
 
     def _prefetch(self, node: Node, k: int) -> None:
         if k < node.layout.n_windows:
-            self.windows.prefetch((node.ino, k), node.layout.window_size(k), self._loader(node, k, ahead=True))
+            key, nbytes, _, loader = self._window(node, k, ahead=True)
+            self.windows.prefetch(key, nbytes, loader)
 
     def _leave(self, h: Handle) -> None:
         if h.slot is not None:
             self.windows.unhold(h.slot)
-            h.slot, h.lo, h.hi = None, 0, -1
+            h.slot, h.lo, h.hi, h.shift = None, 0, -1, 0
 
     @_guard
     async def flush(self, fh: int) -> None:
@@ -1228,7 +1255,7 @@ class ShuffleFS(pyfuse3.Operations):
                 if node.view is None:
                     await self.tasks.run(("view", node.ino), functools.partial(self._make_view, node))
                 if node.view is not None and node.layout.n_windows and self.windows.prefetch(
-                        (node.ino, 0), node.layout.window_size(0), self._loader(node, 0, ahead=True)):
+                        *(lambda w: (w[0], w[1], w[3]))(self._window(node, 0, ahead=True))):
                     self.epoch_prefetches += 1
             finally:
                 node.opens -= 1

@@ -267,32 +267,34 @@ class View:
         return self.layout.size
 
     def load_window(self, k: int, out: np.ndarray | None = None, scratch: np.ndarray | None = None,
-                    ahead: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+                    ahead: bool = False, plan: Plan | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Window k's bytes, built in ``out`` if it is large enough (blocking); ``ahead``: then
-        hint the next window's blocks (for a sequential reader).
+        hint the next window's blocks (for a sequential reader).  ``plan``: window k of that plan
+        over the same index instead (a shard loads its pool stream's windows).
 
         Returns ``(window, scratch)``: the scratch buffer used, for the caller to reuse.  Reusing
         both buffers across loads avoids first-touching fresh memory for every window.
         """
         self.source.check()
-        size = self.layout.window_size(k)
-        ids = self.plan.window(k)
+        plan = self.plan if plan is None else plan
+        size = self.layout.window_size(k) if plan is self.plan else int(plan.window_sizes[k])
+        ids = plan.window(k)
         if out is None or len(out) < size:
             out = np.empty(size, np.uint8)
         if _build_window is None:
             return assemble(self.index, ids, self.source.read_runs, out), scratch
         if scratch is None:
             scratch = np.empty(READ_CHUNK, np.uint8)
-        runs = self.plan.window_runs(k)
+        runs = plan.window_runs(k)
         first, count = runs if runs is not None else id_runs(ids)
         window = self.source.build_window(self.index, ids, first, count, out, scratch)
-        if ahead and k + 1 < self.plan.n_windows:
-            self.hint(k + 1)
+        if ahead and k + 1 < plan.n_windows:
+            self.hint(k + 1, plan)
         return window, scratch
 
-    def hint(self, k: int) -> None:
+    def hint(self, k: int, plan: Plan | None = None) -> None:
         """Ask the kernel to read window k's long runs into the page cache (returns at once)."""
-        runs = self.plan.window_runs(k)
+        runs = (self.plan if plan is None else plan).window_runs(k)
         if runs is None:  # a record-level order: runs of a record or two, nothing to hint
             return
         b = self.index.bounds

@@ -134,6 +134,11 @@ def test_shards_split_the_stream_by_position(files, strategy, shards, world, dat
         assert [len(x) for x in ids] == s.window_records.tolist()
         assert s.window_sizes.tolist() == [int(pool.out_lengths(x).sum()) for x in ids]
         for k in range(s.n_windows):
+            kin, shift = s.stream_window(k)  # the shard's window is a byte range of a stream window
+            full = inner.window(kin)
+            cum = np.concatenate(([0], np.cumsum(pool.out_lengths(full))))
+            pos = int(np.searchsorted(cum, shift))
+            assert cum[pos] == shift and full[pos: pos + len(ids[k])].tolist() == ids[k].tolist()
             runs = s.window_runs(k)
             if runs is not None:
                 assert sorted(ids[k].tolist()) == np.concatenate(

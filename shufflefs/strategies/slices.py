@@ -42,9 +42,12 @@ class SlicePlan(Plan):
         self._cut_hi = np.minimum(hi - starts[k0:k1], records[k0:k1])
         sizes = np.array(inner.window_sizes[k0:k1], I64)
         self._clipped = np.flatnonzero((self._cut_lo > 0) | (self._cut_hi < records[k0:k1]))
+        self._shifts = np.zeros(len(sizes), I64)
         for j in self._clipped.tolist():
-            ids = inner.window(k0 + j)[int(self._cut_lo[j]): int(self._cut_hi[j])]
-            sizes[j] = int(self.index.out_lengths(ids).sum())
+            ids = inner.window(k0 + j)
+            lo_, hi_ = int(self._cut_lo[j]), int(self._cut_hi[j])
+            sizes[j] = int(self.index.out_lengths(ids[lo_:hi_]).sum())
+            self._shifts[j] = int(self.index.out_lengths(ids[:lo_]).sum())
         self._sizes = sizes
         self._records = (self._cut_hi - self._cut_lo).astype(I64)
 
@@ -61,6 +64,11 @@ class SlicePlan(Plan):
             raise IndexError(f"window {k} outside 0..{self.n_windows - 1}")
         ids = self.inner.window(self._k0 + k)
         return ids[int(self._cut_lo[k]): int(self._cut_hi[k])]
+
+    def stream_window(self, k: int) -> tuple[int, int]:
+        """``(inner window, byte offset)``: window k's bytes are those of the inner window from
+        that offset on (the inner window loaded once serves every stretch that cuts it)."""
+        return self._k0 + k, int(self._shifts[k])
 
     def window_runs(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
         if k in self._clipped:
