@@ -1254,9 +1254,9 @@ class ShuffleFS(pyfuse3.Operations):
             try:
                 if node.view is None:
                     await self.tasks.run(("view", node.ino), functools.partial(self._make_view, node))
-                if node.view is not None and node.layout.n_windows and self.windows.prefetch(
-                        *(lambda w: (w[0], w[1], w[3]))(self._window(node, 0, ahead=True))):
-                    self.epoch_prefetches += 1
+                if node.view is not None and node.layout.n_windows:
+                    key, nbytes, _, loader = self._window(node, 0, ahead=True)
+                    self.epoch_prefetches += self.windows.prefetch(key, nbytes, loader)
             finally:
                 node.opens -= 1
                 if node.opens == 0:

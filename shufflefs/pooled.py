@@ -89,8 +89,8 @@ class PooledIndex(RecordIndex):
         f = self.member_firsts
         size, _, _ = self.member_frames[m]
         bounds = self.bounds[f[m]: f[m + 1] + 1] + self.shifts[m]
-        newline = bool(len(self._newline)) and int(f[m + 1]) - 1 in self._newline
-        return RecordIndex(size, bounds, newline and f[m + 1] > f[m], self.member_stamps[m])
+        newline = f[m + 1] > f[m] and bool(np.isin(f[m + 1] - 1, self._newline))
+        return RecordIndex(size, bounds, newline, self.member_stamps[m])
 
     def member_of(self, ids: np.ndarray) -> np.ndarray:
         """The member holding each record id (int64)."""

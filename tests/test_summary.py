@@ -12,17 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shufflefs.index import RecordIndex
 from shufflefs.strategies import make_plan
 from shufflefs.strategies.base import ShuffleSpec
 from shufflefs.strategies.summary import BlockSummary
+from test_strategies import make_index
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def make_index(lengths, header=0, trailer=0, add_newline=False) -> RecordIndex:
-    bounds = header + np.concatenate(([0], np.cumsum(np.asarray(lengths, dtype=np.int64)))).astype(np.int64)
-    return RecordIndex(int(bounds[-1]) + trailer, bounds, add_newline and len(lengths) > 0)
 
 
 @st.composite
