@@ -33,3 +33,9 @@ class StaleSourceError(ShuffleError):
     """The source file changed or disappeared since its index was built."""
 
     errno = _errno.ESTALE
+
+
+class StageError(ShuffleError):
+    """A node-local stage file (``--stage-dir``) is missing, short or could not be written."""
+
+    errno = _errno.EIO

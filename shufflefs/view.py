@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
@@ -49,8 +50,52 @@ hinting each window's own blocks before reading them 1.13, no hint 1.14: on that
 deeper queue alone gained nothing, overlapping disk time with the copying did."""
 
 
+class Runs(NamedTuple):
+    """Ascending runs of consecutive record ids and where each lies: records ``[first,
+    first+count)`` are in the file open as ``fd``, record x at file offset ``bounds[x] + shift``.
+    The form `_gather.build_window` reads (int64 arrays, one entry per run)."""
+
+    first: np.ndarray
+    count: np.ndarray
+    fd: np.ndarray
+    shift: np.ndarray
+
+    def nbytes(self, bounds: np.ndarray) -> np.ndarray:
+        return bounds[self.first + self.count] - bounds[self.first]
+
+
+class Reader(Protocol):
+    """A file a run can lie in (a source file, or a stage file): reports its own failures."""
+
+    def ended(self, offset: int) -> None: ...
+
+    def verify_read(self, offset: int | None) -> None: ...
+
+
+def build_runs(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, ids: np.ndarray, runs: Runs,
+               newline_ids: np.ndarray, file_of: Callable[[int], Reader]) -> np.ndarray:
+    """Records ``ids`` (view order; the same records as ``runs``) read into ``out`` in one pass
+    (see the module docstring); ``file_of(fd)`` names the file behind a descriptor.  Every file
+    read is verified afterwards, so bytes of a file that changed meanwhile are never returned."""
+    c = np.ascontiguousarray
+    fds = c(runs.fd, np.int64)
+    got = _build_window(out, scratch, index.bounds, c(ids, np.int64), c(runs.first, np.int64),
+                        c(runs.count, np.int64), fds, c(runs.shift, np.int64), newline_ids)
+    if isinstance(got, tuple):  # (run, file offset): that file ended early
+        file_of(int(fds[got[0]])).ended(got[1])
+        raise OSError(errno.EIO, "a file ended early")  # ended() raises; never serve a short window
+    if len(fds):
+        used, at = np.unique(fds, return_index=True)
+        offsets = index.bounds[runs.first[at]] + runs.shift[at]
+        for fd, off in zip(used.tolist(), offsets.tolist()):
+            file_of(fd).verify_read(off)
+    return out[:got]
+
+
 class SourceFile:
     """An open source file pinned to the stamp of its index."""
+
+    local_fd = -1  # no run of a source lies in a local stage file
 
     def __init__(self, path: str, stamp: SourceStamp) -> None:
         self.path = path
@@ -116,21 +161,21 @@ class SourceFile:
             pos += got
         return buf
 
-    def build_window(self, index: RecordIndex, ids: np.ndarray, first: np.ndarray, count: np.ndarray,
-                     out: np.ndarray, scratch: np.ndarray) -> np.ndarray:
-        """Records ``ids`` (view order; the same records as the ascending runs ``first``,
-        ``count``) read into ``out``; see the module docstring."""
-        i64 = np.ascontiguousarray
-        runs = len(first)
-        got = _build_window(
-            out, scratch, index.bounds, i64(ids, np.int64), i64(first, np.int64), i64(count, np.int64),
-            np.full(runs, self.fd, np.int64), np.zeros(runs, np.int64), index.newline_ids,
-        )
-        if isinstance(got, tuple):  # (run, offset): the file ended early
-            self._verify(os.fstat(self.fd), got[1])
-            raise StaleSourceError(self.path, got[1], "unexpected end of file")
-        self._verify(os.fstat(self.fd), int(index.bounds[first[0]]) if len(first) else None)
-        return out[:got]
+    def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> Runs:
+        """Where the runs of ids lie: all in this file, unshifted."""
+        return Runs(first, count, np.full(len(first), self.fd, np.int64), np.zeros(len(first), np.int64))
+
+    def file_of(self, fd: int) -> "SourceFile":
+        return self
+
+    def ended(self, offset: int) -> None:
+        """The file ended before ``offset``: it shrank (or changed) while mounted."""
+        self._verify(os.fstat(self.fd), offset)
+        raise StaleSourceError(self.path, offset, "unexpected end of file")
+
+    def verify_read(self, offset: int | None) -> None:
+        """After reading from ``offset``: the file is still the one the index describes."""
+        self._verify(os.fstat(self.fd), offset)
 
     def advise(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> None:
         """Ask the kernel to read the runs' bytes into the page cache (returns at once)."""
@@ -151,6 +196,8 @@ class PoolSource:
     """The member files of a pool, each pinned to its stamp; shared by the views of the pool's
     shards (one descriptor per member however many shards are open), closed by its last user."""
 
+    local_fd = -1
+
     def __init__(self, paths: list[str], index: PooledIndex) -> None:
         self.index = index
         self.files: list[SourceFile] = []
@@ -163,6 +210,7 @@ class PoolSource:
             self._close()
             raise
         self.fds = np.array([f.fd for f in self.files], np.int64)
+        self._by_fd = {f.fd: m for m, f in enumerate(self.files)}
 
     @property
     def closed(self) -> bool:
@@ -184,21 +232,13 @@ class PoolSource:
         for f in self.files:
             f.verify_open()
 
-    def build_window(self, index: PooledIndex, ids: np.ndarray, first: np.ndarray, count: np.ndarray,
-                     out: np.ndarray, scratch: np.ndarray) -> np.ndarray:
-        """Like `SourceFile.build_window`, reading each run from its member file."""
+    def place(self, index: PooledIndex, first: np.ndarray, count: np.ndarray) -> Runs:
+        """The runs cut where members end, each in its member file at the member's shift."""
         first, count, member = index.split_runs(first, count)
-        i64 = np.ascontiguousarray
-        got = _build_window(out, scratch, index.bounds, i64(ids, np.int64), first, count,
-                            self.fds[member], index.shifts[member], index.newline_ids)
-        if isinstance(got, tuple):
-            f = self.files[int(member[got[0]])]
-            f._verify(os.fstat(f.fd), got[1])
-            raise StaleSourceError(f.path, got[1], "unexpected end of file")
-        for m in np.unique(member).tolist():
-            f = self.files[m]
-            f._verify(os.fstat(f.fd), None)
-        return out[:got]
+        return Runs(first, count, self.fds[member], index.shifts[member])
+
+    def file_of(self, fd: int) -> SourceFile:
+        return self.files[self._by_fd[fd]]
 
     def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Pooled byte ranges (ascending, perhaps across members), concatenated (the fallback
@@ -214,6 +254,9 @@ class PoolSource:
                 pieces.append(self.files[m].read_runs(np.array([s + shift]), np.array([stop + shift])))
                 s = stop
         return np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
+
+    def read_range(self, start: int, end: int) -> bytes:
+        raise ValueError("a view over a pool needs its header and trailer")
 
     def advise(self, index: PooledIndex, first: np.ndarray, count: np.ndarray) -> None:
         first, count, member = index.split_runs(first, count)
@@ -234,32 +277,59 @@ class PoolSource:
             f.close()
 
 
+class Source(Protocol):
+    """What a view reads records from: `SourceFile`, `PoolSource` or `stage.StagedSource`."""
+
+    local_fd: int
+
+    def check(self) -> None: ...
+
+    def verify_open(self) -> None: ...
+
+    def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> Runs: ...
+
+    def file_of(self, fd: int) -> Reader: ...
+
+    def read_range(self, start: int, end: int) -> bytes: ...
+
+    def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray: ...
+
+    def advise(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> None: ...
+
+    def close(self) -> None: ...
+
+
+Meter = Callable[[int, int], None]
+"""Told the record bytes of every window load: ``(from the source, from a local stage)``."""
+
+
 class View:
     """Layout + source for one (file, epoch): turns window numbers into bytes.
 
     A shard of a pool passes its ``source`` (the pool's files, shared) and ``frame`` (the
-    header and trailer bytes it shows); a single file reads both from its own source."""
+    header and trailer bytes it shows); a staged view passes a `stage.StagedSource`; a single
+    file opens its own source and reads its header and trailer from it."""
 
-    def __init__(self, path: str, index: RecordIndex, plan: Plan, source: PoolSource | None = None,
-                 frame: tuple[bytes, bytes] | None = None) -> None:
+    def __init__(self, path: str, index: RecordIndex, plan: Plan, source: Source | None = None,
+                 frame: tuple[bytes, bytes] | None = None, meter: Meter | None = None) -> None:
         self.path = path
         self.index = index
         self.plan = plan
-        if source is not None:
-            if frame is None:
-                raise ValueError("a view over a pool needs its header and trailer")
-            self.source: SourceFile | PoolSource = source
-            self.header, self.trailer = frame
-        else:
+        self.meter = meter
+        own = source is None
+        if own:
             if index.stamp is None:
                 raise ValueError("a mounted view needs an index with a source stamp")
-            self.source = SourceFile(path, index.stamp)
-            try:
-                self.header = self.source.read_range(0, index.header_end)
-                self.trailer = self.source.read_range(index.trailer_start, index.size)
-            except BaseException:
-                self.source.close()
-                raise
+            source = SourceFile(path, index.stamp)
+        self.source: Source = source
+        try:
+            if frame is None:
+                frame = (source.read_range(0, index.header_end), source.read_range(index.trailer_start, index.size))
+        except BaseException:
+            if own:
+                source.close()
+            raise
+        self.header, self.trailer = frame
         self.layout = Layout(index, plan, len(self.header), len(self.trailer))
 
     @property
@@ -287,7 +357,11 @@ class View:
             scratch = np.empty(READ_CHUNK, np.uint8)
         runs = plan.window_runs(k)
         first, count = runs if runs is not None else id_runs(ids)
-        window = self.source.build_window(self.index, ids, first, count, out, scratch)
+        placed = self.source.place(self.index, first, count)
+        window = build_runs(out, scratch, self.index, ids, placed, self.index.newline_ids, self.source.file_of)
+        if self.meter is not None:
+            nbytes, local = placed.nbytes(self.index.bounds), placed.fd == self.source.local_fd
+            self.meter(int(nbytes[~local].sum()), int(nbytes[local].sum()))
         if ahead and k + 1 < plan.n_windows:
             self.hint(k + 1, plan)
         return window, scratch

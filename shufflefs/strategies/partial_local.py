@@ -16,7 +16,8 @@ import functools
 
 import numpy as np
 
-from .base import rng
+from ..index import RecordIndex
+from .base import ShuffleSpec, rng
 from .exchange import Exchange
 from .units import OrderPlan, cuts_by_bytes, salt
 
@@ -42,6 +43,14 @@ def corgipile_order(part: np.ndarray, bounds: np.ndarray, block_firsts: np.ndarr
     return ids[np.lexsort((gen.random(len(ids)), window))]
 
 
+def pls_exchange(index: RecordIndex, spec: ShuffleSpec, world: int) -> Exchange:
+    """The exchange of a file's (or pool's) blocks between ``world`` ranks under ``spec``: the
+    same on every rank, so a rank's partition of any epoch is known without a plan."""
+    firsts = index.unit_firsts(spec.block_size)
+    order = rng(spec.seed, UNITS).permutation(len(firsts) - 1).astype(np.int64, copy=False)
+    return Exchange(firsts, order, world, float(spec.exchange), spec.seed)
+
+
 class PartialLocalPlan(OrderPlan):
     """The rank's partition for the epoch, shuffled locally (a fresh uniform permutation)."""
 
@@ -50,9 +59,7 @@ class PartialLocalPlan(OrderPlan):
     @functools.cached_property
     def exchange(self) -> Exchange:
         """The exchange of this file's blocks between the ranks (O(blocks + ranks) state)."""
-        firsts = self.index.unit_firsts(self.spec.block_size)
-        order = rng(self.spec.seed, UNITS).permutation(len(firsts) - 1).astype(np.int64, copy=False)
-        return Exchange(firsts, order, self.world, float(self.spec.exchange), self.spec.seed)
+        return pls_exchange(self.index, self.spec, self.world)
 
     def record_order(self) -> np.ndarray:
         part = self.exchange.partition(self.rank, self.epoch)
