@@ -151,6 +151,7 @@ OPTIONS: dict[str, _Option] = {
     "even": _Option(_one_of(EVEN_MODES), "none"),
     "exchange": _Option(_fraction, 0.0),
     "pls_local": _Option(_one_of(LOCAL_MODES), "uniform"),
+    "stage_dir": _Option(_path, None),
     "balance": _Option(_flag, False),
     "balance_field": _Option(_field, None),
     "random_level": _Option(_fraction, 0.0),
@@ -165,7 +166,7 @@ OPTIONS: dict[str, _Option] = {
 """Options that a ``--config`` file may also set (as top-level keys, dashes or underscores)."""
 
 FORMAT_KEYS = ("cache_dir", "record_size", "header_bytes")
-PATH_KEYS = ("cache_dir", "log_file")
+PATH_KEYS = ("cache_dir", "log_file", "stage_dir")
 """Relative paths in a config file are relative to the file's directory."""
 MOUNT_KEYS = tuple(OPTIONS)
 
@@ -326,6 +327,11 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                    help="pls: how each rank shuffles its partition: uniform (default) or corgipile "
                         "(its records grouped by block, blocks permuted, records shuffled inside "
                         "the buffer: block-sized reads)")
+    g.add_argument("--stage-dir", metavar="DIR",
+                   help="pls: keep this rank's partition of every file on local disk under DIR: "
+                        "copied from SRC when a file's first view opens, then each next epoch's "
+                        "built in the background from the kept records plus only the received "
+                        "ones read from SRC (about Q of the share); removed at unmount")
     g = p.add_argument_group(
         "ranks and loader parts",
         "The mount shows rank R's share of every epoch; the W ranks' shares are disjoint and hold "
@@ -506,6 +512,25 @@ def _check_strategy(spec: ShuffleSpec, parser: argparse.ArgumentParser) -> None:
         parser.error(f"strategy {spec.strategy!r}: {e}")
 
 
+def _stage_dir(given: Path | None, spec: ShuffleSpec, src: Path, mnt: Path,
+               parser: argparse.ArgumentParser) -> Path | None:
+    """``--stage-dir``, checked: pls only, outside the source and the mount, writable."""
+    if given is None:
+        return None
+    if spec.strategy != "pls":
+        parser.error(f"--stage-dir keeps a rank's pls partition: it needs --strategy pls, not {spec.strategy!r}")
+    from .view import _build_window
+
+    if _build_window is None:
+        parser.error("--stage-dir needs the compiled gather module (shufflefs/_gather.c); reinstall shufflefs")
+    real = Path(os.path.realpath(given))
+    for inside, what in ((src, "the source, which is never written"), (mnt, "the mount point")):
+        if real == inside or _inside(str(real), str(inside)):
+            parser.error(f"stage directory {str(given)!r} is inside {what}")
+    _check_writable_dir(real, "stage directory", parser)
+    return real
+
+
 def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[MountConfig, Resolved]:
     """Validate every mount option; exits with a usage error (2) on the first problem."""
     opts = resolve_options(args, MOUNT_KEYS, parser)
@@ -534,10 +559,11 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
                 pass
         except OSError as e:
             parser.error(f"log file {str(log)!r}: {e.strerror}")
+    stage_dir = _stage_dir(v["stage_dir"], spec, src, mnt, parser)
     config = MountConfig(
         source=src, mountpoint=mnt, spec=spec, epoch=v["epoch"], rank=v["rank"], world=v["world_size"],
         rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
-        pool=not v["no_pool"], pool_globs=opts.pools,
+        pool=not v["no_pool"], pool_globs=opts.pools, stage_dir=stage_dir,
     )
     if v["no_pool"] and opts.pools:
         parser.error("--pool declares a set but --no-pool turns pooling off")
@@ -966,6 +992,15 @@ def format_stats(stats: dict) -> str:
                       if pooling else "off (every file shuffled alone)"))
     for relpath, counts in (take("pls_exchange", None) or {}).items():
         lines.append(("pls exchange", f"{relpath}: {counts}"))
+    staging = take("staging", None)
+    for epoch, got in (take("read_bytes", None) or {}).items():
+        stage = f", from stages {_human(got.get('stage_bytes', 0))}" if staging is not None else ""
+        lines.append(("read", f"epoch {epoch}: from the source {_human(got.get('source_bytes', 0))}{stage}"))
+    if isinstance(staging, dict):
+        lines.append(("stage dir", f"{staging.get('dir')}  ({staging.get('built', 0)} built, {staging.get('failed', 0)} failed)"))
+        for st in staging.get("stages", []):
+            lines.append(("stage", f"{st['name']} epoch {st['epoch']}: {st['records']} records, "
+                                   f"{_human(st['bytes'])}, {st['readers']} readers"))
     overrides = take("epoch_overrides", None)
     epoch = str(take("epoch", "?"))
     if overrides:

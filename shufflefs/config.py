@@ -90,6 +90,8 @@ class MountConfig:
     """Shuffle each set of shard files as one pool (`shufflefs.pools`); False: every file alone."""
     pool_globs: list[str] = field(default_factory=list)
     """Declared sets: each glob pools the data files it matches (`pools.find_sets`)."""
+    stage_dir: Path | None = None
+    """pls: keep the rank's partition of every file in stage files here (`shufflefs.staging`)."""
 
 
 def _inside(path: str, root: str) -> bool:

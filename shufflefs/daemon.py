@@ -107,6 +107,7 @@ async def _main(fs: ShuffleFS, mnt: str) -> None:
         try:
             await pyfuse3.main()
         finally:
+            fs.stopping()
             nursery.cancel_scope.cancel()
 
 

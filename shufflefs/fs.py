@@ -68,9 +68,12 @@ from .prefetch import SharedTasks, Slot, WindowCache
 from .stats import Stats
 from .pool_table import PoolEntry, PoolTable
 from .pooled import PooledIndex
+from .stage import Stage, StagedSource
+from .staging import EpochBytes, StageStore, StageTarget
 from .strategies import Plan, make_plan
+from .strategies.partial_local import pls_exchange
 from .strategies.slices import SlicePlan, slice_edges
-from .view import PoolSource, SourceFile, View
+from .view import PoolSource, Source, SourceFile, View
 
 log = logging.getLogger("shufflefs")
 
@@ -89,6 +92,8 @@ COST_FILES = IDLE_VIEWS
 """Files whose ``--balance-field`` costs (4 bytes per record) are kept for the next epoch's plan."""
 POOL_STREAMS = IDLE_VIEWS
 """Pools' streams (plans of the whole pool for an epoch and rank) kept for their shards' views."""
+STAGE_TARGETS = 64
+"""Staged files whose exchange (O(blocks) each) is kept for their next epochs' views."""
 INDEX_MEMO_BOUNDS = 32 << 20
 """Record boundaries (8 bytes each) of recently used indexes kept in memory besides the disk cache."""
 
@@ -300,6 +305,9 @@ class ShuffleFS(pyfuse3.Operations):
         self._pool_sources: dict[tuple, PoolSource] = {}
         self._owners: dict[Hashable, int] = {}  # views reading each window owner (see _owner)
         self.epoch_prefetches = 0
+        self.read_bytes = EpochBytes()
+        self.stages = StageStore(config.stage_dir, self.read_bytes) if config.stage_dir is not None else None
+        self._stage_targets: OrderedDict[Hashable, StageTarget] = OrderedDict()
 
         root_st = os.stat(self.source)
         root = Node(ROOT, DIR, "", ("d", ""), root_st)
@@ -308,16 +316,25 @@ class ShuffleFS(pyfuse3.Operations):
         self._keys[root.key] = ROOT
 
     def start(self, nursery: trio.Nursery) -> None:
-        """Background window loads run in ``nursery`` (cancelled at unmount)."""
+        """Background window loads and stage builds run in ``nursery`` (cancelled at unmount)."""
         self.windows.nursery = nursery
+        if self.stages is not None:
+            self.stages.nursery = nursery
+
+    def stopping(self) -> None:
+        """The FUSE loop ended: background stage builds stop at their next chunk."""
+        if self.stages is not None:
+            self.stages.stop.set()
 
     def shutdown(self) -> None:
-        """Close every source file; called once the FUSE loop has ended."""
+        """Close every source file and remove the stages; called once the FUSE loop has ended."""
         for fh in list(self._handles):
             self._release_handle(fh)
         for node in list(self._nodes.values()) + list(self._idle.values()):
             self._close_view(node)
         self.windows.clear()
+        if self.stages is not None:
+            self.stages.close()
 
     # ------------------------------------------------------------------ helpers
 
@@ -689,8 +706,8 @@ class ShuffleFS(pyfuse3.Operations):
             header = header_with_rows(header, records, path)
         return header, trailer
 
-    def _pool_view(self, node: Node, plan: Plan) -> View:
-        """Blocking: a shard's view over its pool's files, opened once for all its shards."""
+    def _pool_source(self, node: Node) -> PoolSource:
+        """Blocking: a shard's pool's files, opened once for all its shards (one more user)."""
         entry = node.pool
         key = (entry.pool.key, entry.pool.members, entry.stamps)
         src = self._pool_sources.get(key)
@@ -702,10 +719,49 @@ class ShuffleFS(pyfuse3.Operations):
             for k in [k for k, v in self._pool_sources.items() if v.closed]:
                 del self._pool_sources[k]
             src = self._pool_sources[key] = PoolSource([self._path(m) for m in entry.pool.members], node.index)
+        return src
+
+    async def _stage_target(self, node: Node) -> StageTarget:
+        """What a view's stages hold: its file's (or pool's) version, partitioned for this rank."""
+        index, epoch_path = node.index, node.epoch_path
+        if node.pool is not None:
+            e = node.pool
+            file, key, name = ("pool", e.pool.key), ("pool", e.pool.key, e.pool.members, e.stamps), e.pool.key
+            paths = [self._path(m) for m in e.pool.members]
+            open_source: Callable[[], Source] = lambda: PoolSource(paths, index)
+        else:
+            file, key, name = ("file", node.relpath), ("file", node.relpath, node.stamp), node.relpath
+            path = self._path(node.relpath)
+            open_source = lambda: SourceFile(path, index.stamp)
+        target = self._stage_targets.get(key)
+        if target is None:
+            exchange = await self._io(pls_exchange, index, self.spec, self.config.world, limiter=self.index_limiter)
+            rank = self.config.rank
+            target = StageTarget(file, key, name, index, lambda epoch: exchange.partition(rank, epoch), open_source,
+                                 lambda: self.epoch_of(epoch_path))
+            self._stage_targets[key] = target
+            while len(self._stage_targets) > STAGE_TARGETS:
+                self._stage_targets.popitem(last=False)
+        self._stage_targets.move_to_end(key)
+        return target
+
+    def _new_view(self, node: Node, plan: Plan, stage: Stage | None) -> View:
+        """Blocking: the node's view over its source (its pool's files, shared, for a shard),
+        with its epoch's ``stage`` in front when staging (released when the view closes, or now
+        if it cannot be made)."""
+        path = self._path(node.relpath)
         try:
-            return View(self._path(node.relpath), node.index, plan, src, node.frame)
+            source: Source = self._pool_source(node) if node.pool is not None else SourceFile(path, node.index.stamp)
         except BaseException:
-            src.close()
+            if stage is not None:
+                self.stages.release(stage)
+            raise
+        if stage is not None:  # the view's source now releases the stage when it closes
+            source = StagedSource(source, stage, functools.partial(self.stages.release, stage))
+        try:
+            return View(path, node.index, plan, source, node.frame, meter=self.read_bytes.meter(node.epoch))
+        except BaseException:
+            source.close()
             raise
 
     async def _open_view(self, node: Node) -> None:
@@ -727,10 +783,10 @@ class ShuffleFS(pyfuse3.Operations):
         if node.view is not None:
             return
         plan = await self._plan(node)
-        if node.pool is not None:
-            view = await self._io(self._pool_view, node, plan, limiter=self.index_limiter)
-        else:
-            view = await self._io(View, self._path(node.relpath), node.index, plan, limiter=self.index_limiter)
+        stage = None
+        if self.stages is not None:
+            stage = await self.stages.acquire(await self._stage_target(node), node.epoch)
+        view = await self._io(self._new_view, node, plan, stage, limiter=self.index_limiter)
         if node.opens == 0:  # every opener gave up meanwhile
             view.close()
             return
@@ -797,6 +853,8 @@ class ShuffleFS(pyfuse3.Operations):
             if self._owners[owner] == 0:
                 del self._owners[owner]
                 self.windows.unregister(owner)
+            if self.stages is not None:
+                self.stages.tidy()
         node.plan = node.layout = node.index = node.frame = None
 
     @staticmethod
@@ -1231,6 +1289,8 @@ class ShuffleFS(pyfuse3.Operations):
         else:
             raise FUSEError(errno.ENOTSUP)
         self._close_stale()
+        if self.stages is not None:
+            self.stages.tidy()
         prefix = node.relpath + "/" if node.kind == DIR else None
         everything = node.kind == DIR and node.relpath == ""
         for relpath, part, parts in reversed(self._recent):  # newest first
@@ -1303,6 +1363,8 @@ class ShuffleFS(pyfuse3.Operations):
             cache_dir=str(self.index_cache.dir),
             memory=self.windows.describe(),
             epoch_prefetches=self.epoch_prefetches,
+            read_bytes=self.read_bytes.snapshot(),
+            **({"staging": self.stages.describe()} if self.stages is not None else {}),
         )
 
     # ------------------------------------------------------------------ refused: read-only

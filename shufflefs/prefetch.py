@@ -316,6 +316,9 @@ class SharedTasks:
     def __init__(self) -> None:
         self._running: dict[Hashable, tuple[trio.Event, list]] = {}
 
+    def running(self, key: Hashable) -> bool:
+        return key in self._running
+
     async def run(self, key: Hashable, fn: Callable[[], Awaitable[Any]]) -> Any:
         entry = self._running.get(key)
         if entry is not None:
