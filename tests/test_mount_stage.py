@@ -140,3 +140,16 @@ def test_stat_shows_source_bytes_per_epoch(mount, tmp_path):
                          env=env, check=True).stdout
     assert "epoch 0: from the source" in out and "from stages" in out
     assert "stage dir" in out and "a.jsonl epoch 1" in out
+
+
+def test_the_staging_tool_reports_the_received_share(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
+    out = subprocess.run([sys.executable, str(REPO / "tools" / "staging.py"), "--records", "6000", "--world", "2",
+                          "--exchange", "0.5", "--epochs", "2", "--block-size", "16KiB"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split("|")[1:-1] for line in out.stdout.splitlines() if line.startswith("| 0.5 |")]
+    assert [int(r[1]) for r in rows] == [0, 1]
+    ratio, received = float(rows[1][4]), float(rows[1][5])
+    assert float(rows[0][4]) == 1.0 and 0.3 < received < 0.55 and abs(ratio - received) < 0.1
+    assert os.listdir(tmp_path) == []  # its mounts and files are gone
