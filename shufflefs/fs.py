@@ -71,6 +71,7 @@ from .pooled import PooledIndex
 from .stage import Stage, StagedSource
 from .staging import EpochBytes, StageStore, StageTarget
 from .strategies import Plan, make_plan
+from .strategies.exchange import Partitions
 from .strategies.partial_local import pls_exchange
 from .strategies.slices import SlicePlan, slice_edges
 from .view import PoolSource, Source, SourceFile, View
@@ -736,8 +737,7 @@ class ShuffleFS(pyfuse3.Operations):
         target = self._stage_targets.get(key)
         if target is None:
             exchange = await self._io(pls_exchange, index, self.spec, self.config.world, limiter=self.index_limiter)
-            rank = self.config.rank
-            target = StageTarget(file, key, name, index, lambda epoch: exchange.partition(rank, epoch), open_source,
+            target = StageTarget(file, key, name, index, Partitions(exchange, self.config.rank), open_source,
                                  lambda: self.epoch_of(epoch_path))
             self._stage_targets[key] = target
             while len(self._stage_targets) > STAGE_TARGETS:

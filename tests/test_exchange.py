@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shufflefs.strategies.exchange import Exchange, half_bits, keyed_permutation
+from shufflefs.strategies.exchange import Exchange, Partitions, half_bits, keyed_permutation
 from shufflefs.strategies.units import id_dtype, share
 
 I64 = np.int64
@@ -173,6 +173,18 @@ def test_incremental_partition_equals_the_full_walk_back(ex):
             p = ex.partition(r, e, previous=p)
             assert p.dtype == id_dtype(ex.n)
             assert np.array_equal(p, ex.partition(r, e)), (r, e)
+
+
+@settings(max_examples=40, deadline=None)
+@given(exchanges(), st.lists(st.integers(0, 5), min_size=1, max_size=8))
+def test_partitions_asked_in_any_order_equal_the_full_walk_back(ex, epochs):
+    for r in range(ex.world):
+        parts = Partitions(ex, r)
+        for e in epochs:
+            got = parts(e)
+            assert np.array_equal(got, ex.partition(r, e)), (r, e)
+            got[:] = 0  # callers own what they get
+        assert np.array_equal(parts(epochs[-1]), ex.partition(r, epochs[-1]))
 
 
 @settings(max_examples=30, deadline=None)
