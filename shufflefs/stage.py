@@ -108,9 +108,10 @@ class Stage:
             raise StageError(self.path, offset, f"stage file of {self.name} (epoch {self.epoch}) was "
                              f"removed or changed ({self.nbytes} bytes written, {st.st_size} now)")
 
-    def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray, source: Source) -> Runs:
-        """Where runs of ids lie: in this stage where it holds them, else in ``source``."""
-        f, c, run = self.map.split(run_ids(first, count))
+    def place(self, index: RecordIndex, ids: np.ndarray, source: Source) -> Runs:
+        """Where records ``ids`` (sorted, distinct) lie: in this stage where it holds them, else
+        in ``source``."""
+        f, c, run = self.map.split(ids)
         inside = run >= 0
         out = source.place(index, f[~inside], c[~inside])
         here = int(inside.sum())
@@ -147,7 +148,7 @@ class StagedSource:
         self.source.verify_open()
 
     def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> Runs:
-        return self.stage.place(index, first, count, self.source)
+        return self.stage.place(index, run_ids(first, count), self.source)
 
     def file_of(self, fd: int) -> Reader:
         return self.stage if fd == self.stage.fd else self.source.file_of(fd)
@@ -197,9 +198,8 @@ def write_stage(path: str, name: str, epoch: int, index: RecordIndex, ids: np.nd
             if stop is not None and stop.is_set():
                 raise StageCancelled(path)
             chunk = ids[a:b]
-            first, count = id_runs(chunk)
-            runs = previous.place(index, first, count, source) if previous is not None \
-                else source.place(index, first, count)
+            runs = previous.place(index, chunk, source) if previous is not None \
+                else source.place(index, *id_runs(chunk))
             data = build_runs(out, scratch, index, chunk, runs, NO_NEWLINES, file_of)
             _write_all(fd, data, path, written)
             written += len(data)

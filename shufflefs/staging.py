@@ -55,10 +55,6 @@ class EpochBytes:
     def meter(self, epoch: int) -> Meter:
         return functools.partial(self.add, epoch)
 
-    def get(self, epoch: int) -> tuple[int, int]:
-        with self._lock:
-            return tuple(self._by.get(epoch, (0, 0)))  # type: ignore[return-value]
-
     def snapshot(self) -> dict[str, dict[str, int]]:
         with self._lock:
             return {str(e): {"source_bytes": s, "stage_bytes": t} for e, (s, t) in sorted(self._by.items())}

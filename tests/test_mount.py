@@ -165,6 +165,19 @@ def read(path: Path, chunk: int = 1 << 16) -> bytes:
     return b"".join(parts)
 
 
+def error_after_appending(view: Path, source: Path, line: bytes) -> OSError:
+    """Open ``view``, read its start, append ``line`` to ``source``, then read on: the error
+    the reader gets (the test fails if the read ends without one)."""
+    with open(view, "rb", buffering=0) as f:
+        assert f.read(100)
+        with open(source, "ab") as src:
+            src.write(line)
+        with pytest.raises(OSError) as e:
+            while f.read(1 << 16):
+                pass
+    return e.value
+
+
 # --------------------------------------------------------------------------- the tree
 
 

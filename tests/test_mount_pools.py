@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import REPO
-from test_mount import ARGS, SEED, jsonl, lines, read
+from test_mount import ARGS, SEED, error_after_appending, jsonl, lines, read
 
 from shufflefs.config import parse_buffer, parse_size
 from shufflefs.formats import make_format
@@ -177,15 +177,8 @@ def test_npy_shards_with_different_rows_are_refused(mount):
 def test_a_shard_changed_while_mounted_is_an_error_not_wrong_bytes(mount):
     files = shard_files()
     m = mount(files, *POOL_ARGS)
-    with open(m.path("part-00000.jsonl"), "rb", buffering=0) as f:
-        first = f.read(100)
-        assert first
-        with open(m.src / "part-00003.jsonl", "ab") as src:
-            src.write(b'{"src": "late"}\n')
-        with pytest.raises(OSError) as e:
-            while f.read(1 << 16):
-                pass
-    assert e.value.errno == errno.ESTALE
+    e = error_after_appending(m.path("part-00000.jsonl"), m.src / "part-00003.jsonl", b'{"src": "late"}\n')
+    assert e.errno == errno.ESTALE
     assert any("part-00003.jsonl" in line for line in m.stats()["last_errors"])
 
 

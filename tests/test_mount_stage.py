@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 from conftest import REPO
-from test_mount import jsonl, lines, read
+from test_mount import error_after_appending, jsonl, lines, read
 
 from shufflefs.formats import make_format
 from shufflefs.index import RecordIndex
@@ -97,14 +97,7 @@ def test_a_staged_rank_serves_the_same_bytes_and_reads_only_received_records_fro
 
 def test_a_source_changed_under_a_staged_view_is_estale(mount, tmp_path):
     m = mount({"a.jsonl": jsonl(2000, 3, 100)}, *ARGS, "--stage-dir", str(tmp_path / "stage"))
-    with open(m.path("a.jsonl"), "rb", buffering=0) as f:
-        assert f.read(4096)
-        with open(m.src / "a.jsonl", "ab") as src:
-            src.write(b'{"late": 1}\n')
-        with pytest.raises(OSError) as e:
-            while f.read(1 << 16):
-                pass
-        assert e.value.errno == errno.ESTALE
+    assert error_after_appending(m.path("a.jsonl"), m.src / "a.jsonl", b'{"late": 1}\n').errno == errno.ESTALE
     assert "a.jsonl" in " ".join(m.stats()["last_errors"])
 
 
