@@ -165,6 +165,13 @@ class Probe:
         self.name, self.st, self.fmt, self.last_byte, self.target = name, st, fmt, last_byte, target
 
 
+class ViewClosed(OSError):
+    """A load asked of a view that is closing (a shard's view closed while its stream is read)."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.EBADF, "view closed")
+
+
 class SharedView:
     """A `View` whose file descriptor is closed only once no worker thread is loading from it."""
 
@@ -178,7 +185,7 @@ class SharedView:
              ahead: bool = False, plan: Plan | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         with self._lock:
             if self._closing:
-                raise OSError(errno.EBADF, "view closed")
+                raise ViewClosed()
             self._users += 1
         try:
             return self.view.load_window(k, out, scratch, ahead, plan)
@@ -206,6 +213,19 @@ class Handle:
         self.slot: Slot | None = None
         self.lo, self.hi = 0, -1  # no window: no read is inside it
         self.shift = 0  # view byte ``lo`` is byte ``shift`` of the slot (a shard's stretch of a stream window)
+
+
+def _load_stream(views: list[SharedView], k: int, ahead: bool, stream: Plan,
+                 out: np.ndarray, scratch: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Blocking: window k of a pool's stream, through any open view of the stream.  The window is
+    shared by the stream's shards, so the shard whose read started the load may close its view
+    (its last handle closed, or idle views were trimmed) while another shard waits for it."""
+    for view in tuple(views):  # a copy: the list changes in the trio thread
+        try:
+            return view.load(k, out, scratch, ahead, stream)
+        except ViewClosed:
+            continue
+    raise ViewClosed()
 
 
 def parse_epoch(value: bytes) -> int:
@@ -304,7 +324,7 @@ class ShuffleFS(pyfuse3.Operations):
         self.pools = PoolTable(self.source, self._format_key, config.pool_globs) if config.pool else None
         self._pool_plans: OrderedDict[tuple, Plan] = OrderedDict()  # the pooled streams shards cut up
         self._pool_sources: dict[tuple, PoolSource] = {}
-        self._owners: dict[Hashable, int] = {}  # views reading each window owner (see _owner)
+        self._owners: dict[Hashable, list[SharedView]] = {}  # open views of each window owner (see _owner)
         self.epoch_prefetches = 0
         self.read_bytes = EpochBytes()
         self.stages = StageStore(config.stage_dir, self.read_bytes) if config.stage_dir is not None else None
@@ -453,6 +473,8 @@ class ShuffleFS(pyfuse3.Operations):
             if kind != VIEW:
                 node.st = st
                 node.target = probe.target
+            elif node.size < 0:  # another lookup is sizing it: no attributes before the size
+                await self._plan(node)
             return node
         node = Node(self._next_ino, kind, relpath, key, st)
         self._next_ino += 1
@@ -475,7 +497,6 @@ class ShuffleFS(pyfuse3.Operations):
             except BaseException:
                 self._drop(node)
                 raise
-            node.size = node.layout.size
         return node
 
     def _drop(self, node: Node) -> None:
@@ -496,6 +517,8 @@ class ShuffleFS(pyfuse3.Operations):
         a.st_gid = st.st_gid
         a.st_rdev = 0
         if node.kind == VIEW:
+            if node.size < 0:  # the kernel would take it for a broken inode (EIO, no log)
+                raise RuntimeError(f"{node.relpath}: attributes asked before its size was known")
             a.st_size = node.size
             a.st_blksize = VIEW_BLKSIZE
             a.st_blocks = (node.size + 511) // 512
@@ -622,7 +645,9 @@ class ShuffleFS(pyfuse3.Operations):
                     raise StaleSourceError(self._path(node.relpath), None, "source changed since it was looked up; reopen it")
                 plan = await self._make_plan(node, index, (node.relpath, index.stamp))
                 layout = await self._io(Layout, index, plan, limiter=self.index_limiter)
-            if node.size >= 0 and layout.size != node.size:
+            if node.size < 0:  # a rank's share or a shard: sized by its plan (a negative size
+                node.size = layout.size  # reaching the kernel would make the inode bad: EIO)
+            elif layout.size != node.size:
                 raise FormatError(
                     self._path(node.relpath), None,
                     f"view has {layout.size} bytes but {node.size} were announced; refusing to serve it",
@@ -803,7 +828,7 @@ class ShuffleFS(pyfuse3.Operations):
         owner = self._owner(node)
         plan = node.plan.inner if node.pool is not None else node.plan
         sizes = np.asarray(plan.window_sizes)
-        self._owners[owner] = self._owners.get(owner, 0) + 1
+        self._owners.setdefault(owner, []).append(node.view)
         self.windows.register(owner, int(sizes.max()) if len(sizes) else 0)
 
     def _retire(self, node: Node) -> None:
@@ -846,11 +871,12 @@ class ShuffleFS(pyfuse3.Operations):
         self._idle.pop(node.ino, None)
         if node.view is not None:
             node.view.close()
+            owner = self._owner(node)
+            views = self._owners[owner]
+            views.remove(node.view)
             node.view = None
             self._open_views.discard(node.ino)
-            owner = self._owner(node)
-            self._owners[owner] -= 1
-            if self._owners[owner] == 0:
+            if not views:
                 del self._owners[owner]
                 self.windows.unregister(owner)
             if self.stages is not None:
@@ -875,8 +901,9 @@ class ShuffleFS(pyfuse3.Operations):
             return (node.ino, k), node.layout.window_size(k), 0, lambda out, scratch: view.load(k, out, scratch, ahead)
         stream = node.plan.inner
         kin, shift = node.plan.stream_window(k)
-        return ((self._owner(node), kin), int(stream.window_sizes[kin]), shift,
-                lambda out, scratch: view.load(kin, out, scratch, ahead, stream))
+        owner = self._owner(node)
+        return (owner, kin), int(stream.window_sizes[kin]), shift, functools.partial(
+            _load_stream, self._owners[owner], kin, ahead, stream)
 
     # ------------------------------------------------------------------ tree
 

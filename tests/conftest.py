@@ -218,3 +218,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "mount" in item.fixturenames or "module_mount" in item.fixturenames:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failed mounted test shows its daemons' logs, so a failure seen once can be explained."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    for fixture in ("mount", "module_mount"):
+        mounter = getattr(item, "funcargs", {}).get(fixture)
+        for m in getattr(mounter, "mounts", []):
+            report.sections.append((f"daemon log {m.mnt}", m.stderr()[-20000:] or "(empty)"))

@@ -9,6 +9,7 @@ set keep their own records.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import errno
 import io
 import json
@@ -53,7 +54,9 @@ def sources(data: bytes) -> collections.Counter:
 
 
 def cat(path) -> bytes:
-    return subprocess.run(["cat", str(path)], check=True, capture_output=True).stdout
+    r = subprocess.run(["cat", str(path)], capture_output=True)
+    assert r.returncode == 0, f"cat {path}: {r.stderr.decode(errors='replace')}"
+    return r.stdout
 
 
 def pooled_reference(files: dict[str, bytes], names: list[str], strategy: str, epoch: int,
@@ -102,6 +105,21 @@ def test_shards_show_the_pooled_stream_in_name_order(mount, strategy):
     assert (info["pool"], info["pool_shards"], info["shard"], info["shards"]) == ("part-*.jsonl", 4, 1, 4)
     assert info["stream_records"] == sum(SIZES.values())
     assert m.stats()["pooling"] is True
+
+
+def test_shards_read_at_once_right_after_epoch_changes(mount):
+    """Every shard read by its own thread the moment the epoch changes, while the mount prepares
+    the new epoch's views itself: no reader may see an error (a shard looked up while another
+    lookup sizes it, or a stream window loaded through a shard view that closes meanwhile)."""
+    files = shard_files()
+    m = mount(files, *POOL_ARGS, "--strategy", "corgipile")
+    names = sorted(SIZES)
+    everything = sum((lines(files[n]) for n in names), collections.Counter())
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        for epoch in range(30):
+            m.set_epoch(epoch)
+            views = list(pool.map(lambda n: cat(m.path(n)), names))
+            assert sum((lines(v) for v in views), collections.Counter()) == everything, f"epoch {epoch}"
 
 
 def test_no_pool_shuffles_each_shard_alone(mount):
