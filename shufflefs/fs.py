@@ -15,7 +15,8 @@ when the kernel forgets them.
 Sharing and memory.  All handles of one inode share its plan, its open source file and its
 windows (`prefetch.WindowCache`, keyed by inode and window; its docstring has the prefetch design
 and the memory limit: `prefetch.WINDOWS` windows of the largest view in memory, for all views
-together).  The last `IDLE_VIEWS` views whose handles all closed stay open with their windows,
+together).  The shards of a pool's stream share the stream's windows (keyed by the stream),
+loaded through whichever shard view is open.  The last `IDLE_VIEWS` views whose handles all closed stay open with their windows,
 so that a reader that reopens the file per record does not rebuild the plan and reload windows
 every time.
 
