@@ -92,10 +92,6 @@ class PooledIndex(RecordIndex):
         newline = f[m + 1] > f[m] and bool(np.isin(f[m + 1] - 1, self._newline))
         return RecordIndex(size, bounds, newline, self.member_stamps[m])
 
-    def member_of(self, ids: np.ndarray) -> np.ndarray:
-        """The member holding each record id (int64)."""
-        return np.searchsorted(self.member_firsts, ids, side="right") - 1
-
     def locate(self, offset: int) -> tuple[int, int]:
         """``(member, file offset)`` of a pooled byte offset (for error messages)."""
         m = int(np.searchsorted(self.bounds[self.member_firsts[1:-1]], offset, side="right"))

@@ -27,7 +27,7 @@ import numpy as np
 from .errors import StaleSourceError
 from .index import RecordIndex, SourceStamp
 from .layout import Layout, assemble, id_runs
-from .pooled import PooledIndex
+from .pooled import PooledIndex, split_runs
 
 try:
     from ._gather import build_window as _build_window  # compiled at install time; optional
@@ -242,18 +242,19 @@ class PoolSource:
 
     def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Pooled byte ranges (ascending, perhaps across members), concatenated (the fallback
-        build without the compiled module)."""
+        build without the compiled module): cut where members start, one read per member stretch."""
         index = self.index
-        edges = index.bounds[index.member_firsts[1:-1]]  # pooled offsets where members 1.. start
-        pieces = []
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            while s < e:
-                m = int(np.searchsorted(edges, s, side="right"))
-                stop = min(e, int(edges[m])) if m < len(edges) else e
-                shift = int(index.shifts[m])
-                pieces.append(self.files[m].read_runs(np.array([s + shift]), np.array([stop + shift])))
-                s = stop
-        return np.concatenate(pieces) if pieces else np.empty(0, np.uint8)
+        first, count, member = split_runs(index.bounds[index.member_firsts], starts, np.asarray(ends) - starts)
+        total = int(count.sum())
+        buf = out[:total] if out is not None and len(out) >= total else np.empty(total, np.uint8)
+        pos = 0
+        for piece in np.split(np.arange(len(member)), np.flatnonzero(np.diff(member)) + 1):
+            if len(piece):
+                m, size = int(member[piece[0]]), int(count[piece].sum())
+                at = first[piece] + index.shifts[m]
+                self.files[m].read_runs(at, at + count[piece], buf[pos: pos + size])
+                pos += size
+        return buf
 
     def read_range(self, start: int, end: int) -> bytes:
         raise ValueError("a view over a pool needs its header and trailer")

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import tempfile
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shufflefs.formats import make_format
-from shufflefs.index import RecordIndex, unit_firsts
+from shufflefs import view
+from shufflefs.index import RecordIndex, SourceStamp, unit_firsts
 from shufflefs.layout import assemble
 from shufflefs.pooled import PooledIndex, split_runs
 from shufflefs.strategies import ShuffleSpec, make_plan
 from shufflefs.strategies.slices import SlicePlan, slice_edges
+from shufflefs.view import PoolSource
 
 SETTINGS = settings(max_examples=80, deadline=None)
 
@@ -36,17 +42,10 @@ def indexes(files: list[bytes], header_lines: int = 0) -> list[RecordIndex]:
 
 def pooled_fetch(files: list[bytes], members: list[RecordIndex], pool: PooledIndex):
     """Reads pooled ranges from the members' bytes through the pool's shifts (what the daemon does)."""
-    edges = pool.bounds[pool.member_firsts[1:-1]]
-
     def fetch(starts, ends):
-        out = []
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            while s < e:
-                m = int(np.searchsorted(edges, s, side="right"))
-                stop = min(e, int(edges[m])) if m < len(edges) else e
-                sh = int(pool.shifts[m])
-                out.append(np.frombuffer(files[m][s + sh: stop + sh], np.uint8))
-                s = stop
+        first, count, member = split_runs(pool.bounds[pool.member_firsts], starts, ends - starts)
+        out = [np.frombuffer(files[m][f + sh: f + n + sh], np.uint8)
+               for f, n, m, sh in zip(first.tolist(), count.tolist(), member.tolist(), pool.shifts[member].tolist())]
         return np.concatenate(out) if out else np.empty(0, np.uint8)
 
     return fetch
@@ -145,3 +144,38 @@ def test_shards_split_the_stream_by_position(files, strategy, shards, world, dat
                     [np.arange(a, a + c) for a, c in zip(*runs)] or [np.zeros(0)]).tolist()
         got.append(np.concatenate(ids) if ids else np.zeros(0, np.int64))
     assert np.concatenate(got).tolist() == stream.tolist()
+
+
+@SETTINGS
+@given(files=line_files(), header=st.integers(0, 1), cuts=st.lists(st.floats(0, 1), max_size=12),
+       strategy=st.sampled_from(["corgipile", "full"]))
+def test_pool_source_reads_pooled_ranges_from_its_members(files, header, cuts, strategy):
+    """`PoolSource.read_runs` (the window build without the compiled module) returns pooled byte
+    ranges, also those spanning members, and a pooled view built that way equals the reference."""
+    files = [b"h\n" * header + f for f in files]
+    with tempfile.TemporaryDirectory() as d:
+        paths = [os.path.join(d, f"part-{i:05d}.jsonl") for i in range(len(files))]
+        for p, f in zip(paths, files):
+            with open(p, "wb") as out:
+                out.write(f)
+        members = [dataclasses.replace(m, stamp=SourceStamp.of(os.stat(p)))
+                   for m, p in zip(indexes(files, header_lines=header), paths)]
+        pool = PooledIndex(members)
+        data = b"".join(f[m.header_end: m.trailer_start] for f, m in zip(files, members))
+        edges = sorted({int(c * len(data)) for c in cuts} | {0, len(data)})
+        starts, ends = np.array(edges[:-1][::2], np.int64), np.array(edges[1:][::2], np.int64)
+        source = PoolSource(paths, pool)
+        saved = view._build_window
+        try:
+            got = source.read_runs(starts, ends).tobytes()
+            assert got == b"".join(data[s:e] for s, e in zip(starts.tolist(), ends.tolist()))
+            plan = make_plan(pool, ShuffleSpec(strategy=strategy, block_size=32, buffer=96), 1)
+            fetch = pooled_fetch(files, members, pool)
+            view._build_window = None
+            v = view.View(paths[0], pool, plan, source.share(), frame=(b"", b""))
+            for k in range(plan.n_windows):
+                assert v.load_window(k)[0].tobytes() == assemble(pool, plan.window(k), fetch).tobytes()
+            v.close()
+        finally:
+            view._build_window = saved
+            source.close()
