@@ -161,6 +161,23 @@ class Mounter:
             raise errors[0]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--stress", action="store_true",
+                     help="run the long versions of the fuzz, change, fault and load suites "
+                          "(also SHUFFLEFS_STRESS=1)")
+
+
+def stress_enabled(config: pytest.Config) -> bool:
+    """Whether the long versions of the standing suites run (``--stress`` or ``SHUFFLEFS_STRESS``)."""
+    return bool(config.getoption("--stress")) or os.environ.get("SHUFFLEFS_STRESS", "") not in ("", "0")
+
+
+@pytest.fixture(scope="session")
+def stress(request: pytest.FixtureRequest) -> bool:
+    """True when the long versions run: tests scale their rounds, readers and examples by it."""
+    return stress_enabled(request.config)
+
+
 @pytest.fixture
 def mount(tmp_path: Path) -> Iterator[Callable[..., Mount]]:
     """Factory: ``mount(files, *cli_args)`` -> a mounted `Mount`, unmounted at teardown."""
