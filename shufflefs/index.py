@@ -3,7 +3,7 @@
 Every supported format lays a file out as ``header | record 0 | record 1 | ... | trailer`` with
 records tiling the middle, so one int64 array of n+1 boundaries locates every record (8 bytes per
 record; lengths are its differences).  The cache lives outside the source tree and is keyed by
-path, size, mtime and the format parameters, so a changed file or a changed option rebuilds it.
+path, size, mtime, ctime, inode and the format parameters, so a changed file or a changed option rebuilds it.
 """
 
 from __future__ import annotations
@@ -18,20 +18,31 @@ from pathlib import Path
 
 import numpy as np
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 
 
 @dataclass(frozen=True)
 class SourceStamp:
-    """What identifies the bytes an index was built from; compared on every window load."""
+    """What identifies the bytes an index was built from; compared on every read and window load.
+
+    Size and mtime alone miss a rewrite in place that keeps the size and sets the mtime back
+    (``touch -d``); the ctime cannot be set back by a user, and every write, truncate, chmod or
+    rename moves it, so a file whose ctime moved is treated as changed (at worst a needless
+    ``ESTALE`` for a chmod, never bytes of two versions)."""
 
     size: int
     mtime_ns: int
     ino: int
+    ctime_ns: int = 0
 
     @classmethod
     def of(cls, st: os.stat_result) -> "SourceStamp":
-        return cls(st.st_size, st.st_mtime_ns, st.st_ino)
+        return cls(st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+
+    def matches(self, st: os.stat_result) -> bool:
+        """Whether ``st`` still describes these bytes (the per-read check: no allocation)."""
+        return (st.st_size == self.size and st.st_mtime_ns == self.mtime_ns and st.st_ino == self.ino
+                and st.st_ctime_ns == self.ctime_ns)
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,6 +178,7 @@ def cache_key(path: str | os.PathLike, stamp: SourceStamp, fmt_name: str, fmt_pa
             "size": stamp.size,
             "mtime_ns": stamp.mtime_ns,
             "ino": stamp.ino,
+            "ctime_ns": stamp.ctime_ns,
             "format": fmt_name,
             "params": fmt_params,
         },

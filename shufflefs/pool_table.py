@@ -4,7 +4,7 @@ Blocking (listings and stats); the filesystem calls it from worker threads.  Nam
 sets live in one directory, so without declared globs a lookup lists only the file's directory,
 again only when the directory's mtime changed (a file added, removed or renamed).  Declared globs
 may span directories: then the whole tree is walked, at most once per `TREE_TTL` seconds.
-Members' stamps (size, mtime, inode) are read again after `STAMP_TTL` seconds; they identify
+Members' stamps (size, mtime, inode, ctime) are read again after `STAMP_TTL` seconds; they identify
 the pool's version, and every window load checks the files themselves anyway.
 """
 

@@ -111,23 +111,23 @@ class SourceFile:
             raise
 
     def _verify(self, st: os.stat_result, offset: int | None) -> None:
-        now = SourceStamp.of(st)
         if st.st_nlink == 0:
             raise StaleSourceError(self.path, offset, "source file was removed or replaced while mounted")
-        if now != self.stamp:
+        if not self.stamp.matches(st):
+            now = SourceStamp.of(st)
             raise StaleSourceError(
                 self.path,
                 offset,
                 f"source changed while mounted (size {self.stamp.size} -> {now.size}, "
-                f"mtime_ns {self.stamp.mtime_ns} -> {now.mtime_ns})",
+                f"mtime_ns {self.stamp.mtime_ns} -> {now.mtime_ns}, ctime_ns {self.stamp.ctime_ns} -> "
+                f"{now.ctime_ns}, inode {self.stamp.ino} -> {now.ino})",
             )
 
     def verify_open(self) -> None:
         """Cheap per-read check (one fstat, no path lookup): the open file is unchanged and still
         linked, so bytes of a window loaded earlier still describe the source."""
         st = os.fstat(self.fd)
-        stamp = self.stamp
-        if st.st_nlink == 0 or st.st_size != stamp.size or st.st_mtime_ns != stamp.mtime_ns or st.st_ino != stamp.ino:
+        if st.st_nlink == 0 or not self.stamp.matches(st):
             self._verify(st, None)
 
     def check(self, offset: int | None = None) -> None:

@@ -224,7 +224,7 @@ def scan_file(path: str | os.PathLike, fmt: Format, progress: Progress | None = 
         after = os.fstat(fd)
     finally:
         os.close(fd)
-    if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
+    if SourceStamp.of(after) != SourceStamp.of(before):
         raise StaleSourceError(path, None, "file changed while it was being indexed")
     if index.size != size:
         raise ValueError(f"{fmt!r} indexed {index.size} bytes of a {size}-byte file")
