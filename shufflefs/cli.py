@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from . import __version__
+from . import __version__, control
 from .config import (
     EPOCH_XATTR,
     PID_XATTR,
@@ -689,6 +689,9 @@ class CliError(Exception):
 def _xattr_failure(e: OSError, path: str, name: str) -> CliError:
     if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
         return CliError(f"{path}: not a shufflefs mount or a data file in one (no {name} attribute)")
+    if e.errno == errno.ETIMEDOUT:
+        return CliError(f"{path}: {e.strerror}; the daemon may be stopped or hung "
+                        f"('{PROG} umount' still unmounts it)")
     if e.errno == errno.ENOTCONN:
         return CliError(f"{path}: the mount's daemon is gone (transport endpoint is not connected); "
                         f"run '{PROG} umount' on the mount point")
@@ -701,7 +704,7 @@ def _xattr_failure(e: OSError, path: str, name: str) -> CliError:
 
 def get_xattr(path: str, name: str) -> bytes:
     try:
-        return os.getxattr(path, name)
+        return control.get_xattr(path, name)
     except OSError as e:
         raise _xattr_failure(e, path, name) from None
 
@@ -730,7 +733,7 @@ def cmd_epoch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         except ValueError as e:
             parser.error(f"epoch {args.value!r}: {e} (or 'next')")
     try:
-        os.setxattr(path, EPOCH_XATTR, str(new).encode())
+        control.set_xattr(path, EPOCH_XATTR, str(new).encode())
     except OSError as e:
         if e.errno == errno.EINVAL:
             raise CliError(f"{path}: invalid epoch {new} (rejected by the filesystem)", EXIT_USAGE) from None
@@ -761,42 +764,30 @@ def _alive(pid: int) -> bool:
         return True
 
 
-def _unmount_command(mountpoint: str, lazy: bool) -> list[list[str]]:
-    flags = "-uz" if lazy else "-u"
-    return [["fusermount3", flags, mountpoint], ["umount", *(["-l"] if lazy else []), mountpoint]]
-
-
 def cmd_umount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     mnt = os.path.abspath(args.mountpoint)
+    if control.mount_type(mnt) is None:  # from /proc/mounts: no stat a hung daemon would answer
+        if not os.path.lexists(mnt):
+            raise CliError(f"{mnt}: no such file or directory")
+        raise CliError(f"{mnt}: not mounted")
+    if not control.is_shufflefs(mnt):
+        raise CliError(f"{mnt}: not a shufflefs mount")
     pid: int | None = None
     try:
-        pid = int(os.getxattr(mnt, PID_XATTR).decode().strip())
-    except OSError as e:
-        if e.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
-            if os.path.ismount(mnt):
-                raise CliError(f"{mnt}: not a shufflefs mount") from None
-            raise CliError(f"{mnt}: not mounted") from None
-        if e.errno == errno.ENOENT:
-            raise CliError(f"{mnt}: no such file or directory") from None
-        # ENOTCONN: the daemon died; the kernel mount is still there and can be removed.
-    except ValueError:
-        pid = None
+        pid = int(control.get_xattr_apart(mnt, PID_XATTR).decode().strip())
+    except (OSError, ValueError) as e:
+        # the daemon is stopped, hung, gone, or its source was removed: unmount all the same
+        print(f"{PROG} umount: {mnt}: the daemon did not tell its pid ({e}); unmounting anyway", file=sys.stderr)
 
-    result = None
-    for cmd in _unmount_command(mnt, args.lazy):
-        try:
-            result = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
-            break
-        except FileNotFoundError:
-            continue
+    result = control.unmount(mnt, args.lazy)
     if result is None:
         raise CliError("neither fusermount3 nor umount was found")
-    if result.returncode != 0:
+    if result.returncode != 0 and control.is_shufflefs(mnt):
         detail = (result.stderr or result.stdout).strip() or f"{result.args[0]} exit status {result.returncode}"
         hint = ""
-        if "busy" in detail.lower():
-            hint = ("\n  a process has a file open or its working directory under the mount; "
-                    f"close it, or detach now with '{PROG} umount --lazy {args.mountpoint}'")
+        if "busy" in detail.lower() or result.returncode == 124:
+            hint = ("\n  a process has a file open or its working directory under the mount, or the daemon "
+                    f"does not answer; close it, or detach now with '{PROG} umount --lazy {args.mountpoint}'")
         raise CliError(f"cannot unmount {mnt}: {detail}{hint}")
 
     if pid is not None and args.lazy:

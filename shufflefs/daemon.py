@@ -21,7 +21,7 @@ import threading
 import pyfuse3
 import trio
 
-from . import indexer
+from . import indexer, scratch
 from .config import MountConfig, check_paths
 from .fs import VIEW_BLKSIZE, ShuffleFS
 
@@ -190,6 +190,7 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
     except (OSError, ValueError) as e:
         log.error("cannot start: %s", e)
         return EXIT_FAILED
+    own_tmp = scratch.claim(fs.index_cache.dir)
     mnt = os.path.abspath(config.mountpoint)
     options = {_fsname(os.path.abspath(config.source)), "subtype=shufflefs", "default_permissions"}
     main_thread = threading.current_thread() is threading.main_thread()
@@ -228,4 +229,5 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
                 log.warning("%s still mounted after unmount; detaching it lazily", mnt)
                 subprocess.run(["fusermount3", "-u", "-z", mnt], check=False, capture_output=True)
             log.info("unmounted %s", mnt)
+        scratch.release(own_tmp)
     return code

@@ -388,7 +388,7 @@ class ShuffleFS(pyfuse3.Operations):
         """A file's own override, else the nearest directory's, else the mount's epoch."""
         if relpath in self.file_epochs:
             return self.file_epochs[relpath]
-        d = os.path.dirname(relpath)
+        d = relpath  # a directory's own setting first (then its parents')
         while d:
             if d in self.dir_epochs:
                 return self.dir_epochs[d]

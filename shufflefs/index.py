@@ -213,7 +213,7 @@ class IndexCache:
         f = self._file(key)
         f.parent.mkdir(parents=True, exist_ok=True)
         meta = json.dumps({"v": INDEX_VERSION, "size": index.size, "add_newline": index.add_newline})
-        fd, tmp = tempfile.mkstemp(dir=f.parent, suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=f.parent, prefix=f"{os.getpid()}-", suffix=".tmp")  # see scratch.py
         try:
             with os.fdopen(fd, "wb") as out:
                 np.savez(out, bounds=index.bounds, meta=np.frombuffer(meta.encode(), dtype=np.uint8))

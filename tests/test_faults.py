@@ -1,0 +1,107 @@
+"""Mounted: the fault matrix: a daemon stopped, killed or left without its source, and the
+commands a user runs then (``shufflefs umount``, ``stat``, a remount).  Nothing may hang, and
+nothing may be left mounted.  ``--stress`` repeats the kill-and-remount rounds."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO, is_mounted
+
+LINES = b"".join(b'{"id": %06d}\n' % i for i in range(20000))
+CLI_TIMEOUT = 60  # a generous cap so that a hang fails the test instead of the whole run
+
+
+def shufflefs(*args: str, timeout: float = CLI_TIMEOUT) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "shufflefs", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+
+
+def wait_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_umount_of_a_stopped_daemon_returns_and_removes_the_mount(mount):
+    m = mount({"a.jsonl": LINES})
+    assert sorted(open(m.path("a.jsonl"), "rb").read().splitlines()) == sorted(LINES.splitlines())
+    os.kill(m.pid, signal.SIGSTOP)
+    try:
+        r = shufflefs("stat", str(m.mnt))
+        assert r.returncode != 0 and "no answer" in r.stderr, r.stderr
+        r = shufflefs("umount", str(m.mnt))
+        assert r.returncode == 0, r.stderr
+        assert not is_mounted(m.mnt)
+    finally:
+        os.kill(m.pid, signal.SIGCONT)
+    m.wait()  # the daemon notices the unmount once it runs again
+
+
+def test_umount_after_the_source_was_removed(mount):
+    m = mount({"d/a.jsonl": LINES})
+    assert len(open(m.path("d/a.jsonl"), "rb").read()) == len(LINES)
+    shutil.rmtree(m.src)
+    r = shufflefs("umount", str(m.mnt))
+    assert r.returncode == 0, r.stderr
+    assert not is_mounted(m.mnt)
+    assert m.wait() == 0
+
+
+def test_kill_9_then_a_remount_serves_the_same_views(mount, stress):
+    m = mount({"a.jsonl": LINES, "b.jsonl": LINES[: len(LINES) // 3]})
+    first = open(m.path("a.jsonl"), "rb").read()
+    for round_ in range(5 if stress else 1):
+        os.kill(m.pid, signal.SIGKILL)
+        m.wait()
+        r = shufflefs("umount", str(m.mnt))  # the kernel mount outlives its daemon
+        assert r.returncode == 0, r.stderr
+        assert not is_mounted(m.mnt)
+        m = mount(None, "--cache-dir", str(m.cache), src=m.src, name=f"again{round_}")
+        assert open(m.path("a.jsonl"), "rb").read() == first
+        assert sorted(open(m.path("b.jsonl"), "rb").read().splitlines()) == sorted(LINES[: len(LINES) // 3].splitlines())
+    leftovers = [p for p in Path(m.cache).rglob("*.tmp")]
+    assert not leftovers
+
+
+def test_umount_of_a_path_that_is_not_mounted_fails_clearly(tmp_path):
+    r = shufflefs("umount", str(tmp_path))
+    assert r.returncode == 1 and "not mounted" in r.stderr
+    r = shufflefs("umount", str(tmp_path / "nope"))
+    assert r.returncode == 1 and "no such file" in r.stderr
+
+
+def test_a_daemon_killed_while_indexing_leaves_nothing_the_next_one_keeps(mount, tmp_path):
+    m = mount({"a.jsonl": LINES})
+    run = Path(m.cache) / "run" / str(m.pid)
+    assert run.is_dir()  # the daemon's own temporary directory (multiprocessing's files too)
+    # what a daemon killed in the middle of writing would leave: a temporary index and its folder
+    dead = 2**22 + 12345  # beyond pid_max on this machine's defaults: never a live process
+    (Path(m.cache) / "ab").mkdir(parents=True, exist_ok=True)
+    stale_tmp = Path(m.cache) / "ab" / f"{dead}-x.tmp"
+    stale_tmp.write_bytes(b"half an index")
+    stale_run = Path(m.cache) / "run" / str(dead)
+    (stale_run / "pymp-xyz").mkdir(parents=True)
+    assert open(m.path("a.jsonl"), "rb").read()  # builds and caches the index
+    os.kill(m.pid, signal.SIGKILL)
+    m.wait()
+    shufflefs("umount", str(m.mnt))
+    again = mount(None, "--cache-dir", str(m.cache), src=m.src, name="again")
+    assert not stale_tmp.exists() and not stale_run.exists() and not run.exists()
+    assert sorted(open(again.path("a.jsonl"), "rb").read().splitlines()) == sorted(LINES.splitlines())
+    own = Path(m.cache) / "run" / str(again.pid)
+    assert own.is_dir()
+    again.stop()
+    assert not own.exists()
