@@ -25,12 +25,23 @@ from typing import Any, Callable, Sequence
 from . import __version__, control
 from .config import (
     EPOCH_XATTR,
+    MAX_BLOCK,
+    MAX_EPOCH,
+    MAX_PAGE,
+    MAX_SEED,
+    MAX_SIZE,
+    MAX_WORLD,
+    MIN_BLOCK,
+    MIN_BUFFER,
+    MIN_BUFFER_FRACTION,
+    MIN_PAGE,
     PID_XATTR,
     STATS_XATTR,
     XATTR_PREFIX,
     MountConfig,
     check_paths,
     format_buffer,
+    format_size,
     parse_buffer,
     parse_size,
 )
@@ -73,10 +84,28 @@ def _size(value: Any) -> int:
     return parse_size(value)
 
 
+def _size_in(lo: int, hi: int, power_of_two: bool = False) -> Callable[[Any], int]:
+    """A size option with a sane range: anything outside would mount and then fail every open."""
+    def convert(value: Any) -> int:
+        n = _size(value)
+        if not lo <= n <= hi:
+            raise ValueError(f"must be between {format_size(lo)} and {format_size(hi)}: {value!r}")
+        if power_of_two and n & (n - 1):
+            raise ValueError(f"must be a power of two (512, 4096, 64KiB, ...): {value!r}")
+        return n
+
+    return convert
+
+
 def _buffer(value: Any) -> int | float:
     if isinstance(value, bool):
         raise ValueError(f"not a buffer size: {value!r}")
-    return parse_buffer(value)
+    b = parse_buffer(value)
+    if isinstance(b, float) and b < MIN_BUFFER_FRACTION:
+        raise ValueError(f"a buffer share must be at least {MIN_BUFFER_FRACTION * 100:g}%: {value!r}")
+    if isinstance(b, int) and not MIN_BUFFER <= b <= MAX_SIZE:
+        raise ValueError(f"a buffer must be between {format_size(MIN_BUFFER)} and {format_size(MAX_SIZE)}: {value!r}")
+    return b
 
 
 def _path(value: Any) -> Path:
@@ -136,18 +165,16 @@ def _one_of(modes: tuple[str, ...]) -> Callable[[Any], str]:
 
 
 MiB = 1 << 20
-MAX_EPOCH = 10**18 - 1
-"""The largest epoch the ``user.shufflefs.epoch`` attribute accepts (18 decimal digits)."""
 
 OPTIONS: dict[str, _Option] = {
     "strategy": _Option(_strategy, "corgipile"),
-    "block_size": _Option(_size, 4 * MiB),
+    "block_size": _Option(_size_in(MIN_BLOCK, MAX_BLOCK), 4 * MiB),
     "buffer": _Option(_buffer, 64 * MiB),
-    "seed": _Option(_integer(0), 0),
+    "seed": _Option(_integer(0, MAX_SEED), 0),
     "epoch": _Option(_integer(0, MAX_EPOCH), 0),
-    "page_size": _Option(_size, 4096),
-    "rank": _Option(_integer(0), 0, "RANK"),
-    "world_size": _Option(_integer(1), 1, "WORLD_SIZE"),
+    "page_size": _Option(_size_in(MIN_PAGE, MAX_PAGE, power_of_two=True), 4096),
+    "rank": _Option(_integer(0, MAX_WORLD - 1), 0, "RANK"),
+    "world_size": _Option(_integer(1, MAX_WORLD), 1, "WORLD_SIZE"),
     "even": _Option(_one_of(EVEN_MODES), "none"),
     "exchange": _Option(_fraction, 0.0),
     "pls_local": _Option(_one_of(LOCAL_MODES), "uniform"),
@@ -157,7 +184,7 @@ OPTIONS: dict[str, _Option] = {
     "random_level": _Option(_fraction, 0.0),
     "cache_dir": _Option(_path, None),
     "no_pool": _Option(_flag, False),
-    "record_size": _Option(_size, None),
+    "record_size": _Option(_size_in(1, MAX_BLOCK), None),
     "header_bytes": _Option(_size_or_zero, None),
     "log_file": _Option(_path, None),
     "verbose": _Option(_integer(0), 0),
@@ -316,11 +343,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("mountpoint", metavar="MNT", help="empty directory to mount on")
     g = p.add_argument_group("shuffling")
     g.add_argument("--strategy", choices=list(STRATEGIES), metavar="S", help="shuffle strategy (default corgipile; listed below)")
-    g.add_argument("--block-size", metavar="SIZE", help="bytes per block, the unit of storage reads (default 4MiB)")
-    g.add_argument("--buffer", metavar="SIZE|P%", help="shuffle buffer: bytes, or a percentage of each file's record bytes (default 64MiB)")
-    g.add_argument("--seed", metavar="N", help="seed of every order (default 0)")
-    g.add_argument("--epoch", metavar="N", help="initial epoch (default 0)")
-    g.add_argument("--page-size", metavar="SIZE", help="page size for page-aware strategies (default 4096)")
+    g.add_argument("--block-size", metavar="SIZE", help="bytes per block, the unit of storage reads, 512 B to 1GiB (default 4MiB)")
+    g.add_argument("--buffer", metavar="SIZE|P%", help="shuffle buffer: bytes (4KiB to 1TiB), or a percentage of each "
+                   "file's record bytes (0.01%% to 100%%) (default 64MiB)")
+    g.add_argument("--seed", metavar="N", help="seed of every order, 0 to 2**63-1 (default 0)")
+    g.add_argument("--epoch", metavar="N", help=f"initial epoch, 0 to {MAX_EPOCH} (default 0)")
+    g.add_argument("--page-size", metavar="SIZE", help="page size for page-aware strategies, a power of two from 512 to 1MiB (default 4096)")
     g.add_argument("--exchange", metavar="Q", help="pls: fraction of every rank's records traded with other "
                    "ranks before each epoch, 0 (pure local shuffling) to 1 (default 0)")
     g.add_argument("--pls-local", choices=LOCAL_MODES, default=None,
@@ -729,7 +757,7 @@ def cmd_epoch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         new = current + 1
     else:
         try:
-            new = _integer(0)(args.value.strip())
+            new = _integer(0, MAX_EPOCH)(args.value.strip())
         except ValueError as e:
             parser.error(f"epoch {args.value!r}: {e} (or 'next')")
     try:

@@ -23,6 +23,19 @@ XATTR_PREFIX = "user.shufflefs."
 EPOCH_XATTR = XATTR_PREFIX + "epoch"
 STATS_XATTR = XATTR_PREFIX + "stats"
 PID_XATTR = XATTR_PREFIX + "pid"
+MAX_EPOCH = 2**31 - 1
+"""The largest epoch (the ``user.shufflefs.epoch`` attribute, ``--epoch``, ``shufflefs epoch``): as
+many as a 32-bit signed counter holds, far beyond any training run, and small enough that every
+plan's arithmetic on epochs stays exact."""
+MAX_SEED = 2**63 - 1
+MIN_BLOCK, MAX_BLOCK = 512, 1 << 30
+"""``--block-size`` range (a block is read whole into memory, so it must fit many times over)."""
+MIN_PAGE, MAX_PAGE = 512, 1 << 20
+"""``--page-size`` range (a power of two)."""
+MIN_BUFFER, MAX_SIZE = 4096, 1 << 40
+MIN_BUFFER_FRACTION = 1e-4
+"""The smallest ``--buffer`` share, 0.01%: below it a buffer holds a record or two."""
+MAX_WORLD = 1 << 20
 PARTS_DIR = ".parts"
 """``MNT/.parts/K/i/`` mirrors the tree; each view there holds the i-th of K disjoint parts of
 what the view at ``MNT/`` holds (one part per loader process).  Not listed in ``MNT/``."""

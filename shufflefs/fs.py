@@ -52,6 +52,7 @@ from pyfuse3 import FUSEError
 
 from .config import (
     EPOCH_XATTR,
+    MAX_EPOCH,
     PARTS_DIR,
     PID_XATTR,
     STATS_XATTR,
@@ -230,12 +231,12 @@ def _load_stream(views: list[SharedView], k: int, ahead: bool, stream: Plan,
 
 
 def parse_epoch(value: bytes) -> int:
-    """ASCII decimal, surrounding whitespace allowed; anything else is EINVAL."""
+    """ASCII decimal in [0, MAX_EPOCH], surrounding whitespace allowed; anything else is EINVAL."""
     try:
         text = value.decode("ascii").strip()
     except UnicodeDecodeError:
         raise FUSEError(errno.EINVAL) from None
-    if not re.fullmatch(r"[0-9]{1,18}", text):
+    if not re.fullmatch(r"[0-9]{1,10}", text) or int(text) > MAX_EPOCH:
         raise FUSEError(errno.EINVAL)
     return int(text)
 

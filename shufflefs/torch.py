@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .config import EPOCH_XATTR, PARTS_DIR
+from .config import EPOCH_XATTR, MAX_EPOCH, PARTS_DIR
 
 __all__ = ["rank_and_world", "set_epoch", "part_path", "LineDataset"]
 
@@ -70,8 +70,8 @@ def set_epoch(mount: str | os.PathLike, epoch: int) -> None:
     files already open keep the epoch they were opened with.  ``mount`` is the mount root (a
     directory inside the mount sets only the files below it).  Raises OSError (ENOTSUP) if
     ``mount`` is not in a shufflefs mount."""
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise ValueError(f"epoch must be an integer >= 0: {epoch!r}")
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_EPOCH:
+        raise ValueError(f"epoch must be an integer in [0, {MAX_EPOCH}]: {epoch!r}")
     path = os.fspath(mount)
     try:  # a plain directory may accept a user.* attribute: only a mount has one to read
         os.getxattr(path, EPOCH_XATTR)
