@@ -65,7 +65,7 @@ def _integer(lo: int, hi: int | None = None) -> Callable[[Any], int]:
         except (TypeError, ValueError):
             raise ValueError(f"not an integer: {value!r}") from None
         if n < lo or (hi is not None and n > hi):
-            bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            bound = f">= {lo}" if hi is None else f">= {lo} and <= {hi}"
             raise ValueError(f"must be an integer {bound}: {value!r}")
         return n
 
