@@ -230,6 +230,14 @@ def _load_stream(views: list[SharedView], k: int, ahead: bool, stream: Plan,
     raise ViewClosed()
 
 
+def view_mtime_ns(source_mtime_ns: int, epoch: int) -> int:
+    """A view's mtime: its source's plus one second per epoch.  Readers that cache by path, size
+    and mtime (Hugging Face ``datasets``) then see every epoch as a new file instead of serving
+    epoch 0's order again; a function of the source and the epoch only, so every rank and every
+    remount shows the same value."""
+    return source_mtime_ns + epoch * 1_000_000_000
+
+
 def parse_epoch(value: bytes) -> int:
     """ASCII decimal in [0, MAX_EPOCH], surrounding whitespace allowed; anything else is EINVAL."""
     try:
@@ -532,7 +540,7 @@ class ShuffleFS(pyfuse3.Operations):
             a.entry_timeout = META_TIMEOUT
         a.attr_timeout = META_TIMEOUT
         a.st_atime_ns = st.st_atime_ns
-        a.st_mtime_ns = st.st_mtime_ns
+        a.st_mtime_ns = view_mtime_ns(st.st_mtime_ns, node.epoch) if node.kind == VIEW else st.st_mtime_ns
         a.st_ctime_ns = st.st_ctime_ns
         return a
 

@@ -3,8 +3,9 @@
 Index cache entries are written to temporary files first (``<pid>-*.tmp`` beside the entry) and
 the indexing workers' multiprocessing machinery makes a ``pymp-*`` folder in the temporary
 directory.  A daemon killed with SIGKILL cleans neither, so every daemon keeps its temporaries
-in ``<cache dir>/run/<pid>/`` and removes, at start, what dead daemons left there and in the
-cache (a temporary whose pid no longer runs).  Live daemons sharing the cache keep theirs.
+in ``$TMPDIR/shufflefs-<pid>/`` (short: the forkserver's socket path must fit in 108 bytes) and
+removes, at start, what dead daemons left there and in the cache (a temporary whose pid no
+longer runs).  Live daemons keep theirs.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 log = logging.getLogger("shufflefs")
 
-RUN_DIR = "run"
+RUN_PREFIX = "shufflefs-"
 TMP_NAME = re.compile(r"^(\d+)-.*\.tmp$")
 
 
@@ -34,20 +35,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def run_dir(pid: int | None = None) -> Path:
+    """The temporary directory of the daemon ``pid`` (this one by default)."""
+    return Path(tempfile.gettempdir()) / f"{RUN_PREFIX}{os.getpid() if pid is None else pid}"
+
+
 def remove_stale(cache_dir: Path) -> int:
-    """Remove what dead daemons left in ``cache_dir``; returns the number of entries removed."""
+    """Remove what dead daemons left in the temporary directory and in ``cache_dir``; returns the
+    number of entries removed."""
     removed = 0
-    run = cache_dir / RUN_DIR
     try:
-        for d in run.iterdir():
-            if d.name.isdigit() and not _alive(int(d.name)):
+        for d in Path(tempfile.gettempdir()).iterdir():
+            pid = d.name[len(RUN_PREFIX):]
+            if d.name.startswith(RUN_PREFIX) and pid.isdigit() and not _alive(int(pid)) and d.is_dir():
                 shutil.rmtree(d, ignore_errors=True)
                 removed += 1
     except OSError:
         pass
     try:
         for sub in cache_dir.iterdir():
-            if not sub.is_dir() or sub.name == RUN_DIR:
+            if not sub.is_dir():
                 continue
             for f in sub.iterdir():
                 m = TMP_NAME.match(f.name)
@@ -65,7 +72,7 @@ def claim(cache_dir: Path) -> Path | None:
     """This daemon's temporary directory (also ``tempfile``'s and its children's), after removing
     stale ones; None (the system's default stays) if it cannot be made."""
     remove_stale(cache_dir)
-    own = cache_dir / RUN_DIR / str(os.getpid())
+    own = run_dir()
     try:
         own.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -85,14 +86,15 @@ def test_umount_of_a_path_that_is_not_mounted_fails_clearly(tmp_path):
 
 def test_a_daemon_killed_while_indexing_leaves_nothing_the_next_one_keeps(mount, tmp_path):
     m = mount({"a.jsonl": LINES})
-    run = Path(m.cache) / "run" / str(m.pid)
+    tmp = Path(tempfile.gettempdir())  # the daemons' (conftest gives them a private one)
+    run = tmp / f"shufflefs-{m.pid}"
     assert run.is_dir()  # the daemon's own temporary directory (multiprocessing's files too)
     # what a daemon killed in the middle of writing would leave: a temporary index and its folder
     dead = 2**22 + 12345  # beyond pid_max on this machine's defaults: never a live process
     (Path(m.cache) / "ab").mkdir(parents=True, exist_ok=True)
     stale_tmp = Path(m.cache) / "ab" / f"{dead}-x.tmp"
     stale_tmp.write_bytes(b"half an index")
-    stale_run = Path(m.cache) / "run" / str(dead)
+    stale_run = tmp / f"shufflefs-{dead}"
     (stale_run / "pymp-xyz").mkdir(parents=True)
     assert open(m.path("a.jsonl"), "rb").read()  # builds and caches the index
     os.kill(m.pid, signal.SIGKILL)
@@ -101,7 +103,7 @@ def test_a_daemon_killed_while_indexing_leaves_nothing_the_next_one_keeps(mount,
     again = mount(None, "--cache-dir", str(m.cache), src=m.src, name="again")
     assert not stale_tmp.exists() and not stale_run.exists() and not run.exists()
     assert sorted(open(again.path("a.jsonl"), "rb").read().splitlines()) == sorted(LINES.splitlines())
-    own = Path(m.cache) / "run" / str(again.pid)
+    own = tmp / f"shufflefs-{again.pid}"
     assert own.is_dir()
     again.stop()
     assert not own.exists()
