@@ -68,6 +68,7 @@ from .indexer import default_builder
 from .layout import HEADER, TRAILER, Layout
 from .prefetch import SharedTasks, Slot, WindowCache
 from .stats import Stats
+from .stats import fit as fit_stats
 from .pool_table import PoolEntry, PoolTable
 from .pooled import PooledIndex
 from .stage import Stage, StagedSource
@@ -1263,7 +1264,7 @@ class ShuffleFS(pyfuse3.Operations):
         if name == X_PID:
             return str(os.getpid()).encode()
         if name == X_STATS:
-            return json.dumps(self.describe(), sort_keys=True).encode()
+            return fit_stats(self.describe())
         field = name.decode()[len(XATTR_PREFIX):]
         simple = {
             "strategy": self.spec.strategy,

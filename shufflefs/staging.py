@@ -24,6 +24,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 
@@ -40,15 +41,29 @@ log = logging.getLogger("shufflefs")
 
 
 class EpochBytes:
-    """Record bytes read per epoch from the shared source and from local stages (thread-safe)."""
+    """Record bytes read per epoch from the shared source and from local stages (thread-safe).
+
+    Only the `KEPT` epochs touched last are kept one by one (a long run sets thousands of epochs,
+    and the stats must fit in one extended attribute); older ones add to ``earlier``."""
+
+    KEPT = 64
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._by: dict[int, list[int]] = {}
+        self._by: OrderedDict[int, list[int]] = OrderedDict()
+        self._earlier = [0, 0]
 
     def add(self, epoch: int, source: int, stage: int) -> None:
         with self._lock:
-            got = self._by.setdefault(epoch, [0, 0])
+            got = self._by.get(epoch)
+            if got is None:
+                got = self._by[epoch] = [0, 0]
+                while len(self._by) > self.KEPT:
+                    _, old = self._by.popitem(last=False)
+                    self._earlier[0] += old[0]
+                    self._earlier[1] += old[1]
+            else:
+                self._by.move_to_end(epoch)
             got[0] += source
             got[1] += stage
 
@@ -56,8 +71,12 @@ class EpochBytes:
         return functools.partial(self.add, epoch)
 
     def snapshot(self) -> dict[str, dict[str, int]]:
+        """The kept epochs by number; older ones summed under ``earlier`` once there are any."""
         with self._lock:
-            return {str(e): {"source_bytes": s, "stage_bytes": t} for e, (s, t) in sorted(self._by.items())}
+            out = {str(e): {"source_bytes": s, "stage_bytes": t} for e, (s, t) in sorted(self._by.items())}
+            if any(self._earlier):
+                out["earlier"] = {"source_bytes": self._earlier[0], "stage_bytes": self._earlier[1]}
+            return out
 
 
 @dataclass(frozen=True)

@@ -77,3 +77,28 @@ def test_a_directory_reads_back_its_own_epoch_and_next_moves_it_forward(mount):
     assert m.xattr("epoch", "d/a.jsonl") == "10"
     assert m.xattr("epoch", "b.jsonl") == "5"
     assert run("epoch", str(m.mnt)).stdout.strip() == "5"
+
+
+def test_stats_stay_readable_after_thousands_of_epochs(mount):
+    m = mount({"a.jsonl": b"".join(b"%d\n" % i for i in range(200))})
+    for epoch in range(2000):
+        m.set_epoch(epoch)
+        with open(m.path("a.jsonl"), "rb") as f:  # every epoch reads source bytes
+            f.read(1)
+    stats = m.stats()
+    assert len(stats["read_bytes"]) <= 65  # the last epochs one by one, the others summed
+    assert stats["read_bytes"]["1999"]["source_bytes"] > 0 and stats["read_bytes"]["earlier"]["source_bytes"] > 0
+    assert run("stat", str(m.mnt)).returncode == 0
+
+
+def test_stats_json_is_cut_to_fit_an_attribute():
+    from shufflefs.stats import STATS_LIMIT, fit
+
+    big = {"epoch_overrides": {f"dir/file-{i:06d}.jsonl": i for i in range(20000)}, "errors": 3,
+           "last_errors": ["x" * 400] * 20}
+    data = fit(big)
+    assert len(data) <= STATS_LIMIT
+    import json
+
+    out = json.loads(data)
+    assert out["errors"] == 3 and "epoch_overrides" in out["truncated"]
