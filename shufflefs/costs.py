@@ -6,7 +6,11 @@ version (the caller keeps the result), never copied into the daemon's memory.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
+from . import resolve
 
 from .errors import FormatError
 from .index import RecordIndex
@@ -25,7 +29,8 @@ def record_costs(path: str, index: RecordIndex, field: str | None, format_name: 
         raise FormatError(path, None, f"--balance-field needs JSON lines, not a {format_name} file")
     if index.n == 0:
         return np.zeros(0, np.int32)
-    data = np.memmap(path, np.uint8, "r")  # unmapped when the last view of it goes
+    with os.fdopen(resolve.open_path(path), "rb") as f:
+        data = np.memmap(f, np.uint8, "r")  # unmapped when the last view of it goes
     try:
         return compact_costs(field_costs(data, index.bounds, field))
     except RecordCostError as e:

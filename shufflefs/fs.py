@@ -67,6 +67,7 @@ from .index import IndexCache, RecordIndex, SourceStamp
 from .indexer import default_builder
 from .layout import HEADER, TRAILER, Layout
 from .prefetch import SharedTasks, Slot, WindowCache
+from . import resolve
 from .stats import Stats
 from .stats import fit as fit_stats
 from .pool_table import PoolEntry, PoolTable
@@ -341,6 +342,7 @@ class ShuffleFS(pyfuse3.Operations):
         self.stages = StageStore(config.stage_dir, self.read_bytes) if config.stage_dir is not None else None
         self._stage_targets: OrderedDict[Hashable, StageTarget] = OrderedDict()
 
+        resolve.confine(self.source)  # every source path from here on resolves beneath it
         root_st = os.stat(self.source)
         root = Node(ROOT, DIR, "", ("d", ""), root_st)
         root.lookups = 1
@@ -412,7 +414,7 @@ class ShuffleFS(pyfuse3.Operations):
         relative to the link's directory so that they resolve inside the mount.
         """
         path = self._path(relpath)
-        target = os.readlink(path)
+        target = resolve.readlink_beneath(path)
         real = os.path.realpath(path)
         if not _inside(real, self.real_source):
             return None
@@ -424,9 +426,14 @@ class ShuffleFS(pyfuse3.Operations):
         """Blocking: describe one entry, or None if it is hidden (outside links, devices, ...)."""
         path = self._path(relpath)
         try:
-            st = os.lstat(path)
-        except FileNotFoundError:
+            st = resolve.stat_path(path, follow_last=False)
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EXDEV):  # a directory on the way became a link
+                log.warning("%s: a directory on its path is a symbolic link now; not followed", relpath)
+                return None
+            raise
         if stat.S_ISDIR(st.st_mode):
             return Probe(name, st, None, None, None)
         if stat.S_ISLNK(st.st_mode):
@@ -438,7 +445,7 @@ class ShuffleFS(pyfuse3.Operations):
         last = None
         if fmt is not None and st.st_size > 0:
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                fd = resolve.open_path(path)
                 try:
                     b = os.pread(fd, 1, st.st_size - 1)
                 finally:
@@ -451,8 +458,7 @@ class ShuffleFS(pyfuse3.Operations):
     def _list(self, relpath: str) -> list[Probe]:
         """Blocking: the visible entries of a directory, sorted by name."""
         out = []
-        with os.scandir(self._path(relpath)) as it:
-            names = sorted(e.name for e in it)
+        names = sorted(resolve.list_dir(self._path(relpath)))
         for name in names:
             p = self._probe(os.path.join(relpath, name) if relpath else name, name)
             if p is not None:
@@ -603,7 +609,7 @@ class ShuffleFS(pyfuse3.Operations):
         kinds = []
         for m in pool.members:
             path = self._path(m)
-            with open(path, "rb") as f:
+            with os.fdopen(resolve.open_path(path), "rb") as f:
                 head = f.read(1 << 16)
             kinds.append((row_kind(head, path), path))
         for kind, path in kinds[1:]:
@@ -1002,9 +1008,11 @@ class ShuffleFS(pyfuse3.Operations):
         if node.kind == VIEW:
             return self._attrs(node)
         try:
-            st = await self._io(os.stat if node.ino == ROOT else os.lstat, self._path(node.relpath))
-        except FileNotFoundError:
+            st = await self._io(resolve.stat_path, self._path(node.relpath), node.ino == ROOT)
+        except (FileNotFoundError, NotADirectoryError):
             raise FUSEError(errno.ENOENT) from None
+        except OSError as e:
+            raise FUSEError(errno.ESTALE if e.errno in (errno.ELOOP, errno.EXDEV) else e.errno or errno.EIO) from None
         node.st = st
         return self._attrs(node, st)
 
@@ -1075,7 +1083,7 @@ class ShuffleFS(pyfuse3.Operations):
             raise FUSEError(errno.ELOOP)
         if node.kind == FILE:
             try:
-                fd = await self._io(os.open, self._path(node.relpath), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+                fd = await self._io(resolve.open_path, self._path(node.relpath))
             except OSError as e:
                 raise FUSEError(e.errno or errno.EIO) from None
             fh = self._new_handle(Handle(node, fd))

@@ -23,6 +23,7 @@ import threading
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from . import resolve
 from .errors import StaleSourceError
 from .formats import Format, scan_file
 from .index import IndexCache, RecordIndex, SourceStamp, cache_key
@@ -87,7 +88,7 @@ class IndexBuilder:
         """
         path = os.fspath(path)
         cache = IndexCache(cache_dir)
-        stamp = SourceStamp.of(os.stat(path))
+        stamp = SourceStamp.of(resolve.stat_path(path))
         cached = cache.load(cache_key(path, stamp, fmt.name, fmt.params()), stamp)
         if cached is not None:
             return cached
@@ -143,7 +144,7 @@ class IndexBuilder:
 
     def _scan_in(self, slot: int, pool: ProcessPoolExecutor, path: str, fmt: Format) -> RecordIndex:
         try:
-            future: Future = pool.submit(scan_file, path, fmt)
+            future: Future = pool.submit(_scan_confined, resolve.roots(), path, fmt)
         except BrokenProcessPool:  # its idle worker died (killed from outside)
             raise
         except RuntimeError:  # `shutdown` stopped it meanwhile
@@ -164,6 +165,13 @@ class IndexBuilder:
                 return
             self._pools[slot] = None
         _stop(pool)
+
+
+def _scan_confined(roots: list[str], path: str, fmt: Format) -> RecordIndex:
+    """`scan_file` in a worker, with the daemon's source roots confined there too."""
+    for root in roots:
+        resolve.confine(root)
+    return scan_file(path, fmt)
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:

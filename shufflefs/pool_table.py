@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from . import resolve
 from .index import SourceStamp
 from .pools import ShardSet, find_sets, membership
 
@@ -50,10 +51,14 @@ class PoolTable:
 
     def _files(self, directory: str) -> list[str]:
         out = []
-        with os.scandir(self._path(directory)) as it:
-            for e in it:
-                if e.is_file(follow_symlinks=False):
-                    out.append(f"{directory}/{e.name}" if directory else e.name)
+        fd = resolve.open_path(self._path(directory), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with os.scandir(fd) as it:
+                for e in it:
+                    if e.is_file(follow_symlinks=False):
+                        out.append(f"{directory}/{e.name}" if directory else e.name)
+        finally:
+            os.close(fd)
         return out
 
     def _walk(self) -> list[str]:
@@ -76,7 +81,7 @@ class PoolTable:
                 self._tree = (now, membership(sets))
             return self._tree[1]
         directory = os.path.dirname(relpath)
-        mtime = os.stat(self._path(directory)).st_mtime_ns
+        mtime = resolve.stat_path(self._path(directory)).st_mtime_ns
         known = self._dirs.get(directory)
         if known is None or known[0] != mtime:
             sets, _ = find_sets(self._files(directory), self.format_of)
@@ -96,7 +101,7 @@ class PoolTable:
             key = (pool.key, pool.members)
             known = self._stamps.get(key)
             if known is None or now - known[0] > STAMP_TTL or (own is not None and known[1][shard] != own):
-                stamps = tuple(SourceStamp.of(os.stat(self._path(m))) for m in pool.members)
+                stamps = tuple(SourceStamp.of(resolve.stat_path(self._path(m))) for m in pool.members)
                 if len(self._stamps) > 4096:
                     self._stamps.clear()
                 known = self._stamps[key] = (now, stamps)

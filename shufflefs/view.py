@@ -24,6 +24,7 @@ from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 
+from . import resolve
 from .errors import StaleSourceError
 from .index import RecordIndex, SourceStamp
 from .layout import Layout, assemble, id_runs
@@ -101,7 +102,7 @@ class SourceFile:
         self.path = path
         self.stamp = stamp
         try:
-            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            self.fd = resolve.open_path(path)
         except FileNotFoundError:
             raise StaleSourceError(path, None, "source file was removed") from None
         try:
@@ -133,7 +134,7 @@ class SourceFile:
     def check(self, offset: int | None = None) -> None:
         """Raise unless the path still names the same, unchanged file."""
         try:
-            st = os.stat(self.path)
+            st = resolve.stat_path(self.path)
         except FileNotFoundError:
             raise StaleSourceError(self.path, offset, "source file was removed") from None
         self._verify(st, offset)

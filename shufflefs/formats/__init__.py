@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..errors import StaleSourceError
+from .. import resolve
 from ..index import IndexCache, RecordIndex, SourceStamp, cache_key
 from .base import Format, Progress
 from .fixed import FixedFormat
@@ -200,7 +201,7 @@ def scan_file(path: str | os.PathLike, fmt: Format, progress: Progress | None = 
     runs this in a worker process (`shufflefs.indexer`).
     """
     path = os.fspath(path)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    fd = resolve.open_path(path)
     try:
         before = os.fstat(fd)
         size = before.st_size
@@ -240,7 +241,7 @@ def load_or_build_index(
     Scans in the calling process; `shufflefs.indexer.IndexBuilder.build` is the same with the
     scan in a worker process.
     """
-    stamp = SourceStamp.of(os.stat(path))
+    stamp = SourceStamp.of(resolve.stat_path(path))
     cached = cache.load(cache_key(path, stamp, fmt.name, fmt.params()), stamp)
     if cached is not None:
         return cached

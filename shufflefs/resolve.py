@@ -1,0 +1,158 @@
+"""Opening paths under the source root without following symbolic links in any component.
+
+A mounted source is a tree other people may change while it is served.  Were a directory of it
+replaced by a link to ``/etc``, a path such as ``SRC/d/shadow`` opened the usual way would read
+``/etc/shadow`` and serve it.  So every path under a *confined* root (`confine`, called once per
+process with the source directory) is resolved from a descriptor of the root that was opened
+when the mount started: with ``openat2(2)`` and ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`` where
+the kernel has it (Linux 5.6+), else one ``O_NOFOLLOW`` step per component.  A link anywhere on
+the way is ``ELOOP``; a ``..`` that leaves the root is ``EXDEV``/``ELOOP``.  Paths outside every
+confined root (the cache, stage files) are opened as usual.
+
+Symlinks shown in the mounted tree are not affected: the kernel resolves them through the mount,
+and the daemon only reads them with `readlink_beneath`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+import threading
+
+O_PATH = getattr(os, "O_PATH", 0o10000000)
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64 (and every architecture since 5.6)
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_have_openat2: bool | None = None
+_roots: dict[str, tuple[int, int]] = {}  # root path -> (descriptor, pid that opened it)
+_lock = threading.Lock()
+
+
+def confine(root: str | os.PathLike) -> None:
+    """From now on, paths under ``root`` (absolute, as the callers spell it) resolve beneath it."""
+    path = os.path.abspath(os.fspath(root))
+    with _lock:
+        known = _roots.get(path)
+        if known is not None and known[1] == os.getpid():
+            return
+        _roots[path] = (os.open(path, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), os.getpid())
+
+
+def roots() -> list[str]:
+    """The confined roots (to confine a worker process the same way)."""
+    return list(_roots)
+
+
+def _split(path: str) -> tuple[int, str] | None:
+    """``(root descriptor, path relative to it)`` if ``path`` lies under a confined root."""
+    path = os.path.abspath(path)
+    for root, (fd, pid) in _roots.items():
+        if path == root or path.startswith(root.rstrip(os.sep) + os.sep):
+            if pid != os.getpid():  # inherited through fork: open our own
+                confine(root)
+                fd = _roots[root][0]
+            return fd, os.path.relpath(path, root)
+    return None
+
+
+def _openat2(dirfd: int, rel: str, flags: int) -> int:
+    global _have_openat2
+    how = _OpenHow(flags | os.O_CLOEXEC, 0, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(SYS_OPENAT2, dirfd, os.fsencode(rel), ctypes.byref(how), ctypes.sizeof(how))
+    if fd >= 0:
+        _have_openat2 = True
+        return fd
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EPERM) and _have_openat2 is None:  # no openat2, or a seccomp filter
+        _have_openat2 = False
+        return _walk(dirfd, rel, flags)
+    if err == errno.EAGAIN:  # a rename raced the lookup: try once more the careful way
+        return _walk(dirfd, rel, flags)
+    raise OSError(err, os.strerror(err), rel)
+
+
+def _walk(dirfd: int, rel: str, flags: int) -> int:
+    """One component at a time, never following a link; ``..`` is refused."""
+    parts = [p for p in rel.split(os.sep) if p not in ("", ".")]
+    if ".." in parts:
+        raise OSError(errno.EXDEV, "path leaves the source", rel)
+    if not parts:
+        return os.open(".", flags | os.O_CLOEXEC, dir_fd=dirfd)
+    fd = os.open(".", O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dirfd)
+    try:
+        for p in parts[:-1]:
+            try:
+                nxt = os.open(p, O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except NotADirectoryError:
+                if stat.S_ISLNK(os.stat(p, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), rel) from None
+                raise
+            os.close(fd)
+            fd = nxt
+        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def open_path(path: str | os.PathLike, flags: int = os.O_RDONLY) -> int:
+    """``os.open(path, flags)``, resolved beneath its confined root if it has one."""
+    path = os.fspath(path)
+    where = _split(path)
+    if where is None:
+        return os.open(path, flags | os.O_CLOEXEC)
+    dirfd, rel = where
+    if _have_openat2 is False:
+        return _walk(dirfd, rel, flags)
+    return _openat2(dirfd, rel, flags)
+
+
+def stat_path(path: str | os.PathLike, follow_last: bool = True) -> os.stat_result:
+    """``os.stat`` (``os.lstat`` if not ``follow_last``) without following links on the way.
+    A link as the last component is ELOOP when ``follow_last`` (it would be followed)."""
+    path = os.fspath(path)
+    if _split(path) is None:
+        return os.stat(path) if follow_last else os.lstat(path)
+    if follow_last:
+        fd = open_path(path, O_PATH)
+        try:
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+    parent, name = os.path.split(os.path.abspath(path))
+    if _split(parent) is None:  # the root itself
+        return os.lstat(path)
+    fd = open_path(parent, O_PATH | os.O_DIRECTORY)
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    finally:
+        os.close(fd)
+
+
+def list_dir(path: str | os.PathLike) -> list[str]:
+    """The names in a directory reached without following links."""
+    fd = open_path(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with os.scandir(fd) as it:
+            return [e.name for e in it]
+    finally:
+        os.close(fd)
+
+
+def readlink_beneath(path: str | os.PathLike) -> str:
+    """The target of the link ``path``, whose directory is reached without following links."""
+    parent, name = os.path.split(os.path.abspath(os.fspath(path)))
+    fd = open_path(parent, O_PATH | os.O_DIRECTORY)
+    try:
+        return os.readlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
