@@ -301,3 +301,17 @@ def test_the_default_cache_directory_never_lands_in_the_source(tmp_path):
         if is_mounted(mnt):
             subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, timeout=60)
     assert sorted(p.name for p in src.rglob("*")) == ["a.jsonl"]
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_empty_and_header_only_fixed_files_give_empty_views_and_a_short_header_is_eio(mount, strategy):
+    header = bytes(range(16))
+    m = mount({"e.bin": b"", "h.bin": header, "short.bin": header[:5]}, "--block-size", BLOCK, "--buffer", BUFFER,
+              "--record-size", "8", "--header-bytes", "16", "--strategy", strategy,
+              *(["--world-size", "2", "--rank", "1"] if strategy == "pls" else []))
+    assert os.stat(m.path("e.bin")).st_size == 0 and read(m.path("e.bin")) == b""
+    assert read(m.path("h.bin")) == header and m.xattr("records", "h.bin") == "0"
+    with pytest.raises(OSError) as e:
+        read(m.path("short.bin"))
+    assert e.value.errno == errno.EIO
+    assert "short.bin" in m.stderr() and "header" in m.stderr()

@@ -40,7 +40,10 @@ class FixedFormat(Format):
 
 
 def fixed_index(size: int, header_bytes: int, record_size: int, path: str) -> RecordIndex:
-    """Records of ``record_size`` bytes tiling ``[header_bytes, size)`` exactly."""
+    """Records of ``record_size`` bytes tiling ``[header_bytes, size)`` exactly.  An empty file
+    has no header to keep: its view is empty, as for every format."""
+    if size == 0:
+        return RecordIndex(0, np.zeros(1, np.int64))
     if size < header_bytes:
         raise FormatError(path, 0, f"file of {size} bytes is shorter than its {header_bytes}-byte header")
     n, rest = divmod(size - header_bytes, record_size)
