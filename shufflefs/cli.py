@@ -165,6 +165,7 @@ def _one_of(modes: tuple[str, ...]) -> Callable[[Any], str]:
 
 
 MiB = 1 << 20
+VERIFY_MODES = ("frames", "index")
 
 OPTIONS: dict[str, _Option] = {
     "strategy": _Option(_strategy, "corgipile"),
@@ -179,6 +180,7 @@ OPTIONS: dict[str, _Option] = {
     "exchange": _Option(_fraction, 0.0),
     "pls_local": _Option(_one_of(LOCAL_MODES), "uniform"),
     "stage_dir": _Option(_path, None),
+    "verify": _Option(_one_of(VERIFY_MODES), "frames"),
     "balance": _Option(_flag, False),
     "balance_field": _Option(_field, None),
     "random_level": _Option(_fraction, 0.0),
@@ -355,6 +357,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                    help="pls: how each rank shuffles its partition: uniform (default) or corgipile "
                         "(its records grouped by block, blocks permuted, records shuffled inside "
                         "the buffer: block-sized reads)")
+    g.add_argument("--verify", choices=VERIFY_MODES, default=None,
+                   help="frames (default): check every TFRecord frame's checksums in every window as it "
+                        "is gathered, so a byte changed after indexing is EIO, never served; index: "
+                        "only when the index is built")
     g.add_argument("--stage-dir", metavar="DIR",
                    help="pls: keep this rank's partition of every file on local disk under DIR: "
                         "copied from SRC when a file's first view opens, then each next epoch's "
@@ -591,7 +597,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     config = MountConfig(
         source=src, mountpoint=mnt, spec=spec, epoch=v["epoch"], rank=v["rank"], world=v["world_size"],
         rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
-        pool=not v["no_pool"], pool_globs=opts.pools, stage_dir=stage_dir,
+        pool=not v["no_pool"], pool_globs=opts.pools, stage_dir=stage_dir, verify=v["verify"],
     )
     if v["no_pool"] and opts.pools:
         parser.error("--pool declares a set but --no-pool turns pooling off")

@@ -105,6 +105,9 @@ class MountConfig:
     """Declared sets: each glob pools the data files it matches (`pools.find_sets`)."""
     stage_dir: Path | None = None
     """pls: keep the rank's partition of every file in stage files here (`shufflefs.staging`)."""
+    verify: str = "frames"
+    """``frames``: check every record's checksums (TFRecord) in every window as it is gathered;
+    ``index``: only when the index is built."""
 
 
 def _inside(path: str, root: str) -> bool:

@@ -801,7 +801,8 @@ class ShuffleFS(pyfuse3.Operations):
         if stage is not None:  # the view's source now releases the stage when it closes
             source = StagedSource(source, stage, functools.partial(self.stages.release, stage))
         try:
-            return View(path, node.index, plan, source, node.frame, meter=self.read_bytes.meter(node.epoch))
+            return View(path, node.index, plan, source, node.frame, meter=self.read_bytes.meter(node.epoch),
+                        check=node.fmt.window_check() if self.config.verify == "frames" else None)
         except BaseException:
             source.close()
             raise

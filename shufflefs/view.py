@@ -26,6 +26,7 @@ import numpy as np
 
 from . import resolve
 from .errors import StaleSourceError
+from .formats.base import WindowCheck
 from .index import RecordIndex, SourceStamp
 from .layout import Layout, assemble, id_runs
 from .pooled import PooledIndex, split_runs
@@ -313,8 +314,10 @@ class View:
     file opens its own source and reads its header and trailer from it."""
 
     def __init__(self, path: str, index: RecordIndex, plan: Plan, source: Source | None = None,
-                 frame: tuple[bytes, bytes] | None = None, meter: Meter | None = None) -> None:
+                 frame: tuple[bytes, bytes] | None = None, meter: Meter | None = None,
+                 check: WindowCheck | None = None) -> None:
         self.path = path
+        self.check = check
         self.index = index
         self.plan = plan
         self.meter = meter
@@ -354,13 +357,18 @@ class View:
         if out is None or len(out) < size:
             out = np.empty(size, np.uint8)
         if _build_window is None:
-            return assemble(self.index, ids, self.source.read_runs, out), scratch
+            window = assemble(self.index, ids, self.source.read_runs, out)
+            if self.check is not None:
+                self.check(window, ids, self.index, self.path)
+            return window, scratch
         if scratch is None:
             scratch = np.empty(READ_CHUNK, np.uint8)
         runs = plan.window_runs(k)
         first, count = runs if runs is not None else id_runs(ids)
         placed = self.source.place(self.index, first, count)
         window = build_runs(out, scratch, self.index, ids, placed, self.index.newline_ids, self.source.file_of)
+        if self.check is not None:
+            self.check(window, ids, self.index, self.path)
         if self.meter is not None:
             nbytes, local = placed.nbytes(self.index.bounds), placed.fd == self.source.local_fd
             self.meter(int(nbytes[~local].sum()), int(nbytes[local].sum()))

@@ -11,6 +11,9 @@ from ..index import RecordIndex
 
 Progress = Callable[[int], None]
 """Called with the number of bytes scanned so far (for progress bars)."""
+WindowCheck = Callable[[np.ndarray, np.ndarray, RecordIndex, str], None]
+"""``check(window bytes, record ids in window order, index, path)``: raises `FormatError` if a
+record in a window just gathered is damaged (a source byte changed after the index was built)."""
 
 
 class Format(ABC):
@@ -29,6 +32,11 @@ class Format(ABC):
         Raises `FormatError` naming ``path`` and the offset of the first bad byte.  The returned
         index has no stamp; the caller adds it.
         """
+
+    def window_check(self) -> WindowCheck | None:
+        """What to verify in every window as it is gathered (None: nothing beyond the source's
+        identity, which every read checks).  Formats with per-record checksums check them here."""
+        return None
 
     def view_size(self, size: int, last_byte: int | None) -> int:
         """Size of the view for a source of ``size`` bytes ending in ``last_byte`` (None if empty).
