@@ -215,3 +215,19 @@ def test_balance_needs_strategy_full(mount, tmp_path):
     out = subprocess.run([sys.executable, "-m", "shufflefs", "mount", str(src), str(mnt), "--balance",
                           "--cache-dir", str(tmp_path / "c")], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2 and "needs strategy full" in out.stderr, out.stderr
+
+
+def test_pls_ranks_at_epoch_a_billion_hold_every_record_once_in_equal_shares(mount):
+    data = b"".join(b'{"id": %07d}\n' % i for i in range(30000))
+    views = []
+    src = None
+    for rank in range(2):
+        m = mount({"a.jsonl": data} if src is None else None, "--strategy", "pls", "--exchange", "0.25",
+                  "--world-size", "2", "--rank", str(rank), "--block-size", "4KiB", "--buffer", "64KiB",
+                  "--epoch", str(10**9), src=src, name=f"r{rank}")
+        src = m.src
+        views.append(open(m.path("a.jsonl"), "rb").read().splitlines(keepends=True))
+        info = json.loads(m.xattr("info", "a.jsonl"))
+        assert info["received"] == info["sent"] == int(0.25 * 15000)
+    assert [len(v) for v in views] == [15000, 15000]
+    assert sorted(views[0] + views[1]) == data.splitlines(keepends=True)

@@ -1,21 +1,31 @@
-"""Partial local shuffling (PLS, "Why Globally Re-shuffle?", §III, Algorithm 1).
+"""Partial local shuffling (PLS, "Why Globally Re-shuffle?", §III, Algorithm 1), in closed form.
 
 Each of W ranks holds a partition of the records; before every epoch a fraction Q of every
 rank's records moves to other ranks, every rank sending and receiving the same number, and each
 rank then shuffles its partition locally (that local shuffle is the plan's business, not this
 module's).  Q = 0 is pure local shuffling, Q = 1 exchanges everything.
 
-The exchange is described by *slots*: rank s has m_s slots, and at epoch 0 slot (s, j) holds
-the j-th record of the rank's units (``unit_order[lo:hi]`` with ``(lo, hi) = share(U, s, W)``,
-source order inside a unit).  At epoch t >= 1 a keyed permutation rho_{t,s} of [0, m_s) picks
-the slots whose index i = rho_{t,s}(j) is below q; exchanged slot (r, j) with index i receives
-what slot (s, rho_{t,s}^-1(i)) held at epoch t-1, s = (r - o_{t,i}) mod W with an offset
-o_{t,i} in [1, W).  For a fixed i the offset shifts every rank by the same amount, so each
-sender has exactly one receiver and never itself.
+Any epoch's partition is computed directly, in O(m_r + log U) per record of the rank and with
+no dependence on the epoch number (epoch 10**12 costs what epoch 1 costs); state is O(U + W):
 
-Every rank computes the same assignment from the seed without communication, and a slot's
-record is found by walking it back epoch by epoch: a rank's partition costs O(m_r * epochs),
-the state is O(units + ranks), never O(records).
+* Epoch 0: the units (blocks) in the seed's ``unit_order`` form one record stream, cut at equal
+  record counts: rank s holds stream positions ``[S_s, S_{s+1})`` (``n // W`` or one more
+  records), its *slots* 0..m_s-1, read in whole-block runs except at the two cuts.
+* Layers: with m = n // W, a keyed permutation pi_s of [0, m) gives slot j < m of rank s the
+  layer pi_s(j); layer l has exactly one slot on every rank.  Slots j >= m (at most one per rank)
+  never move.
+* Moves: q = floor(Q * m) layers move before each epoch t >= 1, those in the cyclic window
+  ``[(t-1)q, tq) mod m`` of layer numbers (random, as pi is).  By epoch t layer l has moved
+  ``era(l, t)`` = #{k >= 0 : l + k*m < t*q} = A + (l < R) times, where t*q = A*m + R.
+* Places: in era e a layer sits at rank offset f(l, e): 0 in era 0, then a keyed hash of (l, e)
+  drawn from [0, ceil(W/2)) in even eras and from [ceil(W/2), W) in odd ones.  Consecutive eras
+  always differ, so a moving layer's every record changes rank; the layer's W records stay on W
+  distinct ranks (record of rank s's slot goes to rank s + f), so every rank sends exactly q and
+  receives exactly q records per epoch.  Slot j of rank r at epoch t holds the epoch-0 record of
+  slot pi_s^-1(l) of rank s = r - f(l, era(l, t)) mod W, l = pi_r(j).
+
+Every rank computes the same assignment from the seed without communication.  Records of one
+layer never share a rank (1/m of the pairs), which costs no measurable mixing.
 """
 
 from __future__ import annotations
@@ -25,10 +35,10 @@ import math
 import numpy as np
 
 from .base import rng
-from .units import I64, frozen, id_dtype, salt, share
+from .units import I64, frozen, id_dtype, salt, share_edges
 
-KEYS = salt("exchange/keys")
-OFFSETS = salt("exchange/offsets")
+LAYERS = salt("exchange/layers")
+PLACES = salt("exchange/places")
 
 U64 = np.uint64
 ROUNDS = 6
@@ -152,12 +162,11 @@ def keyed_permutation(x: np.ndarray, size: np.ndarray | int, key: np.ndarray | i
 
 
 class Exchange:
-    """The PLS assignment of records to ranks' slots, epoch by epoch.
+    """The PLS assignment of records to ranks' slots at any epoch (see the module docstring).
 
     ``firsts`` (int64[U+1]) is the first record id of every unit, then n; ``unit_order``
-    (int64[U]) is the units' order shared by all ranks, whose contiguous `share` pieces are the
-    ranks' epoch-0 partitions.  State is O(U + W): the cumulative record counts along
-    ``unit_order`` locate any slot's epoch-0 record in O(log U).
+    (int64[U]) the units' order shared by all ranks, whose record stream is cut into the ranks'
+    epoch-0 partitions.  State is O(U + W).
     """
 
     def __init__(self, firsts: np.ndarray, unit_order: np.ndarray, world: int, fraction: float,
@@ -183,54 +192,54 @@ class Exchange:
         self.firsts = frozen(firsts.copy())
         self.unit_order = frozen(order.copy())
         self.cum = frozen(np.concatenate(([0], np.cumsum(np.diff(firsts)[order]))).astype(I64))
-        edges = np.array([share(n_units, s, self.world)[0] for s in range(self.world)] + [n_units], I64)
-        self.starts = frozen(self.cum[edges])
-        """Global slot number of every rank's slot 0, then n (int64[W+1])."""
+        self.starts = frozen(share_edges(self.n, self.world))
+        """Stream position of every rank's slot 0, then n (int64[W+1]): equal record counts."""
         self.sizes = frozen(np.diff(self.starts))
-        """Slots of every rank, m_s (int64[W]); the same every epoch."""
-        self.q = 0 if self.world == 1 else math.floor(self.fraction * int(self.sizes.min()))
+        """Slots of every rank, m_s (int64[W]); the same every epoch, differing by at most one."""
+        self.layers = self.n // self.world
+        """m: slots per rank that take part in the exchange (one of every layer)."""
+        self.q = 0 if self.world == 1 else math.floor(self.fraction * self.layers)
         """Records every rank sends, and receives, before each epoch >= 1."""
-        self._half = frozen(half_bits(self.sizes))
+        self._layer_keys = rng(self.seed, LAYERS).integers(0, 2**64, size=self.world, dtype=U64)
+        self._place_key = int(rng(self.seed, PLACES).integers(0, 2**64, dtype=U64))
 
-    # -- randomness, identical on every rank ------------------------------------------------
+    # -- layers and places, identical on every rank ------------------------------------------
 
-    def keys(self, epoch: int) -> np.ndarray:
-        """The 64-bit key of every rank's slot permutation rho_{epoch,s} (uint64[W])."""
-        return rng(self.seed, epoch, KEYS).integers(0, 2**64, size=self.world, dtype=U64)
+    def _layer(self, rank: int | np.ndarray, slots: np.ndarray, inverse: bool = False) -> np.ndarray:
+        """pi_rank(slots) (or its inverse), ``rank`` one for all or one per slot."""
+        keys = self._layer_keys[rank]
+        if np.ndim(keys) == 0:
+            keys = int(keys)
+        return keyed_permutation(slots, self.layers, keys, inverse)
 
-    def offsets(self, epoch: int) -> np.ndarray:
-        """o_{epoch,i} in [1, W) for every exchange index i < q (int64[q])."""
-        if self.q == 0:
+    def eras(self, layers: np.ndarray, epoch: int) -> np.ndarray:
+        """How often each layer has moved by ``epoch`` (int64): O(1) each, whatever the epoch."""
+        m = self.layers
+        if self.q == 0 or epoch <= 0 or m == 0:
+            return np.zeros(len(layers), I64)
+        a, r = divmod(int(epoch) * self.q, m)  # Python ints: t*q may exceed int64
+        return np.int64(a) + (np.asarray(layers, I64) < r).astype(I64)
+
+    def offsets_at(self, layers: np.ndarray, eras: np.ndarray) -> np.ndarray:
+        """f(l, e): the rank offset of each layer in its era (int64; 0 in era 0)."""
+        w = self.world
+        half = (w + 1) // 2
+        z = (np.asarray(layers).astype(U64) * _GOLDEN) ^ (np.asarray(eras).astype(U64) * _M1)
+        z ^= U64(self._place_key)
+        h = _mix(z).astype(np.uint64)
+        odd = (np.asarray(eras) & 1).astype(bool)
+        out = np.where(odd, U64(half) + h % U64(max(w - half, 1)), h % U64(half)).astype(I64)
+        out[np.asarray(eras) == 0] = 0
+        return out
+
+    def moving_layers(self, epoch: int) -> np.ndarray:
+        """The layers that move before ``epoch`` (int64[q]; none at epoch 0)."""
+        if epoch <= 0 or self.q == 0:
             return np.zeros(0, I64)
-        return rng(self.seed, epoch, OFFSETS).integers(1, self.world, size=self.q, dtype=I64)
+        lo = (int(epoch) - 1) * self.q % self.layers
+        return (np.arange(lo, lo + self.q, dtype=I64) % self.layers).astype(I64)
 
     # -- slots ------------------------------------------------------------------------------
-
-    def _rho(self, x: np.ndarray, rank: int | np.ndarray, rk: np.ndarray,
-             inverse: bool = False) -> np.ndarray:
-        """rho_{t,rank}(x), ``rank`` one for all x or one per x, with ``rk`` the round keys of
-        all ranks at epoch t (uint64[ROUNDS, W])."""
-        return _permute(x, self.sizes[rank], self._half[rank], rk[:, rank], inverse)
-
-    def _walk(self, rank: int | np.ndarray, pos: np.ndarray,
-              epoch: int) -> tuple[int | np.ndarray, np.ndarray]:
-        """The epoch-0 slots whose records slots (rank, pos) hold at ``epoch`` (pos is updated)."""
-        for t in range(epoch, 0, -1):
-            if self.q == 0 or len(pos) == 0:
-                break
-            rk = round_keys(self.keys(t))
-            i = self._rho(pos, rank, rk)
-            moved = np.flatnonzero(i < self.q)
-            if moved.size == 0:
-                continue
-            if not isinstance(rank, np.ndarray):
-                rank = np.full(len(pos), rank, I64)
-            i = i[moved]
-            src = rank[moved] - self.offsets(t)[i]
-            src %= self.world
-            rank[moved] = src
-            pos[moved] = self._rho(i, src, rk, inverse=True)
-        return rank, pos
 
     def _records(self, rank: int | np.ndarray, pos: np.ndarray) -> np.ndarray:
         """Record ids the epoch-0 slots (rank, pos) hold, O(log U) each."""
@@ -246,39 +255,29 @@ class Exchange:
             raise ValueError("epoch must be >= 0")
 
     def exchanged_slots(self, rank: int, epoch: int) -> np.ndarray:
-        """The rank's slots that receive a record from another rank before ``epoch``, by
-        exchange index (int64[q]; empty at epoch 0).  O(q)."""
+        """The rank's slots that receive a record from another rank before ``epoch`` (int64[q];
+        empty at epoch 0).  O(q)."""
         self._check(rank, epoch)
-        if epoch == 0 or self.q == 0:
-            return np.zeros(0, I64)
-        return self._rho(np.arange(self.q, dtype=I64), rank, round_keys(self.keys(epoch)), inverse=True)
+        return self._layer(rank, self.moving_layers(epoch), inverse=True)
 
     def partition(self, rank: int, epoch: int, previous: np.ndarray | None = None) -> np.ndarray:
-        """The rank's record ids at ``epoch`` in slot order (`id_dtype`), before any local shuffle.
-
-        From scratch it walks every slot back to epoch 0: O(m_r * epoch).  Given ``previous``,
-        the rank's partition at ``epoch - 1``, only the q exchanged slots are walked back:
-        O(m_r + q * epoch).
-        """
+        """The rank's record ids at ``epoch`` in slot order (`id_dtype`), before any local
+        shuffle.  O(m_r) for any epoch; ``previous`` (the partition at ``epoch - 1``) is accepted
+        for callers that keep it, and only its length is checked."""
         self._check(rank, epoch)
-        m = int(self.sizes[rank])
-        if previous is None:
-            r, pos = self._walk(rank, np.arange(m, dtype=I64), epoch)
-            return self._records(r, pos)
-        if epoch == 0:
-            raise ValueError("epoch 0 has no previous partition")
-        if len(previous) != m:
-            raise ValueError(f"previous partition has {len(previous)} records, rank {rank} holds {m}")
-        out = np.array(previous, dtype=id_dtype(self.n))
-        if self.q == 0:
-            return out
-        rk = round_keys(self.keys(epoch))
-        i = np.arange(self.q, dtype=I64)
-        slots = self._rho(i, rank, rk, inverse=True)
-        src = rank - self.offsets(epoch)
-        src %= self.world
-        src, pos = self._walk(src, self._rho(i, src, rk, inverse=True), epoch - 1)
-        out[slots] = self._records(src, pos)
+        m_r = int(self.sizes[rank])
+        if previous is not None and len(previous) != m_r:
+            raise ValueError(f"previous partition has {len(previous)} records, rank {rank} holds {m_r}")
+        pos = np.arange(m_r, dtype=I64)
+        if self.q == 0 or epoch == 0:
+            return self._records(rank, pos)
+        m = self.layers
+        layer = self._layer(rank, pos[:m])
+        src = (rank - self.offsets_at(layer, self.eras(layer, epoch))) % self.world
+        src_slot = self._layer(src, layer, inverse=True)
+        out = np.empty(m_r, id_dtype(self.n))
+        out[:m] = self._records(src, src_slot)
+        out[m:] = self._records(rank, pos[m:])
         return out
 
     def counts(self, rank: int, epoch: int) -> dict:
@@ -295,9 +294,8 @@ class Exchange:
 
 
 class Partitions:
-    """One rank's partitions epoch after epoch, each derived from the previous epoch's when
-    that was the last one asked for: O(m_r + q * epoch) instead of O(m_r * epoch) per epoch.
-    Keeps the last partition (m_r ids)."""
+    """One rank's partitions by epoch, the last one kept (m_r ids): a stage build asks for an
+    epoch's partition more than once."""
 
     def __init__(self, exchange: Exchange, rank: int) -> None:
         exchange._check(rank, 0)
@@ -307,9 +305,6 @@ class Partitions:
     def __call__(self, epoch: int) -> np.ndarray:
         """The rank's record ids at ``epoch`` (a fresh array, like `Exchange.partition`)."""
         last = self._last
-        if last is not None and last[0] == epoch:
-            return last[1].copy()
-        previous = last[1] if last is not None and epoch > 0 and last[0] == epoch - 1 else None
-        out = self.exchange.partition(self.rank, epoch, previous)
-        self._last = (epoch, out)
-        return out.copy()
+        if last is None or last[0] != epoch:
+            last = self._last = (epoch, self.exchange.partition(self.rank, epoch))
+        return last[1].copy()
