@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pyfuse3
 import trio
@@ -102,7 +103,7 @@ async def _main(fs: ShuffleFS, mnt: str) -> None:
     async with trio.open_nursery() as nursery:
         fs.start(nursery)
         if threading.current_thread() is threading.main_thread():
-            nursery.start_soon(_watch_signals)
+            nursery.start_soon(_watch_signals, mnt)
         nursery.start_soon(functools.partial(trio.to_thread.run_sync, raise_readahead, mnt, abandon_on_cancel=True))
         try:
             await pyfuse3.main()
@@ -111,12 +112,33 @@ async def _main(fs: ShuffleFS, mnt: str) -> None:
             nursery.cancel_scope.cancel()
 
 
-async def _watch_signals() -> None:
+MNT_DETACH = 2
+EXIT_GRACE = 5.0
+"""Seconds a signalled daemon may take to unmount cleanly before the watchdog detaches the
+mount and ends the process (a worker thread stuck on a hung source must not keep it alive)."""
+
+
+async def _watch_signals(mnt: str) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("%s received: unmounting", signal.Signals(signum).name)
+            threading.Thread(target=_watchdog, args=(mnt, EXIT_GRACE), name="exit-watchdog", daemon=True).start()
             pyfuse3.terminate()
             return
+
+
+def _watchdog(mnt: str, grace: float) -> None:
+    """Last resort after a signal: if the process still runs ``grace`` seconds later, detach the
+    mount and exit at once (threads stuck in reads of a hung source cannot be interrupted)."""
+    time.sleep(grace)
+    log.error("still running %.0f s after the signal (work stuck on the source?): detaching %s and exiting",
+              grace, mnt)
+    # no child process: forking can itself hang next to threads stuck on the source
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.umount2(os.fsencode(mnt), MNT_DETACH) != 0:
+        log.error("cannot detach %s (%s): run 'shufflefs umount %s'", mnt, os.strerror(ctypes.get_errno()), mnt)
+    logging.shutdown()
+    os._exit(EXIT_FAILED)
 
 
 def run(config: MountConfig, ready_fd: int | None = None, log_file: str | os.PathLike | None = None,

@@ -373,7 +373,10 @@ class ShuffleFS(pyfuse3.Operations):
     # ------------------------------------------------------------------ helpers
 
     async def _io(self, fn: Callable, *args: Any, limiter: trio.CapacityLimiter | None = None) -> Any:
-        return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter or self.meta_limiter)
+        # abandoned when cancelled (only at unmount): a call stuck on a hung source must not
+        # hold up the exit; its result is dropped
+        return await trio.to_thread.run_sync(functools.partial(fn, *args), limiter=limiter or self.meta_limiter,
+                                             abandon_on_cancel=True)
 
     def _path(self, relpath: str) -> str:
         return os.path.join(self.source, relpath) if relpath else self.source

@@ -201,10 +201,13 @@ class WindowCache:
             return (out, *loader(out, scratch))
 
         try:
-            slot.buf, data, scratch = await trio.to_thread.run_sync(load, limiter=self.limiter)
+            # abandoned if cancelled (at unmount only), so that a load stuck on a hung source
+            # does not hold up the exit; its buffer is then never reused
+            slot.buf, data, scratch = await trio.to_thread.run_sync(load, limiter=self.limiter, abandon_on_cancel=True)
         except BaseException as e:  # noqa: BLE001 -- handed to the waiters, never lost
             if isinstance(e, trio.Cancelled):
                 slot.error = OSError("load cancelled at shutdown")
+                slot.buf = None  # the abandoned thread may still write into it
             else:
                 if not isinstance(e, (OSError, ShuffleError)):
                     log.error("loading window %s failed", slot.key, exc_info=e)

@@ -107,3 +107,28 @@ def test_a_daemon_killed_while_indexing_leaves_nothing_the_next_one_keeps(mount,
     assert own.is_dir()
     again.stop()
     assert not own.exists()
+
+
+def test_sigterm_ends_a_daemon_whose_source_hangs(mount):
+    """The source of ``outer`` is the mount ``inner``; with ``inner``'s daemon stopped every read
+    of the source hangs (as on a dead network filesystem).  SIGTERM must still end ``outer``."""
+    inner = mount({"a.jsonl": LINES, "b.jsonl": LINES}, "--format", "*=none", name="inner")  # plain files
+    outer = mount(None, src=inner.mnt, name="outer")
+    assert sorted(open(outer.path("a.jsonl"), "rb").read().splitlines()) == sorted(LINES.splitlines())
+    os.kill(inner.pid, signal.SIGSTOP)
+    reader = subprocess.Popen([sys.executable, "-c", f"open({str(outer.path('b.jsonl'))!r}, 'rb').read()"])
+    try:
+        time.sleep(1.0)  # the reader is now waiting on outer, which waits on the stopped inner
+        assert reader.poll() is None
+        os.kill(outer.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while is_mounted(outer.mnt) and time.monotonic() < deadline:  # the watchdog detaches it
+            time.sleep(0.1)
+        assert not is_mounted(outer.mnt)
+        # the process has begun to exit; closing its files of the stopped source waits for that
+        # daemon like any process's would (the kernel's FUSE flush), so it finishes once inner runs
+    finally:
+        os.kill(inner.pid, signal.SIGCONT)
+        reader.kill()
+        reader.wait()
+    assert outer.wait(timeout=30) != 0
