@@ -72,6 +72,7 @@ from .stats import Stats
 from .stats import fit as fit_stats
 from .pool_table import PoolEntry, PoolTable
 from .pooled import PooledIndex
+from .formats.npy import share_frame
 from .stage import Stage, StagedSource
 from .staging import EpochBytes, StageStore, StageTarget
 from .strategies import Plan, make_plan
@@ -664,7 +665,11 @@ class ShuffleFS(pyfuse3.Operations):
                 if index.stamp != node.stamp:
                     raise StaleSourceError(self._path(node.relpath), None, "source changed since it was looked up; reopen it")
                 plan = await self._make_plan(node, index, (node.relpath, index.stamp))
-                layout = await self._io(Layout, index, plan, limiter=self.index_limiter)
+                if node.fmt.name == "npy":  # a share of the rows needs a header that says so
+                    node.frame = await self._io(share_frame, self._path(node.relpath), index,
+                                                int(np.asarray(plan.window_records).sum()))
+                head, trail = (None, None) if node.frame is None else map(len, node.frame)
+                layout = await self._io(Layout, index, plan, head, trail, limiter=self.index_limiter)
             if node.size < 0:  # a rank's share or a shard: sized by its plan (a negative size
                 node.size = layout.size  # reaching the kernel would make the inode bad: EIO)
             elif layout.size != node.size:

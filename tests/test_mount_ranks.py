@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import errno
+import io
 import json
 import os
 import struct
@@ -231,3 +232,32 @@ def test_pls_ranks_at_epoch_a_billion_hold_every_record_once_in_equal_shares(mou
         assert info["received"] == info["sent"] == int(0.25 * 15000)
     assert [len(v) for v in views] == [15000, 15000]
     assert sorted(views[0] + views[1]) == data.splitlines(keepends=True)
+
+
+@pytest.mark.parametrize("even", ["none", "pad", "drop"])
+def test_npy_rank_shares_and_parts_load_with_numpy_plain_and_mapped(mount, even):
+    arr = np.arange(10007 * 3, dtype=np.int32).reshape(10007, 3)
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    rows = []
+    src = None
+    for rank in range(3):
+        m = mount({"a.npy": buf.getvalue()} if src is None else None, "--world-size", "3", "--rank", str(rank),
+                  "--even", even, "--block-size", "4KiB", "--buffer", "32KiB", src=src, name=f"r{rank}")
+        src = m.src
+        share = np.load(m.path("a.npy"))
+        assert np.array_equal(np.load(m.path("a.npy"), mmap_mode="r"), share)
+        parts = [np.load(m.path(f".parts/3/{i}/a.npy")) for i in range(3)]
+        assert all(np.array_equal(np.load(m.path(f".parts/3/{i}/a.npy"), mmap_mode="r"), p)
+                   for i, p in enumerate(parts))
+        joined = np.concatenate(parts)  # the parts hold the share's rows (each shuffled in its buffer)
+        assert len(joined) == len(share)
+        if even == "none":  # (padding repeats each part's own first rows)
+            assert np.array_equal(joined[np.lexsort(joined.T[::-1])], share[np.lexsort(share.T[::-1])])
+        rows.append(share)
+    got = np.concatenate(rows)
+    if even == "none":
+        assert np.array_equal(got[np.argsort(got[:, 0])], arr)
+    else:
+        assert len({len(r) for r in rows}) == 1
+        assert set(got[:, 0].tolist()) <= set(arr[:, 0].tolist())
