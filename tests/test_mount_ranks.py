@@ -261,3 +261,23 @@ def test_npy_rank_shares_and_parts_load_with_numpy_plain_and_mapped(mount, even)
     else:
         assert len({len(r) for r in rows}) == 1
         assert set(got[:, 0].tolist()) <= set(arr[:, 0].tolist())
+
+
+@pytest.mark.parametrize("strategy", ["corgipile", "block", "none", "lirs-page", "full", "pls"])
+def test_four_ranks_get_equal_shares_of_pooled_shards_and_of_a_single_file(mount, strategy):
+    shards = {f"part-{i:05d}.jsonl": b"".join(b'{"s": %d, "i": %05d, "pad": "%s"}\n' % (i, j, b"x" * (j % 40))
+                                                for j in range(2500)) for i in range(8)}
+    single = b"".join(b'{"i": %06d, "pad": "%s"}\n' % (j, b"y" * (j % 60)) for j in range(20001))
+    files = {**{f"pool/{k}": v for k, v in shards.items()}, "one/train.jsonl": single}
+    got: dict[str, list[list[bytes]]] = {"pool": [], "one": []}
+    src = None
+    for rank in range(4):
+        m = mount(files if src is None else None, "--strategy", strategy, "--world-size", "4", "--rank", str(rank),
+                  "--block-size", "16KiB", "--buffer", "128KiB", src=src, name=f"r{rank}")
+        src = m.src
+        got["pool"].append(b"".join(open(m.path(f"pool/{k}"), "rb").read() for k in sorted(shards)).splitlines())
+        got["one"].append(open(m.path("one/train.jsonl"), "rb").read().splitlines())
+    for what, source in (("pool", b"".join(shards.values())), ("one", single)):
+        counts = [len(r) for r in got[what]]
+        assert max(counts) - min(counts) <= 1, (what, counts)
+        assert sorted(sum(got[what], [])) == sorted(source.splitlines()), what

@@ -113,7 +113,9 @@ def test_rank_shares_split_the_single_rank_order(index, spec, epoch, world):
         own = owners(index, spec.block_size)
         assert runs(own[np.sort(np.concatenate(parts))]) == runs(own[np.sort(whole)])
         pieces = [sorted(set(own[p].tolist())) for p in parts]
-        assert sum(len(p) for p in pieces) == len(set(own.tolist()))
+        # shares are cut at equal record counts: only a block at a cut is split between two ranks
+        assert len(set(own.tolist())) <= sum(len(p) for p in pieces) <= len(set(own.tolist())) + world - 1
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
 @pytest.mark.parametrize("strategy", ALL)
@@ -162,10 +164,8 @@ def test_none_is_source_order_in_contiguous_rank_ranges(index, spec, world):
     spec = ShuffleSpec("none", spec.seed, spec.block_size, spec.buffer)
     orders = rank_orders(index, spec, 2, world)
     assert np.array_equal(np.concatenate(orders), np.arange(index.n))
-    own = owners(index, spec.block_size)
-    for a, b in zip(orders, orders[1:]):  # ranks split between blocks
-        if len(a) and len(b):
-            assert own[a[-1]] != own[b[0]]
+    sizes = [len(o) for o in orders]  # ranks split at equal record counts
+    assert max(sizes) - min(sizes) <= 1
 
 
 @settings(max_examples=40, deadline=None)
@@ -182,7 +182,11 @@ def test_corgipile_windows_hold_exactly_their_blocks(index, spec, epoch, world):
                 ids = plan.window(k)
                 blocks = set(own[ids].tolist())
                 assert len(blocks) == n or (k == plan.n_windows - 1 and len(blocks) < n)
-                assert set(ids.tolist()) == set(np.flatnonzero(np.isin(own, list(blocks))).tolist())
+                whole = set(np.flatnonzero(np.isin(own, list(blocks))).tolist())
+                assert set(ids.tolist()) <= whole
+                # a share cut at equal record counts may start or end inside a block
+                cut = {int(own[plan.lo[0]]), int(own[plan.hi[-1] - 1])} if len(plan.lo) else set()
+                assert {int(own[x]) for x in whole - set(ids.tolist())} <= cut
                 if strategy == "block":  # whole blocks, one run each, in source order
                     assert len(runs(own[ids])) == len(blocks)
                     same = own[ids][1:] == own[ids][:-1]
@@ -209,8 +213,11 @@ def test_lirs_pages_stay_together_in_source_order(index, spec, epoch, world):
     for r in range(world):
         plan = make_plan(index, s, epoch, r, world)
         ws = windows(plan)
-        for ids in ws:  # a page never straddles windows
-            assert set(ids.tolist()) == set(np.flatnonzero(np.isin(own, own[ids])).tolist())
+        cut = {int(own[plan.lo[0]]), int(own[plan.hi[-1] - 1])} if len(plan.lo) else set()
+        for ids in ws:  # a page never straddles windows (a page at a rank's cut is shared by two ranks)
+            whole = set(np.flatnonzero(np.isin(own, own[ids])).tolist())
+            assert set(ids.tolist()) <= whole
+            assert {int(own[x]) for x in whole - set(ids.tolist())} <= cut
         if ws:
             ids = np.concatenate(ws)
             pages = runs(own[ids])

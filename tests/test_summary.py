@@ -61,8 +61,14 @@ def test_block_plans_from_the_summary_equal_those_from_the_index(index, strategy
     spec = ShuffleSpec(strategy=strategy, seed=seed, block_size=block_size, buffer=buffer)
     for rank in range(world):
         for part in range(parts):
-            assert_same_plan(make_plan(summary, spec, epoch, rank, world, part, parts),
-                             make_plan(index, spec, epoch, rank, world, part, parts))
+            a = make_plan(summary, spec, epoch, rank, world, part, parts)
+            b = make_plan(index, spec, epoch, rank, world, part, parts)
+            if world * parts == 1:
+                assert_same_plan(a, b)
+            else:  # shares cut inside a block: a summary estimates that block's bytes, so the
+                # windows may be cut elsewhere, but the share holds the same records
+                assert np.array_equal(np.sort(order(a)), np.sort(order(b)))
+                assert np.array_equal(getattr(a, "inner", a).rank_counts, getattr(b, "inner", b).rank_counts)
 
 
 @settings(max_examples=25, deadline=None)

@@ -15,7 +15,7 @@ that rank, and reports per rank:
 
 Strategies whose units are blocks (none, block, corgipile) build every rank; the others (pls)
 a sample of ``--sample`` ranks unless ``--all-ranks``.  Every rank's block share is checked:
-the shares are disjoint and cover every block exactly once, and the ranks' record counts add up
+the shares are disjoint and cover every record exactly once, and the ranks' record counts add up
 to the dataset's (exit status 1 otherwise).
 
 Then the scaling evidence, each row from ``--scale-sample`` ranks: (a) the same blocks holding
@@ -128,14 +128,31 @@ def sample_ranks(world: int, k: int) -> np.ndarray:
     return np.unique(np.linspace(0, world - 1, k).round().astype(np.int64))
 
 
+def stream_ranges(firsts: np.ndarray, order: np.ndarray, a: int, b: int) -> np.ndarray:
+    """Record ranges ``[lo, hi)`` (int64[k, 2]) of stream positions ``[a, b)`` of the units in
+    ``order``: whole units but perhaps the first and the last."""
+    per_unit = np.concatenate(([0], np.cumsum(np.diff(firsts)[order]))).astype(np.int64)
+    k0 = int(np.searchsorted(per_unit, a, side="right")) - 1
+    k1 = int(np.searchsorted(per_unit, b, side="left"))
+    units = order[k0:k1] if b > a else order[:0]
+    out = np.stack([firsts[units], firsts[units + 1]], axis=1).astype(np.int64)
+    if len(out):
+        out[0, 0] += a - per_unit[k0]
+        out[-1, 1] -= per_unit[k1] - b
+    return out
+
+
+def pls_ranges(ex, rank: int) -> np.ndarray:
+    return stream_ranges(ex.firsts, ex.unit_order, int(ex.starts[rank]), int(ex.starts[rank + 1]))
+
+
 def block_share(plan) -> np.ndarray:
-    """The blocks a rank's plan was given: its units, or for pls its epoch-0 partition's blocks."""
+    """The record ranges a rank's plan was given (int64[k, 2]): its units' (the first and last
+    perhaps cut), or for pls its epoch-0 partition's."""
     if isinstance(plan, UnitPlan):
-        return np.asarray(plan.units)
+        return np.stack([plan.lo, plan.hi], axis=1)
     if isinstance(plan, PartialLocalPlan):
-        ex = plan.exchange
-        lo, hi = share(len(ex.unit_order), plan.rank, plan.world)
-        return np.asarray(ex.unit_order[lo:hi])
+        return pls_ranges(plan.exchange, plan.rank)
     raise TypeError(f"{plan.name} plans have no block share")
 
 
@@ -158,6 +175,7 @@ class Measured:
     shares: list
     unit_order: np.ndarray | None
     """pls: the exchange's block order, which every rank built must have drawn alike."""
+    exchange: object | None
     counts: np.ndarray | None
     """Every rank's record count as the plans see it (the first plan's ``rank_counts``)."""
     problems: list
@@ -175,7 +193,7 @@ def measure(index, spec: ShuffleSpec, epoch: int, world: int, ranks: np.ndarray,
     n = len(ranks)
     secs, wsecs, wrecs = np.zeros(n), np.zeros(n), np.zeros(n, np.int64)
     sblocks, srecs = np.zeros(n, np.int64), np.zeros(n, np.int64)
-    shares, problems, counts, unit_order = [], [], None, None
+    shares, problems, counts, unit_order, exchange = [], [], None, None, None
     for i, r in enumerate(ranks.tolist()):
         t0 = time.perf_counter()
         plan = make_plan(index, spec, epoch, r, world)
@@ -202,6 +220,7 @@ def measure(index, spec: ShuffleSpec, epoch: int, world: int, ranks: np.ndarray,
         if check and isinstance(plan, PartialLocalPlan):
             if unit_order is None:
                 unit_order = np.asarray(plan.exchange.unit_order)
+                exchange = plan.exchange
             elif not np.array_equal(unit_order, plan.exchange.unit_order):
                 problems.append(f"rank {r} drew another block order than rank {ranks[0]}")
             order = np.asarray(plan.order)
@@ -223,24 +242,25 @@ def measure(index, spec: ShuffleSpec, epoch: int, world: int, ranks: np.ndarray,
     finally:
         tracemalloc.stop()
         gc.enable()
-    return Measured(ranks, secs, peaks, kept, wsecs, wrecs, sblocks, srecs, shares, unit_order, counts, problems)
+    return Measured(ranks, secs, peaks, kept, wsecs, wrecs, sblocks, srecs, shares, unit_order, exchange, counts, problems)
 
 
 def cover_problems(m: Measured, blocks: int, n: int, world: int) -> list[str]:
-    """The ranks' block shares are disjoint and cover every block once; their records add up to n."""
+    """The ranks' shares (record ranges) are disjoint and cover every record once; their counts add up to n."""
     out = list(m.problems)
     if m.counts is None or int(m.counts.sum()) != n or len(m.counts) != world:
         out.append(f"the ranks' record counts add up to {None if m.counts is None else int(m.counts.sum())}, not {n}")
     shares = m.shares
-    if len(shares) != world and m.unit_order is not None:
-        # pls ranks not built: their epoch-0 shares from the block order all built ranks agree on
-        shares = [m.unit_order[slice(*share(len(m.unit_order), r, world))] for r in range(world)]
+    if len(shares) != world and m.exchange is not None:
+        # pls ranks not built: their epoch-0 shares from the exchange all built ranks agree on
+        shares = [pls_ranges(m.exchange, r) for r in range(world)]
     if len(shares) == world:
-        got = np.bincount(np.concatenate(shares), minlength=blocks) if blocks else np.zeros(0, np.int64)
-        if len(got) != blocks or (got != 1).any():
-            missing, twice = int((got[:blocks] == 0).sum()), int((got > 1).sum())
-            out.append(f"block shares: {missing} blocks in no share, {twice} in more than one, "
-                       f"{max(len(got) - blocks, 0)} unknown")
+        ranges = np.concatenate(shares) if shares else np.zeros((0, 2), np.int64)
+        ranges = ranges[np.argsort(ranges[:, 0], kind="stable")]
+        overlap = int((ranges[1:, 0] < ranges[:-1, 1]).sum())
+        covered = int((ranges[:, 1] - ranges[:, 0]).sum())
+        if overlap or covered != n:
+            out.append(f"shares: {overlap} ranges given to more than one rank, {covered} of {n} records covered")
     return out
 
 
@@ -348,10 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         rows.append([name, *cells(m), note])
     print(f"per-rank plans ({big(data.n)} records, world {a.world}); share = the rank's blocks and records; "
           "peak/kept = traced bytes while building / held by the plan")
-    print(table(["strategy", *COLUMNS, "block shares"], rows))
-    print("  pls builds a sample of ranks (its plan is O(share records)); --all-ranks builds all of them."
-          " Its block shares are the epoch-0 partitions;\n  (*) the ranks not built are checked from the block"
-          " order every built rank drew alike\n")
+    print(table(["strategy", *COLUMNS, "shares"], rows))
+    print("  shares are cut at equal record counts (a block at a cut is split between two ranks).  pls builds a"
+          " sample of ranks (its plan is O(share records)); --all-ranks builds all of them. Its shares are the"
+          " epoch-0 partitions;\n  (*) the ranks not built are checked from the exchange every built rank"
+          " drew alike\n")
 
     synth = lambda n, bs=a.block_size, blocks=None: BlockSummary.synthetic(  # noqa: E731
         n, bs, a.record_bytes, a.spread, a.seed, blocks=blocks)
@@ -399,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     if failures:
         print("FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
         return 1
-    print("check passed: every strategy's block shares are disjoint and cover every block exactly once; "
+    print("check passed: every strategy's shares are disjoint and cover every record exactly once; "
           "record counts add up")
     return 0
 

@@ -187,10 +187,15 @@ class CutPlan(Plan):
 
 
 class UnitPlan(CutPlan):
-    """Units permuted (or not), split across ranks, and taken in consecutive groups as windows.
+    """Units permuted (or not), their records cut into equal shares for the ranks (and parts),
+    and taken in consecutive groups as windows.
 
-    State is O(units): the rank's unit list and each window's first position in it.  Subclasses
-    choose the unit size, the unit order, the window grouping and what happens inside a window.
+    The units in output order form one record stream; rank r takes stream positions
+    ``share(n, r, W)``, so shares differ by at most one record (as DistributedSampler's do) and a
+    unit may be split between two neighbouring shares.  State is O(units): the share's units,
+    the record range each contributes (``lo``, ``hi``: whole units but perhaps the first and
+    last), and each window's first position.  Subclasses choose the unit size, the unit order,
+    the window grouping and what happens inside a window.
     """
 
     unit_label: str = "units"
@@ -205,19 +210,30 @@ class UnitPlan(CutPlan):
         order = self.unit_order(n_units)
         if order is None:
             order = np.arange(n_units, dtype=I64)
-        # records of every rank, from the units in output order: O(units)
+        # stream position of every unit in output order: O(units)
         per_unit = np.concatenate((np.zeros(1, I64), np.cumsum(np.diff(self.firsts)[order])))
-        self.rank_counts = frozen(np.diff(per_unit[share_edges(n_units, world)]))
-        lo, hi = share(n_units, rank, world)
-        plo, phi = share(hi - lo, part, parts)
-        self.part_start = int(per_unit[lo + plo] - per_unit[lo])
-        self.units = frozen(order[lo + plo: lo + phi].copy())
-        sizes = index.unit_bytes(self.firsts)[self.units]
+        edges = share_edges(int(per_unit[-1]), world)
+        self.rank_counts = frozen(np.diff(edges))
+        plo, phi = share(int(self.rank_counts[rank]), part, parts)
+        self.part_start = plo
+        a, b = int(edges[rank]) + plo, int(edges[rank]) + phi
+        k0 = int(np.searchsorted(per_unit, a, side="right")) - 1
+        k1 = int(np.searchsorted(per_unit, b, side="left"))
+        units = order[k0:k1] if b > a else order[:0]
+        lo, hi = self.firsts[units], self.firsts[units + 1]
+        if len(units):  # the share may start and end inside a unit
+            lo[0] += a - int(per_unit[k0])
+            hi[-1] -= int(per_unit[k1]) - b
+        self.units, self.lo, self.hi = frozen(units.copy()), frozen(lo), frozen(hi)
+        sizes = index.unit_bytes(self.firsts)[units]  # exact for whole units, also from a summary
+        for i in {0, len(units) - 1} if len(units) else ():
+            if lo[i] != self.firsts[units[i]] or hi[i] != self.firsts[units[i] + 1]:
+                sizes[i] = range_bytes(index, lo[i: i + 1], hi[i: i + 1])[0]
         cum = np.cumsum(sizes)
         self.cuts = frozen(self.window_cuts(cum))
         ends = cum[self.cuts[1:] - 1]
         self._sizes = frozen(np.diff(ends, prepend=I64(0)).astype(I64))
-        records = np.concatenate((np.zeros(1, I64), np.cumsum(np.diff(self.firsts)[self.units])))
+        records = np.concatenate((np.zeros(1, I64), np.cumsum(hi - lo)))
         self.record_cuts = frozen(records[self.cuts])
 
     def unit_size(self) -> int:
@@ -236,23 +252,36 @@ class UnitPlan(CutPlan):
 
     def window(self, k: int) -> np.ndarray:
         self._check_window(k)
-        u = self.units[self.cuts[k]: self.cuts[k + 1]]
-        return self.arrange(k, concat_ranges(self.firsts[u], self.firsts[u + 1], id_dtype(self.index.n)))
+        w = slice(self.cuts[k], self.cuts[k + 1])
+        return self.arrange(k, concat_ranges(self.lo[w], self.hi[w], id_dtype(self.index.n)))
 
     def window_runs(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """From the window's units (O(units)): sorted, adjacent ones merged."""
+        """From the window's record ranges (O(units)): sorted, adjacent ones merged."""
         self._check_window(k)
-        u = np.sort(self.units[self.cuts[k]: self.cuts[k + 1]])
-        first, end = self.firsts[u], self.firsts[u + 1]
-        if len(u) == 0:
+        w = slice(self.cuts[k], self.cuts[k + 1])
+        at = np.argsort(self.lo[w], kind="stable")
+        first, end = self.lo[w][at], self.hi[w][at]
+        if len(first) == 0:
             return first, end - first
         starts = np.flatnonzero(np.concatenate(([True], first[1:] != end[:-1])))
-        ends = np.append(starts[1:] - 1, len(u) - 1)
+        ends = np.append(starts[1:] - 1, len(first) - 1)
         return first[starts], end[ends] - first[starts]
 
     def describe(self) -> dict:
         return {**super().describe(), self.unit_label: len(self.firsts) - 1,
                 f"{self.unit_label}_in_share": len(self.units)}
+
+
+def range_bytes(index: RecordIndex, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """View bytes of the record ranges ``[lo, hi)`` (the newlines a view adds included)."""
+    if len(lo) == 0:
+        return np.zeros(0, I64)
+    b = index.bounds
+    out = np.asarray(b[hi], I64) - np.asarray(b[lo], I64)
+    nl = index.newline_ids
+    if len(nl):
+        out += np.searchsorted(nl, hi, side="left") - np.searchsorted(nl, lo, side="left")
+    return out
 
 
 class OrderPlan(CutPlan):
