@@ -46,7 +46,7 @@ from .config import (
     parse_size,
 )
 from .index import default_cache_dir
-from .strategies.base import EVEN_MODES, LOCAL_MODES, ShuffleSpec
+from .strategies.base import EVEN_MODES, LOCAL_MODES, ShuffleSpec, resolve_spec
 
 PROG = "shufflefs"
 
@@ -95,6 +95,16 @@ def _size_in(lo: int, hi: int, power_of_two: bool = False) -> Callable[[Any], in
         return n
 
     return convert
+
+
+def _auto_or(convert: Callable[[Any], int]) -> Callable[[Any], int | None]:
+    """``auto`` (None: chosen per file) or a value ``convert`` accepts."""
+    def either(value: Any) -> int | None:
+        if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+            return None
+        return convert(value)
+
+    return either
 
 
 def _buffer(value: Any) -> int | float:
@@ -169,7 +179,7 @@ VERIFY_MODES = ("frames", "index")
 
 OPTIONS: dict[str, _Option] = {
     "strategy": _Option(_strategy, "corgipile"),
-    "block_size": _Option(_size_in(MIN_BLOCK, MAX_BLOCK), 4 * MiB),
+    "block_size": _Option(_auto_or(_size_in(MIN_BLOCK, MAX_BLOCK)), None),
     "buffer": _Option(_buffer, 64 * MiB),
     "seed": _Option(_integer(0, MAX_SEED), 0),
     "epoch": _Option(_integer(0, MAX_EPOCH), 0),
@@ -345,7 +355,10 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("mountpoint", metavar="MNT", help="empty directory to mount on")
     g = p.add_argument_group("shuffling")
     g.add_argument("--strategy", choices=list(STRATEGIES), metavar="S", help="shuffle strategy (default corgipile; listed below)")
-    g.add_argument("--block-size", metavar="SIZE", help="bytes per block, the unit of storage reads, 512 B to 1GiB (default 4MiB)")
+    g.add_argument("--block-size", metavar="SIZE|auto",
+                   help="bytes per block, the unit of storage reads and of block shuffling, 512 B to 1GiB; "
+                        "auto (default): per file, the largest power of two up to 1/64 of its record bytes, "
+                        "between --page-size and 4MiB, so that every file has dozens of blocks to permute")
     g.add_argument("--buffer", metavar="SIZE|P%", help="shuffle buffer: bytes (4KiB to 1TiB), or a percentage of each "
                    "file's record bytes (0.01%% to 100%%) (default 64MiB)")
     g.add_argument("--seed", metavar="N", help="seed of every order, 0 to 2**63-1 (default 0)")
@@ -1011,6 +1024,9 @@ def format_stats(stats: dict) -> str:
         lines.append(("rank", f"{rank} of {world}" + (f"  (even={even})" if even != "none" else "")))
     if balance:
         lines.append(("balance", f"by {field or 'byte length'}  random_level={level}"))
+    for name, blocks in (take("few_blocks", None) or {}).items():
+        lines.append(("few blocks", f"{name}: {blocks} block(s) of the --block-size given: block and corgipile "
+                                    "barely shuffle it; lower --block-size (or leave it auto)"))
     pooling, globs = take("pooling", None), take("pool_globs", None) or []
     if pooling is not None:
         lines.append(("pools", ("shard sets by name" + (", declared: " + ", ".join(globs) if globs else ""))
@@ -1115,7 +1131,7 @@ def _add_inspect_parser(sub: Any, subs: dict[str, argparse.ArgumentParser], stra
     g.add_argument("--strategies", metavar="S[@BUFFER],...",
                    help="comma-separated strategies, each optionally with its own buffer, e.g. "
                    "'none,full,corgipile,corgipile@2%%' (default: all)")
-    g.add_argument("--block-size", metavar="SIZE", help="bytes per block (default 4MiB)")
+    g.add_argument("--block-size", metavar="SIZE|auto", help="bytes per block (default auto: per file, up to 1/64 of its record bytes, 4KiB..4MiB)")
     g.add_argument("--buffer", metavar="SIZE|P%", help="shuffle buffer, bytes or a share of the record bytes (default 64MiB)")
     g.add_argument("--seed", metavar="N", help="seed (default 0)")
     g.add_argument("--page-size", metavar="SIZE", help="page size of lirs-page (default 4096)")
@@ -1303,8 +1319,8 @@ def _inspect_source(args: argparse.Namespace, parser: argparse.ArgumentParser) -
                      f"'--format {path.name}=lines', or --record-size for '.bin')")
     cache = _inspect_cache(v["cache_dir"], Path(os.path.realpath(path.parent)), parser)
     index = load_or_build_index(path, fmt, cache) if cache is not None else scan_file(path, fmt)
-    base = ShuffleSpec(strategy="none", seed=v["seed"], block_size=v["block_size"], buffer=v["buffer"],
-                       page_size=v["page_size"])
+    base = resolve_spec(ShuffleSpec(strategy="none", seed=v["seed"], block_size=v["block_size"], buffer=v["buffer"],
+                                    page_size=v["page_size"]), index)  # an automatic block size fixed for this file
     plans = {}
     for column, strategy, buffer in entries:
         spec = ShuffleSpec(strategy=strategy, seed=base.seed, block_size=base.block_size,

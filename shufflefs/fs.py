@@ -76,6 +76,7 @@ from .formats.npy import share_frame
 from .stage import Stage, StagedSource
 from .staging import EpochBytes, StageStore, StageTarget
 from .strategies import Plan, make_plan
+from .strategies.base import FEW_BLOCKS
 from .strategies.exchange import Partitions
 from .strategies.partial_local import pls_exchange
 from .strategies.slices import SlicePlan, slice_edges
@@ -342,6 +343,7 @@ class ShuffleFS(pyfuse3.Operations):
         self.read_bytes = EpochBytes()
         self.stages = StageStore(config.stage_dir, self.read_bytes) if config.stage_dir is not None else None
         self._stage_targets: OrderedDict[Hashable, StageTarget] = OrderedDict()
+        self.few_blocks: dict[str, int] = {}  # files with fewer than FEW_BLOCKS of a size the user set
 
         resolve.confine(self.source)  # every source path from here on resolves beneath it
         root_st = os.stat(self.source)
@@ -670,6 +672,7 @@ class ShuffleFS(pyfuse3.Operations):
                                                 int(np.asarray(plan.window_records).sum()))
                 head, trail = (None, None) if node.frame is None else map(len, node.frame)
                 layout = await self._io(Layout, index, plan, head, trail, limiter=self.index_limiter)
+            self._note_few_blocks(node, index)
             if node.size < 0:  # a rank's share or a shard: sized by its plan (a negative size
                 node.size = layout.size  # reaching the kernel would make the inode bad: EIO)
             elif layout.size != node.size:
@@ -682,6 +685,20 @@ class ShuffleFS(pyfuse3.Operations):
             return plan
 
         return await self.tasks.run(("plan", node.ino), build)
+
+    def _note_few_blocks(self, node: Node, index: RecordIndex) -> None:
+        """A block size the user set that leaves a file (or pool) few blocks: say so once."""
+        size = self.spec.block_size
+        if size is None or self.spec.strategy not in ("block", "corgipile", "pls"):
+            return
+        name = node.pool.pool.key if node.pool is not None else node.relpath
+        blocks = -(-index.data_bytes // size)
+        if blocks >= FEW_BLOCKS or name in self.few_blocks:
+            return
+        if len(self.few_blocks) < 1000:
+            self.few_blocks[name] = blocks
+        log.warning("%s: %d block(s) of %d bytes: fewer than %d blocks, so block and corgipile barely shuffle it; "
+                    "lower --block-size (or leave it automatic)", name, blocks, size, FEW_BLOCKS)
 
     async def _make_plan(self, node: Node, index: RecordIndex, cost_key: tuple) -> Plan:
         """`make_plan` on a worker thread, with the records' costs for ``--balance`` (kept per
@@ -1287,7 +1304,6 @@ class ShuffleFS(pyfuse3.Operations):
             "strategy": self.spec.strategy,
             "seed": self.spec.seed,
             "format": node.fmt.name,
-            "block_size": self.spec.block_size,
             "buffer": format_buffer(self.spec.buffer),
         }
         if field in simple:
@@ -1300,13 +1316,16 @@ class ShuffleFS(pyfuse3.Operations):
             return str(int(plan.window_records.sum())).encode()
         if field == "windows":
             return str(plan.n_windows).encode()
+        if field == "block_size":  # the file's own when automatic
+            return str(plan.spec.block_size).encode()
         info = {
             **plan.describe(),
             "path": node.relpath,
             "view_records": int(plan.window_records.sum()),
             "format": node.fmt.name,
             "format_params": node.fmt.params(),
-            "block_size": self.spec.block_size,
+            "block_size": plan.spec.block_size,
+            "block_size_auto": self.spec.block_size is None,
             "buffer": format_buffer(self.spec.buffer),
             "source_size": node.stamp.size,
             "view_size": node.size,
@@ -1395,7 +1414,8 @@ class ShuffleFS(pyfuse3.Operations):
             mountpoint=self.mountpoint,
             strategy=self.spec.strategy,
             seed=self.spec.seed,
-            block_size=self.spec.block_size,
+            block_size="auto" if self.spec.block_size is None else self.spec.block_size,
+            few_blocks=dict(self.few_blocks),
             buffer=format_buffer(self.spec.buffer),
             page_size=self.spec.page_size,
             rank=self.config.rank,

@@ -192,7 +192,7 @@ def test_defaults(dataset):
     src, mnt, _ = dataset
     config, _ = _parse_mount([str(src), str(mnt)])
     assert (config.spec.strategy, config.spec.block_size, config.spec.buffer, config.spec.seed) == (
-        "corgipile", 4 << 20, 64 << 20, 0)
+        "corgipile", None, 64 << 20, 0)  # None: the block size is chosen per file
     assert config.epoch == 0 and config.rules == []
     assert config.cache_dir == default_cache_dir()  # resolved up front, so it can be checked
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -23,7 +23,8 @@ class ShuffleSpec:
 
     strategy: str = "corgipile"
     seed: int = 0
-    block_size: int = 4 * MiB
+    block_size: int | None = None
+    """Bytes per block; None: automatic per file (`effective_block_size`)."""
     buffer: int | float = 64 * MiB
     """Bytes (int) or a fraction of the file's record bytes (float in (0, 1])."""
     page_size: int = 4096
@@ -48,6 +49,33 @@ class ShuffleSpec:
         return max(1, int(self.buffer))
 
 
+AUTO_BLOCK_MAX = 4 * MiB
+AUTO_BLOCKS = 64
+"""An automatic block is at most 1/AUTO_BLOCKS of a file's record bytes: every file then has
+dozens of blocks to permute (a file of one block would be served in source order)."""
+FEW_BLOCKS = 8
+"""Below this many blocks, block and corgipile barely shuffle a file (reported for sizes the
+user set)."""
+
+
+def effective_block_size(spec: ShuffleSpec, data_bytes: int) -> int:
+    """The block size a file (or pool) of ``data_bytes`` record bytes is shuffled with: the
+    user's, or the largest power of two at most ``data_bytes / AUTO_BLOCKS``, within
+    ``[page_size, AUTO_BLOCK_MAX]``."""
+    if spec.block_size is not None:
+        return spec.block_size
+    target = max(1, int(data_bytes) // AUTO_BLOCKS)
+    size = 1 << (target.bit_length() - 1)
+    return int(max(spec.page_size, min(size, AUTO_BLOCK_MAX)))
+
+
+def resolve_spec(spec: ShuffleSpec, index: RecordIndex) -> ShuffleSpec:
+    """``spec`` with its block size fixed for ``index`` (unchanged if the user set one)."""
+    if spec.block_size is not None:
+        return spec
+    return replace(spec, block_size=effective_block_size(spec, index.data_bytes))
+
+
 def rng(*key: int) -> np.random.Generator:
     """The one way strategies draw randomness: a pure function of its integer key."""
     return np.random.default_rng([int(k) for k in key])
@@ -70,7 +98,8 @@ class Plan(ABC):
             raise ValueError(f"part {part} outside 0..{parts - 1}")
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
-        self.index, self.spec, self.epoch, self.rank, self.world = index, spec, epoch, rank, world
+        self.index, self.epoch, self.rank, self.world = index, epoch, rank, world
+        self.spec = resolve_spec(spec, index)
         self.part, self.parts = part, parts
 
     @property

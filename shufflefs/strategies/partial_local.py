@@ -17,7 +17,7 @@ import functools
 import numpy as np
 
 from ..index import RecordIndex
-from .base import ShuffleSpec, rng
+from .base import ShuffleSpec, resolve_spec, rng
 from .exchange import Exchange
 from .units import OrderPlan, cuts_by_bytes, salt
 
@@ -46,6 +46,7 @@ def corgipile_order(part: np.ndarray, bounds: np.ndarray, block_firsts: np.ndarr
 def pls_exchange(index: RecordIndex, spec: ShuffleSpec, world: int) -> Exchange:
     """The exchange of a file's (or pool's) blocks between ``world`` ranks under ``spec``: the
     same on every rank, so a rank's partition of any epoch is known without a plan."""
+    spec = resolve_spec(spec, index)
     firsts = index.unit_firsts(spec.block_size)
     order = rng(spec.seed, UNITS).permutation(len(firsts) - 1).astype(np.int64, copy=False)
     return Exchange(firsts, order, world, float(spec.exchange), spec.seed)

@@ -32,6 +32,8 @@ def check_params(spec: ShuffleSpec) -> None:
     """Reject parameters no strategy can honour (the strategy name is checked by `make_plan`)."""
     for name in ("block_size", "page_size"):
         v = getattr(spec, name)
+        if v is None and name == "block_size":  # automatic: resolved per file
+            continue
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
             raise ValueError(f"{name} must be a positive number of bytes, got {v!r}")
     b = spec.buffer
