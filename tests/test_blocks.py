@@ -51,3 +51,11 @@ def test_a_given_block_size_leaving_few_blocks_is_reported(mount):
     few = m.stats()["few_blocks"]
     assert few == {"a.jsonl": 1}
     assert "a.jsonl: 1 block(s)" in m.stderr() and "big.jsonl: " not in m.stderr()
+
+
+@pytest.mark.parametrize("strategy", ["window", "full", "lirs-page", "none"])
+def test_a_tiny_buffer_does_not_make_every_record_a_window(mount, strategy):
+    m = mount({"a.jsonl": SMALL}, "--strategy", strategy, "--buffer", "0.01%")
+    got = open(m.path("a.jsonl"), "rb").read()
+    assert sorted(got.splitlines()) == sorted(SMALL.splitlines())
+    assert int(m.xattr("windows", "a.jsonl")) == 1  # windows group reads of at least 1 MiB

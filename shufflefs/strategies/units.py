@@ -78,6 +78,11 @@ def share_edges(count: int, world: int) -> np.ndarray:
     return r * (count // world) + np.minimum(r, count % world)
 
 
+MIN_WINDOW = 1 << 20
+"""The smallest window where windows are only the unit of I/O (the order does not depend on
+them): a tiny buffer would otherwise make every record a window of its own, loaded alone."""
+
+
 def part_buffer(buffer_bytes: int, parts: int) -> int:
     """A loader part's buffer: the rank's buffer split between its parts, so that the parts read
     at once (one per loader process) hold the rank's memory budget."""
@@ -246,7 +251,9 @@ class UnitPlan(CutPlan):
         return None
 
     def window_cuts(self, cum: np.ndarray) -> np.ndarray:
-        return cuts_by_bytes(cum, self.buffer_bytes)
+        """Consecutive units of about the buffer's bytes (at least `MIN_WINDOW`: unless a
+        subclass shuffles inside windows, they only group reads)."""
+        return cuts_by_bytes(cum, max(self.buffer_bytes, MIN_WINDOW))
 
     def arrange(self, k: int, ids: np.ndarray) -> np.ndarray:
         """Order of window k's records, given them unit by unit in source order inside units."""
@@ -304,7 +311,7 @@ class OrderPlan(CutPlan):
         self.part_start = lo
         self.order = frozen(order if parts == 1 else order[lo:hi].copy())
         del order
-        cuts, sizes = order_cuts(index, self.order, self.buffer_bytes)
+        cuts, sizes = order_cuts(index, self.order, max(self.buffer_bytes, MIN_WINDOW))  # I/O units only
         self.cuts = self.record_cuts = frozen(cuts)
         self._sizes = frozen(sizes)
 
