@@ -308,6 +308,11 @@ def recommend(result: ProbeResult, budget: int, target: float = 0.9) -> Advice:
         notes.append(f"a budget of {_size(budget)} holds fewer than 2 blocks of {_size(block)} per window: "
                      "records would only be shuffled among neighbours; raise --budget")
         buffer = max(buffer, block)
+    whole = -(-result.data_bytes // block) * block  # the data, in whole blocks
+    if buffer >= whole:
+        notes.append(f"the whole data ({_size(result.data_bytes)}) fits in the buffer the budget allows: "
+                     "--buffer 100% shuffles it all at once (or use --strategy full)")
+        buffer = whole
     return Advice(block, reaches, buffer, buffer // block, budget, target, tuple(notes))
 
 
@@ -317,14 +322,14 @@ def format_report(result: ProbeResult, advice: Advice) -> str:
         f"storage under {result.source}: {result.files} files, {_size(result.data_bytes)}; "
         f"{mode} reads at queue depth 1",
         "",
-        f"{'read':>12}  {'reads':>7}  {'MB/s':>8}  {'of sequential':>13}",
     ]
+    rows = [["read", "reads", "MB/s", "of sequential", ""]]
     for m in sorted(result.random, key=lambda m: m.block_size):
-        mark = "  <- recommended" if m.block_size == advice.block_size else ""
-        lines.append(f"{'random ' + _size(m.block_size):>12}  {m.reads:>7}  {m.mb_per_s:>8.1f}  "
-                     f"{result.fraction(m):>13.2f}{mark}")
+        rows.append([f"random {_size(m.block_size)}", str(m.reads), f"{m.mb_per_s:.1f}", f"{result.fraction(m):.2f}",
+                     "<- recommended" if m.block_size == advice.block_size else ""])
     s = result.sequential
-    lines.append(f"{'sequential':>12}  {s.reads:>7}  {s.mb_per_s:>8.1f}  {1:>13.2f}  ({_size(s.block_size)} reads)")
+    rows.append(["sequential", str(s.reads), f"{s.mb_per_s:.1f}", "1.00", f"({_size(s.block_size)} reads)"])
+    lines += aligned(rows)
     lines.append("")
     reach = (f"the smallest from which on every size reaches {advice.target:.0%} of sequential throughput"
              if advice.reaches_target else f"no block size reached {advice.target:.0%} of sequential throughput")
@@ -339,6 +344,13 @@ def format_report(result: ProbeResult, advice: Advice) -> str:
     for w in result.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def aligned(rows: list[list[str]]) -> list[str]:
+    """Rows as lines of right-aligned columns two spaces apart (the last column left-aligned),
+    each column as wide as its widest cell."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join([*(c.rjust(w) for c, w in zip(r, widths)), r[-1]]).rstrip() for r in rows]
 
 
 def _size(n: float) -> str:

@@ -7,6 +7,8 @@ that the source is only read.
 
 from __future__ import annotations
 
+import re
+
 import hashlib
 import os
 import shutil
@@ -100,6 +102,20 @@ def test_recommend_without_a_size_reaching_the_target_and_with_a_tiny_budget() -
     assert any("fewer than 2 blocks" in n for n in small.notes)
     with pytest.raises(ValueError):
         recommend(r, 0)
+
+
+def test_recommend_never_exceeds_the_data_and_the_table_is_aligned() -> None:
+    r = _result({4096: 0.05, 1 * MiB: 0.95, 4 * MiB: 1.0, 16 * MiB: 1.0})
+    r.data_bytes = 28 * MiB
+    adv = recommend(r, 1 << 30)
+    assert adv.buffer == 28 * MiB and any("fits in the buffer" in n for n in adv.notes)
+    lines = format_report(r, adv).splitlines()
+    table = lines[lines.index(next(line for line in lines if line.strip().startswith("read"))):][:6]
+    # every row's numeric columns end at the same positions as the header's
+    ends = lambda line: [m.end() for m in re.finditer(r"\S+(?= {2}|$)", line)][:4]  # noqa: E731
+    header = ends(table[0].replace("of sequential", "of_sequential"))
+    for row in table[1:]:
+        assert ends(row.replace("random ", "random_").replace("<- recommended", "")) == header, row
 
 
 def test_probe_refuses_a_directory_without_data(tmp_path: Path) -> None:
