@@ -343,6 +343,7 @@ class ShuffleFS(pyfuse3.Operations):
         self.read_bytes = EpochBytes()
         self.stages = StageStore(config.stage_dir, self.read_bytes) if config.stage_dir is not None else None
         self._stage_targets: OrderedDict[Hashable, StageTarget] = OrderedDict()
+        self._preparing: set[tuple] = set()  # files whose next epoch's view is being prepared
         self.few_blocks: dict[str, int] = {}  # files with fewer than FEW_BLOCKS of a size the user set
 
         resolve.confine(self.source)  # every source path from here on resolves beneath it
@@ -1150,8 +1151,9 @@ class ShuffleFS(pyfuse3.Operations):
         if node.broken is not None:
             raise FUSEError(node.broken.errno)
         try:
-            if h.lo <= off and off + size <= h.hi:
-                # inside the window this handle is reading: held, so loaded and never evicted
+            if h.lo <= off and off + size <= h.hi and h.slot.data is not None:
+                # inside the window this handle is reading (held: loaded, and its bytes are only
+                # taken away by a read that needed the memory, which also clears ``data``)
                 at = off - h.lo + h.shift
                 data = memoryview(h.slot.data)[at: at + size]
             else:
@@ -1374,6 +1376,24 @@ class ShuffleFS(pyfuse3.Operations):
                     self.windows.nursery.start_soon(self._prepare, relpath, (part, parts))
 
     async def _prepare(self, relpath: str, space: tuple[int, int] = (0, 1)) -> None:
+        """Prepare the current epoch's view of ``relpath`` (`_prepare_once`), one at a time per
+        file: epoch changes faster than plans are built start no more work, the running
+        preparation repeats once for the epoch that is current when it ends.  (Without this a
+        storm of epoch changes queued a plan per epoch, each held until its view was made.)"""
+        key = (relpath, *space)
+        if key in self._preparing:
+            return
+        self._preparing.add(key)
+        try:
+            while True:
+                epoch = self.epoch_of(relpath)
+                await self._prepare_once(relpath, space)
+                if self.epoch_of(relpath) == epoch:
+                    return
+        finally:
+            self._preparing.discard(key)
+
+    async def _prepare_once(self, relpath: str, space: tuple[int, int]) -> None:
         """Open the current epoch's view of ``relpath`` without a handle and load its window 0,
         so that the first read after an epoch change finds it ready (the view then waits among
         the idle ones).  Failures are left for the open to report."""

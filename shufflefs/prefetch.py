@@ -20,7 +20,10 @@ One design for every strategy and reader:
   open handle is reading (held) is never evicted.  Windows already read go first; a window
   prefetched but not read yet is given up only to a read that needs room, never to another
   prefetch.  So the limit is exceeded only while more handles read different windows at once
-  than fit: each keeps its own window (no reload per read) and nothing is prefetched.
+  than fit: a read that needs room then takes it from the windows that handles hold but no read
+  is copying from (least recently used first; such a handle reloads its window on its next
+  read), so memory stays near the limit however many readers of different views there are,
+  at the price of reloads; only windows being loaded or copied from are never taken.
 * Buffers are reused: an evicted window's buffer joins a free list and the next load writes
   into it.  On that VM the first writes to fresh memory cost more than building the window:
   scattering 64 MiB of 1 KiB records took 150 ms into fresh numpy memory (transparent huge
@@ -99,6 +102,7 @@ class WindowCache:
         self.resident = 0  # bytes of the buffers of every slot (cached or still busy)
         self.loads = 0
         self.prefetched = 0
+        self.revoked = 0
 
     # ------------------------------------------------------------------ views and the limit
 
@@ -146,14 +150,28 @@ class WindowCache:
 
     def _evict_for(self, need: int, unread_too: bool = True) -> bool:
         """Evict windows nobody holds until ``need`` more bytes fit: least recently used first,
-        windows already read before prefetched ones (those only if ``unread_too``)."""
+        windows already read before prefetched ones (those only if ``unread_too``), and for a
+        read (``unread_too``) at last windows that handles hold but no read copies from."""
         for unread in (False, True) if unread_too else (False,):
             for slot in list(self._slots.values()):
                 if self.resident + need <= self.limit:
                     return True
                 if not slot.busy and slot.unread == unread:
                     self._drop(slot)
+        if unread_too:
+            for slot in list(self._slots.values()):
+                if self.resident + need <= self.limit:
+                    return True
+                if slot.holders and not slot.pins and slot.event.is_set():
+                    self._revoke(slot)
         return self.resident + need <= self.limit
+
+    def _revoke(self, slot: Slot) -> None:
+        """Take a held window's memory: its handles see ``data`` None and load it again."""
+        del self._slots[slot.key]
+        slot.cached = False
+        self._recycle(slot)
+        self.revoked += 1
 
     def _trim_free(self) -> None:
         while self._free and self.resident + self.pooled > self.limit:
@@ -306,6 +324,7 @@ class WindowCache:
             "limit_bytes": self.limit,
             "loads": self.loads,
             "prefetched": self.prefetched,
+            "revoked": self.revoked,
         }
 
 

@@ -84,5 +84,9 @@ def claim(cache_dir: Path) -> Path | None:
 
 
 def release(own: Path | None) -> None:
+    """Remove ``own`` once multiprocessing has removed its own folder in it (its finalizers run
+    at exit, by priority: the temporary directory's at -100, this at -200)."""
     if own is not None:
-        shutil.rmtree(own, ignore_errors=True)
+        from multiprocessing import util
+
+        util.Finalize(None, shutil.rmtree, args=(own,), kwargs={"ignore_errors": True}, exitpriority=-200)

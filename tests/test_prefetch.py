@@ -77,7 +77,7 @@ def test_a_sequential_reader_reuses_three_buffers_and_never_reloads():
     run(test)
 
 
-def test_prefetch_never_evicts_held_or_unread_windows_but_a_read_may_exceed_the_limit():
+def test_prefetch_never_evicts_held_or_unread_windows_and_a_read_takes_a_held_ones_memory():
     async def test(cache: WindowCache) -> None:
         loads = Loads()
         a = await read(cache, 0, loads, hold=True)
@@ -88,8 +88,10 @@ def test_prefetch_never_evicts_held_or_unread_windows_but_a_read_may_exceed_the_
         assert ("v", 0) in cache and ("v", 3) in cache and within(cache)
         assert sum(("v", k) in cache for k in (1, 2)) == 1
         c = await read(cache, 4, loads, hold=True)
-        d = await read(cache, 5, loads, hold=True)  # four held windows: over the limit, not reloaded
-        assert cache.resident == 4 * W > cache.limit
+        d = await read(cache, 5, loads, hold=True)  # a fourth held window: the oldest gives way
+        assert cache.resident <= cache.limit and cache.revoked == 1
+        assert a.data is None and ("v", 0) not in cache  # its handle loads it again on its next read
+        assert all(s.data is not None for s in (b, c, d))
         for slot in (a, b, c, d):
             cache.unhold(slot)
         assert within(cache)  # back under the limit once nobody holds them
