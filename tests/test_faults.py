@@ -132,3 +132,30 @@ def test_sigterm_ends_a_daemon_whose_source_hangs(mount):
         reader.kill()
         reader.wait()
     assert outer.wait(timeout=30) != 0
+
+
+def test_a_full_cache_disk_still_serves_correct_views(mount, tmp_path):
+    cache = tmp_path / "tiny-cache"
+    cache.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(cache)], capture_output=True)
+    if r.returncode != 0:
+        import pytest
+
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        fd = os.open(cache / "filler", os.O_WRONLY | os.O_CREAT)  # fill it up
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        m = mount({"a.jsonl": LINES}, "--cache-dir", str(cache))
+        for epoch in (0, 1):
+            m.set_epoch(epoch)
+            assert sorted(open(m.path("a.jsonl"), "rb").read().splitlines()) == sorted(LINES.splitlines())
+        assert "cannot write index cache" in m.stderr()
+        m.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], capture_output=True)
