@@ -12,7 +12,6 @@ import ctypes
 import functools
 import logging
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import time
 import pyfuse3
 import trio
 
-from . import indexer, scratch
+from . import control, indexer, scratch
 from .config import MountConfig, check_paths
 from .fs import VIEW_BLKSIZE, ShuffleFS
 
@@ -59,21 +58,9 @@ def _fsname(source: str) -> str:
     return "fsname=" + name.replace("\\", "\\\\").replace(",", "\\,")
 
 
-def _unescape_mount_field(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
 def is_mounted(mountpoint: str | os.PathLike) -> bool:
-    """Whether ``mountpoint`` appears in /proc/self/mounts (without touching the path itself)."""
-    target = os.path.abspath(mountpoint)
-    try:
-        with open("/proc/self/mounts") as f:
-            return any(
-                len(fields) > 2 and _unescape_mount_field(fields[1]) == target
-                for fields in (line.split() for line in f)
-            )
-    except OSError:
-        return False
+    """Whether ``mountpoint`` is mounted (from /proc/mounts, without touching the path itself)."""
+    return control.mount_type(os.path.abspath(mountpoint)) is not None
 
 
 class _Ready:

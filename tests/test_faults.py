@@ -159,3 +159,33 @@ def test_a_full_cache_disk_still_serves_correct_views(mount, tmp_path):
         m.stop()
     finally:
         subprocess.run(["umount", "-l", str(cache)], capture_output=True)
+
+
+def test_other_files_are_served_while_a_large_view_is_prepared(mount):
+    """A large file's first open (index scan and an O(records) plan on worker threads and
+    processes) must not hold up a listing or another file: both complete while it is pending."""
+    import numpy as np
+
+    n = 6_000_000
+    big = np.full((n, 8), ord("x"), np.uint8)
+    big[:, -1] = ord("\n")
+    m = mount({"small.jsonl": LINES, "d/big.txt": big.tobytes()}, "--strategy", "full", "--world-size", "2")
+    order: list[str] = []
+
+    def open_big() -> None:
+        with open(m.path("d/big.txt"), "rb") as f:
+            f.read(1)
+        order.append("big")
+
+    import threading
+
+    t = threading.Thread(target=open_big)
+    t.start()
+    time.sleep(0.05)  # the big open is on its way (its lookup sizes the rank's share from its plan)
+    assert sorted(os.listdir(m.path(""))) == ["d", "small.jsonl"]  # (a listing of d/ needs big's size)
+    order.append("list")
+    data = open(m.path("small.jsonl"), "rb").read()
+    order.append("small")
+    t.join(120)
+    assert len(data.splitlines()) == len(LINES.splitlines()) // 2
+    assert order == ["list", "small", "big"], order
