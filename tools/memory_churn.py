@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -32,6 +33,7 @@ BUFFER = 64 * MiB
 
 
 def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unmount in the finally blocks on a kill
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=1_500_000)
     ap.add_argument("--readers", type=int, default=32)
