@@ -1196,6 +1196,8 @@ class ShuffleFS(pyfuse3.Operations):
         # a read across parts: pin every window first (loads start together and none of them
         # can be evicted before its turn), then copy them in order
         where = {p.part: self._window(node, p.part, sequential) for p in pieces if p.part >= 0}
+        for key, nbytes, _, _ in where.values():
+            await self.windows.room(key, nbytes)
         slots = {k: self.windows.pin(key, nbytes, loader) for k, (key, nbytes, _, loader) in where.items()}
         entered = False
         try:

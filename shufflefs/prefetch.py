@@ -50,6 +50,9 @@ from .errors import ShuffleError
 log = logging.getLogger("shufflefs")
 
 WINDOWS = 3
+ROOM_WAIT = 2.0
+"""Seconds a read waits for loads in flight to make room before it loads over the limit (the
+wait only ever ends sooner or later: no read waits for another read)."""
 """Windows of the largest view that all windows together may take (see the module docstring)."""
 
 Loader = Callable[[np.ndarray, np.ndarray | None], tuple[np.ndarray, np.ndarray | None]]
@@ -103,6 +106,8 @@ class WindowCache:
         self.loads = 0
         self.prefetched = 0
         self.revoked = 0
+        self._in_flight = 0  # loads running
+        self._landed = trio.Event()  # set (and replaced) whenever a load ends
 
     # ------------------------------------------------------------------ views and the limit
 
@@ -207,10 +212,19 @@ class WindowCache:
         self.resident += slot.nbytes
         self._slots[key] = slot
         self.loads += 1
+        self._in_flight += 1
         self.nursery.start_soon(self._fill, slot, loader)
         return slot
 
     async def _fill(self, slot: Slot, loader: Loader) -> None:
+        try:
+            await self._fill_slot(slot, loader)
+        finally:
+            self._in_flight -= 1
+            self._landed.set()
+            self._landed = trio.Event()
+
+    async def _fill_slot(self, slot: Slot, loader: Loader) -> None:
         scratch = self._scratch.pop() if self._scratch else None
         buf, size = slot.buf, slot.nbytes
 
@@ -256,6 +270,21 @@ class WindowCache:
         self.prefetched += 1
         return True
 
+    async def room(self, key: Hashable, nbytes: int) -> None:
+        """Before a read loads window ``key``: while it does not fit and loads are in flight
+        (their windows become evictable once read), wait for them, up to `ROOM_WAIT` seconds.
+        Without this, readers of many views at once each started a load and together held more
+        than the limit."""
+        if key in self._slots:
+            return
+        size = max(nbytes, self._largest.get(key[0], nbytes))
+        deadline = trio.current_time() + ROOM_WAIT
+        while self._in_flight and not self._evict_for(size):
+            with trio.move_on_at(deadline) as scope:
+                await self._landed.wait()
+            if scope.cancelled_caught or key in self._slots:
+                return
+
     def pin(self, key: Hashable, nbytes: int, loader: Loader) -> Slot:
         """The window's slot, loading if absent; pinned (never evicted) until `release`."""
         slot = self._slots.get(key)
@@ -277,7 +306,8 @@ class WindowCache:
         return slot.data
 
     async def acquire(self, key: Hashable, nbytes: int, loader: Loader) -> Slot:
-        """`pin` and `wait` in one: the ready window, pinned until `release`."""
+        """`room`, `pin` and `wait` in one: the ready window, pinned until `release`."""
+        await self.room(key, nbytes)
         slot = self.pin(key, nbytes, loader)
         try:
             await self.wait(slot)
