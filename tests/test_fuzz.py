@@ -14,7 +14,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import crc32c
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

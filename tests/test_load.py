@@ -6,7 +6,6 @@ record + 3 windows + 100 MiB.  ``--stress`` runs longer and more strategies."""
 from __future__ import annotations
 
 import collections
-import os
 import threading
 import time
 

@@ -43,7 +43,7 @@ from shufflefs.config import format_size, parse_size  # noqa: E402
 from shufflefs.strategies import LOCAL_MODES, STRATEGIES, ShuffleSpec, make_plan  # noqa: E402
 from shufflefs.strategies.partial_local import PartialLocalPlan  # noqa: E402
 from shufflefs.strategies.summary import BlockSummary  # noqa: E402
-from shufflefs.strategies.units import UnitPlan, share  # noqa: E402
+from shufflefs.strategies.units import UnitPlan  # noqa: E402
 
 MiB = 1 << 20
 SUMMARY_LEVEL = ("none", "block", "corgipile", "pls")
