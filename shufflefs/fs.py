@@ -43,7 +43,7 @@ import stat
 import threading
 import time
 from collections import OrderedDict
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, NamedTuple
 
 import numpy as np
 import pyfuse3
@@ -80,7 +80,8 @@ from .strategies.base import FEW_BLOCKS
 from .strategies.exchange import Partitions
 from .strategies.partial_local import pls_exchange
 from .strategies.slices import SlicePlan, slice_edges
-from .view import PoolSource, Source, SourceFile, View
+from .plan_memory import PlanMemory, plan_estimate, plan_nbytes
+from .view import PoolSource, Source, SourceFile, View, window_work
 
 log = logging.getLogger("shufflefs")
 
@@ -171,6 +172,16 @@ class Probe:
         self.name, self.st, self.fmt, self.last_byte, self.target = name, st, fmt, last_byte, target
 
 
+class WindowRef(NamedTuple):
+    """A view's window as the window cache knows it (`ShuffleFS._window`)."""
+
+    key: Hashable
+    nbytes: int
+    shift: int
+    loader: Callable
+    work: int  # bytes the load works with besides the window
+
+
 class ViewClosed(OSError):
     """A load asked of a view that is closing (a shard's view closed while its stream is read)."""
 
@@ -212,11 +223,12 @@ class Handle:
     """An open file.  For views: the window it reads now (``slot``, held in the window cache),
     which sits at view bytes ``[lo, hi)``, and where its last read ended."""
 
-    __slots__ = ("node", "fd", "last_end", "slot", "lo", "hi", "shift")
+    __slots__ = ("node", "fd", "last_end", "slot", "k", "lo", "hi", "shift")
 
     def __init__(self, node: Node, fd: int = -1) -> None:
         self.node, self.fd, self.last_end = node, fd, 0
         self.slot: Slot | None = None
+        self.k = -1  # the view window ``slot`` holds
         self.lo, self.hi = 0, -1  # no window: no read is inside it
         self.shift = 0  # view byte ``lo`` is byte ``shift`` of the slot (a shard's stretch of a stream window)
 
@@ -319,7 +331,12 @@ class ShuffleFS(pyfuse3.Operations):
 
         self.meta_limiter = trio.CapacityLimiter(8)
         self.index_limiter = trio.CapacityLimiter(2)
+        self.plan_limiter = trio.CapacityLimiter(1)
+        """Plans are built one at a time: a record-level plan's build takes several times its size
+        for a moment (``window``: 20 bytes per record); two at once under epoch churn peaked at
+        1.09 of the memory bound."""
         self.windows = WindowCache(trio.CapacityLimiter(max(2, min(4, os.cpu_count() or 2))))
+        self.plan_memory = PlanMemory()
         self.tasks = SharedTasks()
 
         self._nodes: dict[int, Node] = {}
@@ -662,30 +679,41 @@ class ShuffleFS(pyfuse3.Operations):
             if node.plan is not None:
                 return node.plan
             index = await self._index(node)
-            if node.pool is not None:
-                plan, layout = await self._shard_plan(node, index)
-            else:
-                if index.stamp != node.stamp:
-                    raise StaleSourceError(self._path(node.relpath), None, "source changed since it was looked up; reopen it")
-                plan = await self._make_plan(node, index, (node.relpath, index.stamp))
-                if node.fmt.name == "npy":  # a share of the rows needs a header that says so
-                    node.frame = await self._io(share_frame, self._path(node.relpath), index,
-                                                int(np.asarray(plan.window_records).sum()))
-                head, trail = (None, None) if node.frame is None else map(len, node.frame)
-                layout = await self._io(Layout, index, plan, head, trail, limiter=self.index_limiter)
+            file = ("pool", node.pool.pool.key) if node.pool is not None else ("file", node.relpath)
+            need = 0 if node.pool is not None else plan_estimate(self.spec.strategy, self.spec.balance, index.n)
+            await self.plan_memory.admit(node.ino, file, index.n, need, self._drop_a_plan, lambda: self.windows.landed)
+            try:
+                plan, layout = await self._plan_and_layout(node, index)
+            except BaseException:
+                self.plan_memory.release(node.ino)
+                raise
             self._note_few_blocks(node, index)
             if node.size < 0:  # a rank's share or a shard: sized by its plan (a negative size
                 node.size = layout.size  # reaching the kernel would make the inode bad: EIO)
             elif layout.size != node.size:
+                self.plan_memory.release(node.ino)
                 raise FormatError(
                     self._path(node.relpath), None,
                     f"view has {layout.size} bytes but {node.size} were announced; refusing to serve it",
                 )
             node.index, node.layout = index, layout
             node.plan = plan
+            self.plan_memory.charge(node.ino, file, index.n, plan_nbytes(plan))
             return plan
 
         return await self.tasks.run(("plan", node.ino), build)
+
+    async def _plan_and_layout(self, node: Node, index: RecordIndex) -> tuple[Plan, Layout]:
+        if node.pool is not None:
+            return await self._shard_plan(node, index)
+        if index.stamp != node.stamp:
+            raise StaleSourceError(self._path(node.relpath), None, "source changed since it was looked up; reopen it")
+        plan = await self._make_plan(node, index, (node.relpath, index.stamp))
+        if node.fmt.name == "npy":  # a share of the rows needs a header that says so
+            node.frame = await self._io(share_frame, self._path(node.relpath), index,
+                                        int(np.asarray(plan.window_records).sum()))
+        head, trail = (None, None) if node.frame is None else map(len, node.frame)
+        return plan, await self._io(Layout, index, plan, head, trail, limiter=self.index_limiter)
 
     def _note_few_blocks(self, node: Node, index: RecordIndex) -> None:
         """A block size the user set that leaves a file (or pool) few blocks: say so once."""
@@ -713,7 +741,7 @@ class ShuffleFS(pyfuse3.Operations):
             return make_plan(index, self.spec, node.epoch, self.config.rank, self.config.world,
                              node.part, node.parts, costs=costs), costs
 
-        made, costs = await self._io(plan, limiter=self.index_limiter)
+        made, costs = await self._io(plan, limiter=self.plan_limiter)
         if costs is not None:
             self._costs[cost_key] = costs
             self._costs.move_to_end(cost_key)
@@ -873,7 +901,7 @@ class ShuffleFS(pyfuse3.Operations):
         plan = node.plan.inner if node.pool is not None else node.plan
         sizes = np.asarray(plan.window_sizes)
         self._owners.setdefault(owner, []).append(node.view)
-        self.windows.register(owner, int(sizes.max()) if len(sizes) else 0)
+        self.windows.register(owner, int(sizes.max()) if len(sizes) else 0, window_work(plan))
 
     def _retire(self, node: Node) -> None:
         """The last handle closed: keep the view idle (LRU) unless it can never be read again."""
@@ -926,6 +954,22 @@ class ShuffleFS(pyfuse3.Operations):
             if self.stages is not None:
                 self.stages.tidy()
         node.plan = node.layout = node.index = node.frame = None
+        self.plan_memory.release(node.ino)
+
+    def _drop_a_plan(self) -> bool:
+        """Close the view (and plan) least recently planned that no handle has open, to make room
+        for another plan; False if there is none (see `plan_memory`)."""
+        for ino in self.plan_memory.holders():
+            node = self._nodes.get(ino)
+            if node is None or node.plan is not None and node.opens == 0 and not self.tasks.running(("view", ino)):
+                if node is None:
+                    self.plan_memory.release(ino)
+                    return True
+                self._close_view(node)
+                if node.lookups <= 0:
+                    self._drop(node)
+                return True
+        return False
 
     @staticmethod
     def _owner(node: Node) -> Hashable:
@@ -936,18 +980,19 @@ class ShuffleFS(pyfuse3.Operations):
         e = node.pool
         return ("stream", e.pool.key, e.pool.members, e.stamps, node.epoch, node.part, node.parts)
 
-    def _window(self, node: Node, k: int, ahead: bool = False) -> tuple[Hashable, int, int, Callable]:
-        """View window k as the window cache knows it: ``(key, bytes, shift, loader)``; its
-        bytes start ``shift`` bytes into the cached window (a shard's stretch of a stream window).
-        The loader builds it; ``ahead`` (a sequential reader): then hints the next window's blocks."""
+    def _window(self, node: Node, k: int, ahead: bool = False) -> WindowRef:
+        """View window k as the window cache knows it; its bytes start ``shift`` bytes into the
+        cached window (a shard's stretch of a stream window).  The loader builds it; ``ahead`` (a
+        sequential reader): then hints the next window's blocks."""
         view = node.view
         if node.pool is None:
-            return (node.ino, k), node.layout.window_size(k), 0, lambda out, scratch: view.load(k, out, scratch, ahead)
+            return WindowRef((node.ino, k), node.layout.window_size(k), 0,
+                             lambda out, scratch: view.load(k, out, scratch, ahead), window_work(node.plan, k))
         stream = node.plan.inner
         kin, shift = node.plan.stream_window(k)
         owner = self._owner(node)
-        return (owner, kin), int(stream.window_sizes[kin]), shift, functools.partial(
-            _load_stream, self._owners[owner], kin, ahead, stream)
+        return WindowRef((owner, kin), int(stream.window_sizes[kin]), shift, functools.partial(
+            _load_stream, self._owners[owner], kin, ahead, stream), window_work(stream, kin))
 
     # ------------------------------------------------------------------ tree
 
@@ -1156,6 +1201,7 @@ class ShuffleFS(pyfuse3.Operations):
                 # taken away by a read that needed the memory, which also clears ``data``)
                 at = off - h.lo + h.shift
                 data = memoryview(h.slot.data)[at: at + size]
+                h.slot.used = trio.current_time()  # still read: not idle (see WindowCache.room)
             else:
                 data = await self._read_view(h, off, size)
             node.view.view.source.verify_open()  # never serve bytes of a source that changed
@@ -1169,61 +1215,43 @@ class ShuffleFS(pyfuse3.Operations):
         return data
 
     async def _read_view(self, h: Handle, off: int, size: int) -> Any:
-        """The bytes of ``[off, off+size)``, when they are not all in the handle's window."""
+        """The bytes of ``[off, off+size)``, when they are not all in the handle's window.
+
+        A read takes its windows one at a time, and a handle lets go of its window before it
+        waits for another: so a handle never needs more than one window of the memory limit, and
+        readers of more views than fit take turns instead of waiting for each other (a read across
+        a window boundary copies the first window's tail before it asks for the next)."""
         node = h.node
-        layout = node.layout
-        pieces = layout.pieces(off, size)
+        pieces = node.layout.pieces(off, size)
         if not pieces:
             return b""
         view = node.view.view
         sequential = off == h.last_end
-        if len(pieces) == 1:
-            p = pieces[0]
+        out: bytearray | None = bytearray(sum(p.hi - p.lo for p in pieces)) if len(pieces) > 1 else None
+        pos, entered, data = 0, False, None
+        for p in pieces:
             if p.part == HEADER:
-                return memoryview(view.header)[p.lo: p.hi]
-            if p.part == TRAILER:
-                return memoryview(view.trailer)[p.lo: p.hi]
-            key, nbytes, shift, loader = self._window(node, p.part, sequential)
-            slot = await self.windows.acquire(key, nbytes, loader)
-            try:
-                entered = self._hold(h, p.part, slot, shift)
-                data = memoryview(slot.data)[p.lo + shift: p.hi + shift]
-            finally:
-                self.windows.release(slot)
-            if entered and sequential:
-                self._prefetch(node, p.part + 1)
-            return data
-        # a read across parts: pin every window first (loads start together and none of them
-        # can be evicted before its turn), then copy them in order
-        where = {p.part: self._window(node, p.part, sequential) for p in pieces if p.part >= 0}
-        for key, nbytes, _, _ in where.values():
-            await self.windows.room(key, nbytes)
-        slots = {k: self.windows.pin(key, nbytes, loader) for k, (key, nbytes, _, loader) in where.items()}
-        entered = False
-        try:
-            out = bytearray(sum(p.hi - p.lo for p in pieces))
-            mv = memoryview(out)
-            pos = 0
-            for p in pieces:
-                n = p.hi - p.lo
-                if p.part == HEADER:
-                    mv[pos: pos + n] = view.header[p.lo: p.hi]
-                elif p.part == TRAILER:
-                    mv[pos: pos + n] = view.trailer[p.lo: p.hi]
-                else:
-                    window = await self.windows.wait(slots[p.part])
-                    shift = where[p.part][2]
-                    mv[pos: pos + n] = memoryview(window)[p.lo + shift: p.hi + shift]
-                pos += n
-            if slots:
-                last = max(slots)
-                entered = self._hold(h, last, slots[last], where[last][2])
-        finally:
-            for slot in slots.values():
-                self.windows.release(slot)
-        if entered and sequential:
-            self._prefetch(node, max(slots) + 1)
-        return out
+                data = memoryview(view.header)[p.lo: p.hi]
+            elif p.part == TRAILER:
+                data = memoryview(view.trailer)[p.lo: p.hi]
+            else:
+                ref = self._window(node, p.part, sequential)
+                if h.slot is not None and h.slot.key != ref.key:
+                    self._leave(h)
+                slot = await self.windows.acquire(ref.key, ref.nbytes, ref.loader, ref.work)
+                try:
+                    entered = self._hold(h, p.part, slot, ref.shift) or entered
+                    data = memoryview(slot.data)[p.lo + ref.shift: p.hi + ref.shift]
+                    if out is not None:
+                        out[pos: pos + len(data)] = data
+                finally:
+                    self.windows.release(slot)
+            if out is not None and p.part in (HEADER, TRAILER):
+                out[pos: pos + len(data)] = data
+            pos += p.hi - p.lo
+        if entered and sequential and h.slot is not None:
+            self._prefetch(node, h.k + 1)
+        return data if out is None else out
 
     def _hold(self, h: Handle, k: int, slot: Slot, shift: int = 0) -> bool:
         """``h`` now reads window k (starting ``shift`` bytes into ``slot``): hold it for the
@@ -1235,18 +1263,18 @@ class ShuffleFS(pyfuse3.Operations):
         self._leave(h)
         self.windows.hold(slot)
         starts = h.node.layout.window_starts
-        h.slot, h.lo, h.hi, h.shift = slot, int(starts[k]), int(starts[k + 1]), shift
+        h.slot, h.k, h.lo, h.hi, h.shift = slot, k, int(starts[k]), int(starts[k + 1]), shift
         return True
 
     def _prefetch(self, node: Node, k: int) -> None:
         if k < node.layout.n_windows:
-            key, nbytes, _, loader = self._window(node, k, ahead=True)
-            self.windows.prefetch(key, nbytes, loader)
+            ref = self._window(node, k, ahead=True)
+            self.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work)
 
     def _leave(self, h: Handle) -> None:
         if h.slot is not None:
             self.windows.unhold(h.slot)
-            h.slot, h.lo, h.hi, h.shift = None, 0, -1, 0
+            h.slot, h.k, h.lo, h.hi, h.shift = None, -1, 0, -1, 0
 
     @_guard
     async def flush(self, fh: int) -> None:
@@ -1411,8 +1439,8 @@ class ShuffleFS(pyfuse3.Operations):
                 if node.view is None:
                     await self.tasks.run(("view", node.ino), functools.partial(self._make_view, node))
                 if node.view is not None and node.layout.n_windows:
-                    key, nbytes, _, loader = self._window(node, 0, ahead=True)
-                    self.epoch_prefetches += self.windows.prefetch(key, nbytes, loader)
+                    ref = self._window(node, 0, ahead=True)
+                    self.epoch_prefetches += self.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work)
             finally:
                 node.opens -= 1
                 if node.opens == 0:
@@ -1458,7 +1486,7 @@ class ShuffleFS(pyfuse3.Operations):
             handles=len(self._handles),
             inodes=len(self._nodes),
             cache_dir=str(self.index_cache.dir),
-            memory=self.windows.describe(),
+            memory={**self.windows.describe(), **self.plan_memory.describe()},
             epoch_prefetches=self.epoch_prefetches,
             read_bytes=self.read_bytes.snapshot(),
             **({"staging": self.stages.describe()} if self.stages is not None else {}),

@@ -44,6 +44,21 @@ records from the page cache (CPU time, three runs of five interleaved rounds): 5
 chunks 5.0-5.2 GB/s, 4 MiB (one read per block) 4.8-5.0, 128 KiB 4.5-4.7.  A whole load (ids,
 runs, build) runs at 3.7-3.9 GB/s; the previous design (read all of the window's runs into a
 window-sized scratch, sort, then gather) at 1.7-2.4 GB/s."""
+RECORD_CHUNK = 1 << 17
+"""Records built per pass of a sparse record-level window (``full``, ``lirs``... over a file much
+larger than the window), so that the build's working arrays (`LOAD_WORK_RECORDS` bytes per
+record: ids, runs, files, shifts, view positions) stay near 7 MB instead of growing with the
+window: a 64 MiB window of 50-byte records took 70 MB more than the window itself.  Each pass
+reads its records in ascending order.  A dense window is built in one pass, whose sorted ids
+merge into long runs: on a 2-core VM (64 MiB window of 50-byte records, 91% of the file's
+records) one pass took 0.5-0.6 s, passes of 2**17 records 1.4-1.6 s (a pread per record)."""
+SPARSE = 0.25
+"""Windows holding less than this share of their index's records are built in passes."""
+LOAD_WORK_RUNS, LOAD_WORK_RECORDS = 24, 56
+"""Working bytes per record of a window build besides the window, counted in the memory limit
+while the load runs (`window_work`): a window of runs holds its ids twice (the plan's, int64 for
+the build) and every record's view position; a record-level window also holds its runs (first,
+count, file, shift), about one per record in a sparse window."""
 HINT_RUN = 2 * READ_CHUNK
 """Runs at least this long get the readahead hint; the kernel's own readahead covers shorter
 ones.  Measured on the same VM, cold page cache, 512 MiB of corgipile windows (4 MiB blocks)
@@ -306,6 +321,26 @@ Meter = Callable[[int, int], None]
 """Told the record bytes of every window load: ``(from the source, from a local stage)``."""
 
 
+def _sparse(plan: Plan, records: int) -> bool:
+    return records < SPARSE * plan.index.n
+
+
+def window_work(plan: Plan, k: int | None = None) -> int:
+    """Bytes a load of window k works with besides the window (an estimate, see
+    `LOAD_WORK_RUNS`); None: the most any window of the plan needs."""
+    sizes = np.asarray(plan.window_records)
+    if len(sizes) == 0:
+        return 0
+    records = int(sizes[k] if k is not None else sizes.max())
+    if plan.window_runs(k if k is not None else int(np.argmax(sizes))) is not None:
+        return LOAD_WORK_RUNS * records
+    if _sparse(plan, records):
+        return LOAD_WORK_RECORDS * min(records, RECORD_CHUNK)
+    # a dense random window: a record starts a run when the one before it is not in the window
+    runs = records * (1 - records / max(plan.index.n, 1)) + 1
+    return int(LOAD_WORK_RUNS * records + (LOAD_WORK_RECORDS - LOAD_WORK_RUNS) * runs)
+
+
 class View:
     """Layout + source for one (file, epoch): turns window numbers into bytes.
 
@@ -364,14 +399,23 @@ class View:
         if scratch is None:
             scratch = np.empty(READ_CHUNK, np.uint8)
         runs = plan.window_runs(k)
-        first, count = runs if runs is not None else id_runs(ids)
-        placed = self.source.place(self.index, first, count)
-        window = build_runs(out, scratch, self.index, ids, placed, self.index.newline_ids, self.source.file_of)
+        step = RECORD_CHUNK if runs is None and _sparse(plan, len(ids)) else max(len(ids), 1)
+        passes = [(ids[lo: lo + step], runs) for lo in range(0, max(len(ids), 1), step)]
+        pos, remote, local_bytes = 0, 0, 0
+        for part, part_runs in passes:
+            first, count = part_runs if part_runs is not None else id_runs(part)
+            placed = self.source.place(self.index, first, count)
+            pos += len(build_runs(out[pos:], scratch, self.index, part, placed, self.index.newline_ids,
+                                  self.source.file_of))
+            if self.meter is not None:
+                nbytes, local = placed.nbytes(self.index.bounds), placed.fd == self.source.local_fd
+                remote, local_bytes = remote + int(nbytes[~local].sum()), local_bytes + int(nbytes[local].sum())
+            del first, count, placed
+        window = out[:pos]
         if self.check is not None:
             self.check(window, ids, self.index, self.path)
         if self.meter is not None:
-            nbytes, local = placed.nbytes(self.index.bounds), placed.fd == self.source.local_fd
-            self.meter(int(nbytes[~local].sum()), int(nbytes[local].sum()))
+            self.meter(remote, local_bytes)
         if ahead and k + 1 < plan.n_windows:
             self.hint(k + 1, plan)
         return window, scratch

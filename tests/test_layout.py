@@ -162,20 +162,23 @@ def _stamped(data: bytes, index: RecordIndex) -> tuple[str, RecordIndex]:
     return path, RecordIndex(index.size, index.bounds, index.add_newline, stamp)
 
 
-@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("compiled,passes", [(True, 1), (True, 3), (False, 1)])
 @settings(max_examples=150, deadline=None)
 @given(case=indexed_files(), scratch=st.integers(1, 120))
-def test_view_windows_match_the_reference(compiled, case, scratch):
+def test_view_windows_match_the_reference(compiled, passes, case, scratch):
     """`View.load_window` (the compiled chunked read, or its numpy fallback) builds the same
-    bytes as `assemble`, for scratch buffers smaller than records and windows."""
+    bytes as `assemble`, for scratch buffers smaller than records and windows; ``passes`` 3: a
+    record-level window is built a few records at a time (as sparse windows are)."""
     if compiled and view._build_window is None:
         pytest.skip("compiled window build not built")
     data, index, order, cuts = case
     path, index = _stamped(data, index)
-    saved = view._build_window
+    saved = view._build_window, view.RECORD_CHUNK, view.SPARSE
     try:
         if not compiled:
             view._build_window = None
+        if passes > 1:
+            view.RECORD_CHUNK, view.SPARSE = passes, 2.0
         plan = FixedOrderPlan(index, order, cuts)
         v = view.View(path, index, plan)
         try:
@@ -189,7 +192,7 @@ def test_view_windows_match_the_reference(compiled, case, scratch):
         finally:
             v.close()
     finally:
-        view._build_window = saved
+        view._build_window, view.RECORD_CHUNK, view.SPARSE = saved
         os.unlink(path)
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import gc
+import threading
 import weakref
 
 import numpy as np
 import pytest
 import trio
 
-from shufflefs.prefetch import WINDOWS, WindowCache
+from shufflefs.prefetch import HOLD_IDLE, WINDOWS, WindowCache
 
 W = 1000  # bytes of every window of view "v"
 
@@ -132,3 +133,65 @@ def test_a_failed_load_frees_its_buffer_without_waiting_for_the_garbage_collecto
         run(test)
     finally:
         gc.enable()
+
+
+def test_a_read_waits_for_a_held_window_instead_of_loading_over_the_limit():
+    """Three handles hold three windows and keep reading them: a fourth read waits (memory stays
+    within the limit) and loads as soon as one of them lets go."""
+    async def test(cache: WindowCache) -> None:
+        loads = Loads()
+        held = [await read(cache, k, loads, hold=True) for k in range(3)]
+        got: list = []
+
+        async def fourth() -> None:
+            got.append(await read(cache, 3, loads, hold=True))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fourth)
+            for _ in range(5):  # the holders keep reading: their windows are not idle
+                await trio.sleep(HOLD_IDLE / 4)
+                for slot in held:
+                    slot.used = trio.current_time()
+                assert not got and cache.resident <= cache.limit and cache.revoked == 0
+                assert not cache.prefetch(("v", 9), W, loads(9))  # a waiting read comes first
+            cache.unhold(held[0])
+        assert got and got[0].data is not None and cache.revoked == 0 and within(cache)
+
+    run(test)
+
+
+def test_a_held_window_left_unread_gives_way_to_a_waiting_read():
+    async def test(cache: WindowCache) -> None:
+        loads = Loads()
+        held = [await read(cache, k, loads, hold=True) for k in range(3)]
+        start = trio.current_time()
+        await read(cache, 3, loads, hold=True)
+        assert trio.current_time() - start >= HOLD_IDLE * 0.9
+        assert cache.revoked == 1 and held[0].data is None  # the least recently read one
+        assert cache.resident <= cache.limit
+
+    run(test)
+
+
+def test_a_load_counts_its_working_memory_until_it_ends():
+    async def test(cache: WindowCache) -> None:
+        started, finish = trio.Event(), threading.Event()
+
+        def slow(out: np.ndarray, scratch):
+            trio.from_thread.run_sync(started.set)
+            finish.wait(10)
+            out[:W] = 1
+            return out[:W], scratch
+
+        cache.register("v", W, work=W // 2)
+        assert cache.limit == WINDOWS * W  # the work fits in the spare window
+        cache.register("v", W, work=3 * W // 2)
+        assert cache.limit == WINDOWS * W + W // 2  # beyond it: the limit grows by the difference
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cache.acquire, ("v", 0), W, slow, W // 2)
+            await started.wait()
+            assert cache.resident == W + W // 2  # the window and its load's work
+            finish.set()
+        assert cache.resident == W  # the work is given back when the load ends
+
+    run(test)

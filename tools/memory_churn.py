@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
 """Daemon peak memory under many readers and fast epoch changes, as a ratio to the documented
-bound (16 bytes per record + 3 windows + 100 MiB).
+bound (16 bytes per record + 3 windows + 100 MiB; a window build's working memory counts as the
+spare window, or beyond it for records so small that it takes more than a window).
 
     python tools/memory_churn.py [--records 1500000] [--readers 32] [--flip-ms 5] [--seconds 8]
-                                 [--strategies corgipile,full,...]
+                                 [--stagger-ms 0] [--strategies corgipile,full,...] [--verbose]
 
-Writes a JSON lines file, builds its offset table (``shufflefs index``), and for each strategy mounts it (default buffer 64 MiB), runs the
-readers (each reads the whole view again and again, checking it is one permutation of the
-records) while another thread sets a new epoch every few milliseconds, then reads the daemon's
-VmHWM.  One mount per strategy, all in one run.
+Writes a JSON lines file, builds its offset table (``shufflefs index``), and for each strategy
+mounts it (default buffer 64 MiB), runs the readers (each reads the whole view again and again,
+checking it is one permutation of the records) while another thread sets a new epoch every few
+milliseconds, then reads the daemon's VmHWM.  One mount per strategy, all in one run.  With
+``--stagger-ms``, reader i starts i times that later, so each opens its own epoch (32 epochs read
+at once: every plan and window distinct).
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
+import json
 import os
 import signal
 import sys
@@ -25,8 +28,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools"))
+sys.path.insert(0, str(REPO))
 
-from bench.proc import FuseDaemon, peak_rss  # noqa: E402
+from bench.lines import numbered_lines, permutation_check  # noqa: E402
+from bench.proc import FuseDaemon, current_rss, peak_rss  # noqa: E402
+from shufflefs.config import STATS_XATTR  # noqa: E402
+from shufflefs.formats import make_format, scan_file  # noqa: E402
+from shufflefs.strategies import ShuffleSpec, make_plan  # noqa: E402
+from shufflefs.view import window_work  # noqa: E402
 
 MiB = 1 << 20
 BUFFER = 64 * MiB
@@ -39,15 +48,20 @@ def main() -> int:
     ap.add_argument("--readers", type=int, default=32)
     ap.add_argument("--flip-ms", type=float, default=5.0)
     ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--stagger-ms", type=float, default=0.0,
+                    help="start reader i after i times this (each then reads its own epoch)")
+    ap.add_argument("--sample-ms", type=float, default=10.0, help="--verbose: how often RSS is sampled")
+    ap.add_argument("--verbose", action="store_true", help="also show the window cache at the highest RSS")
     ap.add_argument("--strategies", default="none,once,full,lirs-page,block,corgipile,window,pls")
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="churn-") as tmp:
         work = Path(tmp)
         (work / "src").mkdir()
-        data = b"".join(b'{"i": %07d, "p": "%s"}\n' % (i, b"x" * (i % 50)) for i in range(a.records))
+        data = numbered_lines(a.records, 7, 50)
         (work / "src" / "a.jsonl").write_bytes(data)
-        expect = collections.Counter(data.splitlines())
+        check = permutation_check(a.records, 7, 50)
+        assert check(data)
         # the offset table first, as `shufflefs index` would: every mount then starts from the cache
         # (a first open that scans also holds the table's copies as it comes from the scanning process)
         import subprocess
@@ -55,10 +69,14 @@ def main() -> int:
         subprocess.run([sys.executable, "-m", "shufflefs", "index", str(work / "src"), "--cache-dir", str(work / "cache")],
                        check=True, capture_output=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
         window = min(BUFFER, len(data))
-        bound = 16 * a.records + 3 * window + 100 * MiB
-        for strategy in a.strategies.split(","):
-            mnt = work / f"mnt-{strategy}"
+        index = scan_file(work / "src" / "a.jsonl", make_format("lines"))
+        for run, strategy in enumerate(a.strategies.split(",")):
+            mnt = work / f"mnt-{run}-{strategy}"
             mnt.mkdir()
+            spec = ShuffleSpec(strategy=strategy, buffer=BUFFER, exchange=0.2 if strategy == "pls" else 0.0)
+            # the documented bound: 16 bytes per record + 3 windows (and what a window build works with
+            # beyond one window, for tiny records) + 100 MiB
+            bound = 16 * a.records + 3 * window + max(0, window_work(make_plan(index, spec, 0)) - window) + 100 * MiB
             cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(work / "src"), str(mnt), "--strategy",
                    strategy, "--buffer", str(BUFFER), "--cache-dir", str(work / "cache")]
             if strategy == "pls":
@@ -75,24 +93,57 @@ def main() -> int:
                         os.setxattr(mnt, "user.shufflefs.epoch", str(e).encode())
                         time.sleep(a.flip_ms / 1000)
 
-                def reader() -> None:
+                def reader(i: int) -> None:
+                    time.sleep(i * a.stagger_ms / 1000)  # each reader opens at its own epoch
                     while time.monotonic() < stop:
                         with open(mnt / "a.jsonl", "rb") as f:
-                            got = collections.Counter(f.read().splitlines())
-                        if strategy != "pls" and got != expect:
+                            got = f.read()
+                        if strategy != "pls" and not check(got):
                             bad.append(1)
                         reads[0] += 1
 
-                threads = [threading.Thread(target=flip)] + [threading.Thread(target=reader) for _ in range(a.readers)]
+                top: list = [0, None]
+
+                def sample() -> None:
+                    """The daemon's RSS and its own count of window bytes at the highest RSS seen."""
+                    while not done.is_set():
+                        rss = current_rss(d.pid)
+                        if rss > top[0]:
+                            try:
+                                mem = json.loads(os.getxattr(mnt, STATS_XATTR))["memory"]
+                                with open(f"/proc/{d.pid}/smaps_rollup") as f:
+                                    mem["rollup"] = {k: v.split()[0] for k, v in (ln.split(":", 1) for ln in f if ":" in ln)
+                                                     if k in ("Rss", "Anonymous", "Rss_File", "Rss_Anon", "Private_Clean")}
+                                with open(f"/proc/{d.pid}/status") as f:
+                                    mem["threads"] = [ln.split()[1] for ln in f if ln.startswith("Threads")][0]
+                            except OSError:
+                                mem = None
+                            top[:] = [rss, mem, round(time.monotonic() - t0, 2)]
+                        time.sleep(a.sample_ms / 1000)
+
+                threads = [threading.Thread(target=flip), threading.Thread(target=sample)]
+                threads += [threading.Thread(target=reader, args=(i,)) for i in range(a.readers)]
+                t0 = time.monotonic()
+                done = threading.Event()
                 for t in threads:
                     t.start()
-                for t in threads:
+                for t in threads[2:] + threads[:1]:
                     t.join()
+                done.set()
+                threads[1].join()
+                took = time.monotonic() - t0
                 peak = peak_rss(d.pid)
             rows.append((strategy, peak, reads[0], len(bad)))
             print(f"{strategy:10} VmHWM {peak / MiB:7.0f} MiB  bound {bound / MiB:5.0f} MiB  ratio {peak / bound:5.2f}  "
-                  f"whole reads {reads[0]}  wrong {len(bad)}", flush=True)
-    print(f"{a.records} records, {a.readers} readers, an epoch every {a.flip_ms:g} ms for {a.seconds:g} s")
+                  f"whole reads {reads[0]} in {took:.1f} s ({reads[0] * len(data) / took / 1e9:.2f} GB/s)  "
+                  f"wrong {len(bad)}", flush=True)
+            if a.verbose and top[1]:
+                m = top[1]
+                print(f"{'':10} at the highest RSS sampled ({top[0] / MiB:.0f} MiB at {top[2]} s): windows "
+                      f"{m['window_bytes'] / MiB:.0f} MiB, free buffers {m['pooled_bytes'] / MiB:.0f} MiB, "
+                      f"limit {m['limit_bytes'] / MiB:.0f} MiB; {m}", flush=True)
+    print(f"{a.records} records, {a.readers} readers, an epoch every {a.flip_ms:g} ms for {a.seconds:g} s"
+          + (f", reader i starting after i x {a.stagger_ms:g} ms (each at its own epoch)" if a.stagger_ms else ""))
     return 1 if any(r[3] for r in rows) else 0
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import rng
-from .units import OrderPlan, id_dtype, salt, share
+from .units import OrderPlan, id_dtype, permutation, salt, share
 
 WINDOW = salt("window/steps")
 PICK_CHUNK = 1 << 16
@@ -92,7 +92,7 @@ class SlidingWindowPlan(OrderPlan):
         for lo_ in range(0, len(picks), PICK_CHUNK):  # the draws of one call, in fewer bytes
             hi_ = min(lo_ + PICK_CHUNK, len(picks))
             picks[lo_:hi_] = gen.integers(0, B, size=hi_ - lo_, dtype=np.int64)
-        drain = gen.permutation(B).astype(np.int64, copy=False)
+        drain = permutation(gen, B)  # gen.permutation(B)'s order in 4-byte ids (the plan's peak memory)
         out = sliding_window_order(m, picks, drain, id_dtype(hi))
         out += lo
         return out

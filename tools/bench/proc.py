@@ -34,6 +34,18 @@ def peak_rss(pid: int) -> int:
     raise RuntimeError(f"no VmHWM in /proc/{pid}/status")
 
 
+def current_rss(pid: int) -> int:
+    """Resident set (VmRSS) of ``pid`` in bytes (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def reset_peak_rss(pid: int) -> bool:
     """Restart VmHWM from the current RSS (``clear_refs`` 5); False if not permitted."""
     try:
