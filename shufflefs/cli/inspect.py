@@ -1,0 +1,344 @@
+"""``shufflefs inspect``: how well a view (or a source under a strategy) is shuffled."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import (
+    STATS_XATTR,
+    XATTR_PREFIX,
+    format_buffer,
+    parse_buffer,
+)
+from ..strategies.base import ShuffleSpec, resolve_spec
+from .common import (
+    EXIT_OK,
+    EXIT_USAGE,
+    CliError,
+    _inside,
+    _message,
+    _mount_root,
+    _xattr_failure,
+    get_xattr,
+)
+from .mount import _cache_dir, _check_strategy
+from .options import (
+    INSPECT_KEYS,
+    INSPECT_SHUFFLE_KEYS,
+    OPTIONS,
+    _buffer,
+    _cli_name,
+    _integer,
+    _strategy,
+    resolve_options,
+)
+from .stat import _param
+
+INFO_XATTR = XATTR_PREFIX + "info"
+
+
+@dataclass
+class _Inspected:
+    """The orders of one file, and what they were computed from."""
+
+    source: Path
+    fmt: Any
+    index: Any
+    spec: ShuffleSpec
+    epoch: int
+    plans: dict[str, Any]
+    """Column name -> `Plan`."""
+    data: Any = None
+    """The source bytes (uint8 array), once read."""
+
+
+def _parse_strategy_list(text: str | None, parser: argparse.ArgumentParser) -> list[tuple[str, str, int | float | None]]:
+    """``none,corgipile@2%`` -> [(column name, strategy, buffer or None)]."""
+    from ..strategies import STRATEGIES
+
+    if text is None:
+        return [(name, name, None) for name in STRATEGIES]
+    out: list[tuple[str, str, int | float | None]] = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, at, buf = item.partition("@")
+        try:
+            strategy = _strategy(name.strip())
+            buffer = _buffer(buf.strip()) if at else None
+        except ValueError as e:
+            parser.error(f"argument --strategies: {item!r}: {e}")
+        if item not in [c for c, _, _ in out]:
+            out.append((item, strategy, buffer))
+    if not out:
+        parser.error("argument --strategies: no strategy given")
+    return out
+
+
+def _order_of(plan: Any) -> Any:
+    import numpy as np
+
+    if plan.n_windows == 0:
+        return np.zeros(0, np.int64)
+    return np.concatenate([plan.window(k) for k in range(plan.n_windows)]).astype(np.int64, copy=False)
+
+
+def _plan_note(plan: Any) -> str:
+    """The parameters that shape this plan's order (the buffer only where it shuffles)."""
+    d = plan.describe()
+    buffer = format_buffer(plan.spec.buffer)
+    if "blocks_per_window" in d:
+        return f"buffer {buffer} = {d['blocks_per_window']} blocks/window"
+    if "buffer_records" in d:
+        return f"buffer {buffer} = {d['buffer_records']} records"
+    if "pages" in d:
+        return f"{d['pages']} pages of {_param('block_size', plan.spec.page_size)}"
+    return ""
+
+
+def _check_stamp(path: Path, index: Any) -> None:
+    from ..index import SourceStamp
+
+    if index.stamp is not None and SourceStamp.of(os.stat(path)) != index.stamp:
+        raise CliError(f"{path}: the file changed while it was being inspected; run again")
+
+
+def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, info: dict) -> _Inspected:
+    """Rebuild the plan of a mounted view from its attributes and the source file."""
+    from ..costs import record_costs
+    from ..formats import load_or_build_index, make_format
+    from ..index import IndexCache
+    from ..strategies import make_plan
+
+    given = [k for k in (*INSPECT_SHUFFLE_KEYS, "format", "record_size", "header_bytes", "cache_dir", "config", "strategies")
+             if getattr(args, k, None)]
+    if given:
+        parser.error(f"{_cli_name(given[0])} does not apply to a mounted view: the mount chose its order "
+                     "(inspect the source file to compare other settings)")
+    root = _mount_root(args.path)
+    if root is None:
+        raise CliError(f"{args.path}: cannot find the root of its shufflefs mount")
+    if "pool" in info:
+        raise CliError(f"{args.path}: shard {info.get('shard')} of the pool {info['pool']!r}; inspect analyses "
+                       "the order of one file (inspect a member in the source, or mount with --no-pool)")
+    try:
+        stats = json.loads(get_xattr(root, STATS_XATTR))
+        fmt = make_format(info["format"], info.get("format_params") or {})
+        spec = ShuffleSpec(strategy=info["strategy"], seed=int(info["seed"]), block_size=int(info["block_size"]),
+                           buffer=parse_buffer(info["buffer"]), page_size=int(stats.get("page_size", 4096)),
+                           even=str(stats.get("even", "none")), exchange=float(info.get("exchange", 0.0)),
+                           pls_local=str(info.get("local", "uniform")),
+                           balance=bool(stats.get("balance", False)), balance_field=stats.get("balance_field"),
+                           random_level=float(stats.get("random_level", 0.0)))
+        source = Path(stats["source"]) / info["path"]
+        view_epoch = int(info["epoch"])
+        rank, world = int(stats.get("rank", 0)), int(stats.get("world", 1))
+        part, parts = int(info.get("part", 0)), int(info.get("parts", 1))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CliError(f"{args.path}: unexpected shufflefs attributes ({_message(e)})") from None
+    epoch = view_epoch
+    if args.epoch is not None:
+        try:
+            epoch = OPTIONS["epoch"].convert(args.epoch)
+        except ValueError as e:
+            parser.error(f"argument --epoch: {e}")
+        if args.verify and epoch != view_epoch:
+            parser.error(f"--verify reads the view, which is in epoch {view_epoch}, not {epoch}")
+    index = load_or_build_index(source, fmt, IndexCache(Path(stats["cache_dir"])))
+    costs = record_costs(str(source), index, spec.balance_field, fmt.name) if spec.balance else None
+    plan = make_plan(index, spec, epoch, rank, world, part, parts, costs=costs)
+    name = (f"{spec.strategy}" + (f" rank {rank}/{world}" if world > 1 else "")
+            + (f" part {part}/{parts}" if parts > 1 else ""))
+    return _Inspected(source, fmt, index, spec, epoch, {name: plan})
+
+
+def _inspect_cache(given: Path | None, parent: Path, parser: argparse.ArgumentParser) -> Any:
+    """The index cache for a source file, or None to scan without one (the default cache directory
+    lies inside the file's directory, or cannot be written)."""
+    from ..index import IndexCache, default_cache_dir
+
+    if given is not None:
+        return IndexCache(_cache_dir(given, parent, parser))
+    cache_dir = default_cache_dir()
+    real = os.path.realpath(cache_dir)
+    if real == str(parent) or _inside(real, str(parent)):
+        return None
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return IndexCache(cache_dir) if os.access(cache_dir, os.W_OK | os.X_OK) else None
+
+
+def _inspect_source(args: argparse.Namespace, parser: argparse.ArgumentParser) -> _Inspected:
+    """Plans of every requested strategy for a source file, as a mount with these options would make."""
+    from ..errors import ShuffleError
+    from ..formats import load_or_build_index, resolve_format, scan_file
+    from ..strategies import make_plan
+
+    if args.verify:
+        parser.error("--verify reads a mounted view; PATH is not in a shufflefs mount")
+    entries = _parse_strategy_list(args.strategies, parser)
+    opts = resolve_options(args, INSPECT_KEYS, parser)
+    v = opts.values
+    path = Path(os.path.abspath(args.path))
+    if not path.is_file():
+        parser.error(f"{args.path!r} is not a file")
+    try:
+        fmt = resolve_format(args.path, opts.rules, opts.format_defaults)
+    except (ShuffleError, ValueError) as e:
+        parser.error(str(e))
+    if fmt is None:
+        parser.error(f"{args.path!r} has no record format (choose one with --format, e.g. "
+                     f"'--format {path.name}=lines', or --record-size for '.bin')")
+    cache = _inspect_cache(v["cache_dir"], Path(os.path.realpath(path.parent)), parser)
+    index = load_or_build_index(path, fmt, cache) if cache is not None else scan_file(path, fmt)
+    base = resolve_spec(ShuffleSpec(strategy="none", seed=v["seed"], block_size=v["block_size"], buffer=v["buffer"],
+                                    page_size=v["page_size"]), index)  # an automatic block size fixed for this file
+    plans = {}
+    for column, strategy, buffer in entries:
+        spec = ShuffleSpec(strategy=strategy, seed=base.seed, block_size=base.block_size,
+                           buffer=base.buffer if buffer is None else buffer, page_size=base.page_size)
+        _check_strategy(spec, parser)
+        plans[column] = make_plan(index, spec, v["epoch"])
+    return _Inspected(path, fmt, index, base, v["epoch"], plans)
+
+
+def _label_source(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
+    from ..labels import BYTE, COLUMN, FIELD, LabelSource
+
+    if args.label_field is not None:
+        return LabelSource(FIELD, args.label_field)
+    if args.label_column is not None:
+        return LabelSource(COLUMN, args.label_column)
+    if args.label_byte is not None:
+        try:
+            return LabelSource(BYTE, _integer(0)(args.label_byte))
+        except ValueError as e:
+            parser.error(f"argument --label-byte: {e}")
+    return None
+
+
+def _verify_view(path: str, got: _Inspected) -> None:
+    """Read the view and compare it with the bytes of the order computed for it."""
+    from ..layout import render
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        # the attributes of the open handle: the epoch this handle reads, whatever happens meanwhile
+        info = json.loads(os.getxattr(fd, INFO_XATTR))
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    view = b"".join(chunks)
+    if int(info["epoch"]) != got.epoch:
+        raise CliError(f"{path}: the epoch changed to {info['epoch']} while inspecting epoch {got.epoch}; run again")
+    (plan,) = got.plans.values()
+    expected = render(got.index, plan, got.data)
+    if view != expected:
+        import numpy as np
+
+        n = min(len(view), len(expected))
+        diff = np.flatnonzero(np.frombuffer(view[:n], np.uint8) != np.frombuffer(expected[:n], np.uint8))
+        where = f"first at byte {int(diff[0])}" if len(diff) else f"sizes {len(view)} and {len(expected)}"
+        raise CliError(f"{path}: VERIFY FAILED: the view is not the order reported ({where})")
+
+
+def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from ..errors import ShuffleError
+    from ..labels import extract_labels, read_source
+    from ..quality import block_of_records, format_report, report
+
+    try:
+        k, batch = _integer(1)(args.window), _integer(1)(args.batch)
+    except ValueError as e:
+        parser.error(f"argument --window/--batch: {e}")
+    label_source = _label_source(args, parser)
+    if args.png:
+        from ..plots import have_matplotlib
+
+        if not have_matplotlib():
+            parser.error("--png needs matplotlib (pip install 'shufflefs[plot]')")
+    try:
+        raw = os.getxattr(args.path, INFO_XATTR)
+    except OSError as e:
+        if e.errno not in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise _xattr_failure(e, args.path, INFO_XATTR) from None
+        raw = None
+    try:
+        if raw is not None:
+            try:
+                info = json.loads(raw)
+            except ValueError:
+                raise CliError(f"{args.path}: unreadable {INFO_XATTR}: {raw[:200]!r}") from None
+            got = _inspect_mounted(args, parser, info)
+            mounted = True
+        else:
+            got = _inspect_source(args, parser)
+            mounted = False
+        labels = None
+        if label_source is not None or args.verify:
+            got.data = read_source(got.source)
+            _check_stamp(got.source, got.index)
+        if label_source is not None:
+            labels = extract_labels(got.index, got.fmt.name, got.data, label_source, str(got.source))
+        if args.verify:
+            _verify_view(args.path, got)
+    except ShuffleError as e:
+        raise CliError(str(e)) from None
+    except ValueError as e:
+        raise CliError(str(e), EXIT_USAGE) from None
+    except OSError as e:
+        raise CliError(f"{e.filename or args.path}: {e.strerror or e}") from None
+
+    orders = {name: _order_of(plan) for name, plan in got.plans.items()}
+    notes = {name: _plan_note(plan) for name, plan in got.plans.items()}
+    blocks = block_of_records(got.index.bounds, got.spec.block_size)
+    rep = report(orders, labels.codes if labels else None, blocks, k, batch,
+                 labels.names if labels else None)
+    rep.notes = notes
+    where = (f"{args.path} (view of {got.source}, epoch {got.epoch}, seed {got.spec.seed})" if mounted
+             else f"{got.source} (epoch {got.epoch}, seed {got.spec.seed})")
+    if args.png:
+        from ..plots import plot_orders
+
+        title = f"{os.path.basename(args.path)}: {rep.records} records, epoch {got.epoch}, seed {got.spec.seed}, " \
+                f"block {_param('block_size', got.spec.block_size)}"
+        try:
+            plot_orders(orders, args.png, labels.codes if labels else None, labels.names if labels else None,
+                        title=title, subtitles=notes)
+        except OSError as e:
+            raise CliError(f"{args.png}: {e.strerror or e}") from None
+    if args.json:
+        out = {"path": os.path.abspath(args.path), "source": str(got.source), "mounted": mounted,
+               "format": got.fmt.name, "epoch": got.epoch, "seed": got.spec.seed,
+               "block_size": got.spec.block_size, "page_size": got.spec.page_size,
+               "label": label_source.describe() if label_source else None,
+               "verified": bool(args.verify), **rep.to_json()}
+        print(json.dumps(out, indent=2))
+        return EXIT_OK
+    label_text = ""
+    if labels is not None:
+        import numpy as np
+
+        counts = np.bincount(labels.codes, minlength=labels.n_labels)
+        shown = ", ".join(f"{n}={c}" for n, c in zip(labels.names[:10], counts[:10].tolist()))
+        label_text = f", {labels.n_labels} labels by {label_source.describe()} ({shown}{', ...' if labels.n_labels > 10 else ''})"
+    print(f"{where}")
+    print(f"{rep.records} records in {rep.blocks or 0} blocks of {_param('block_size', got.spec.block_size)}{label_text}")
+    for name, note in notes.items():
+        if note:
+            print(f"  {name}: {note}")
+    print()
+    print(format_report(rep))
+    if args.verify:
+        print("\nverified: the view holds exactly these records in this order")
+    if args.png:
+        print(f"\npicture: {args.png}")
+    return EXIT_OK

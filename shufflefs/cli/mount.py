@@ -1,0 +1,211 @@
+"""``shufflefs mount``: validate everything, then serve in the foreground or start a background daemon."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from ..config import (
+    MountConfig,
+    check_paths,
+)
+from ..index import default_cache_dir
+from ..strategies.base import ShuffleSpec
+from .common import EXIT_FAIL, EXIT_OK, PROG, _inside
+from .options import MOUNT_KEYS, Resolved, resolve_options
+
+
+def _check_writable_dir(path: Path, what: str, parser: argparse.ArgumentParser) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        parser.error(f"{what} {str(path)!r}: {e.strerror}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        parser.error(f"{what} {str(path)!r} is not writable")
+
+
+def _cache_dir(given: Path | None, source: Path, parser: argparse.ArgumentParser) -> Path:
+    """The cache directory to use (given, or the user's default), checked to lie outside the
+    source tree (which is never written) and to be writable."""
+    cache_dir = Path(given) if given is not None else default_cache_dir()
+    real, src = os.path.realpath(cache_dir), os.path.realpath(source)
+    if real == src or _inside(real, src):
+        which = "cache directory" if given is not None else "default cache directory"
+        parser.error(f"{which} {str(cache_dir)!r} is inside the source {str(source)!r}, which is never "
+                     "written; choose another with --cache-dir")
+    _check_writable_dir(cache_dir, "cache directory", parser)
+    return cache_dir
+
+
+def _check_strategy(spec: ShuffleSpec, parser: argparse.ArgumentParser) -> None:
+    from ..strategies import check_spec
+
+    try:
+        check_spec(spec)
+    except ValueError as e:
+        parser.error(f"strategy {spec.strategy!r}: {e}")
+
+
+def _stage_dir(given: Path | None, spec: ShuffleSpec, src: Path, mnt: Path,
+               parser: argparse.ArgumentParser) -> Path | None:
+    """``--stage-dir``, checked: pls only, outside the source and the mount, writable."""
+    if given is None:
+        return None
+    if spec.strategy != "pls":
+        parser.error(f"--stage-dir keeps a rank's pls partition: it needs --strategy pls, not {spec.strategy!r}")
+    from ..view import _build_window
+
+    if _build_window is None:
+        parser.error("--stage-dir needs the compiled gather module (shufflefs/_gather.c); reinstall shufflefs")
+    real = Path(os.path.realpath(given))
+    for inside, what in ((src, "the source, which is never written"), (mnt, "the mount point")):
+        if real == inside or _inside(str(real), str(inside)):
+            parser.error(f"stage directory {str(given)!r} is inside {what}")
+    _check_writable_dir(real, "stage directory", parser)
+    return real
+
+
+def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[MountConfig, Resolved]:
+    """Validate every mount option; exits with a usage error (2) on the first problem."""
+    opts = resolve_options(args, MOUNT_KEYS, parser)
+    v = opts.values
+    src, mnt = Path(os.path.realpath(args.source)), Path(os.path.realpath(args.mountpoint))
+    if v["rank"] >= v["world_size"]:
+        parser.error(f"--rank {v['rank']} must be smaller than --world-size {v['world_size']}")
+    spec = ShuffleSpec(
+        strategy=v["strategy"], seed=v["seed"], block_size=v["block_size"], buffer=v["buffer"],
+        page_size=v["page_size"], even=v["even"], exchange=v["exchange"], pls_local=v["pls_local"],
+        balance=bool(v["balance"] or v["balance_field"]), balance_field=v["balance_field"],
+        random_level=v["random_level"],
+    )
+    _check_strategy(spec, parser)
+    cache_dir = Path(v["cache_dir"]) if v["cache_dir"] is not None else default_cache_dir()
+    problem = check_paths(MountConfig(Path(args.source), Path(args.mountpoint), cache_dir=cache_dir))
+    if problem:
+        parser.error(problem)
+    _check_writable_dir(cache_dir, "cache directory", parser)
+    if v["log_file"] is not None:
+        log = v["log_file"]
+        if _inside(str(log), str(mnt)) or _inside(str(log), str(src)):
+            parser.error(f"log file {str(log)!r} must be outside the source and the mount point")
+        try:
+            with open(log, "a"):
+                pass
+        except OSError as e:
+            parser.error(f"log file {str(log)!r}: {e.strerror}")
+    stage_dir = _stage_dir(v["stage_dir"], spec, src, mnt, parser)
+    config = MountConfig(
+        source=src, mountpoint=mnt, spec=spec, epoch=v["epoch"], rank=v["rank"], world=v["world_size"],
+        rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
+        pool=not v["no_pool"], pool_globs=opts.pools, stage_dir=stage_dir, verify=v["verify"],
+    )
+    if v["no_pool"] and opts.pools:
+        parser.error("--pool declares a set but --no-pool turns pooling off")
+    return config, opts
+
+
+def cmd_mount(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    config, opts = mount_config(args, parser)
+    v = opts.values
+    log_file = str(v["log_file"]) if v["log_file"] is not None else None
+    if v["foreground"] or args.ready_fd is not None:
+        return run_foreground(config, args.ready_fd, log_file, v["verbose"])
+    return start_background(argv, config, v["verbose"])
+
+
+def run_foreground(config: MountConfig, ready_fd: int | None, log_file: str | None, verbosity: int) -> int:
+    from .. import daemon
+
+    if ready_fd is not None:
+        # Started by `start_background`: never pin the caller's working directory, and stop
+        # writing to the start-up capture file once the parent has stopped reading it.
+        os.chdir("/")
+        ready_fd = _relay_ready(ready_fd, log_file)
+    return daemon.run(config, ready_fd=ready_fd, log_file=log_file, verbosity=verbosity)
+
+
+def _relay_ready(parent_fd: int, log_file: str | None) -> int:
+    """Pass the daemon's "ready" on to the parent, first moving stdout/stderr off the capture file."""
+    r, w = os.pipe()
+
+    def relay() -> None:
+        data = b""
+        while b"ready" not in data:
+            chunk = os.read(r, 64)
+            if not chunk:
+                break
+            data += chunk
+        os.close(r)
+        if b"ready" in data:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            out = os.open(log_file or os.devnull, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.close(out)
+            os.write(parent_fd, b"ready\n")
+        os.close(parent_fd)
+
+    threading.Thread(target=relay, name="ready-relay", daemon=True).start()
+    return w
+
+
+def start_background(argv: list[str], config: MountConfig, verbosity: int) -> int:
+    """Run ``shufflefs mount -f ...`` in a new session and return once it has mounted."""
+    i = argv.index("mount")
+    r, w = os.pipe()
+    cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", "--ready-fd", str(w), *argv[i + 1:]]
+    env = dict(os.environ)
+    pkg_root = Path(__file__).resolve().parent.parent
+    if pkg_root.name not in ("site-packages", "dist-packages"):  # a source checkout
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(pkg_root), env.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryFile() as capture:
+        try:
+            proc = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=capture, stderr=capture, pass_fds=(w,),
+                start_new_session=True, env=env,
+            )
+        finally:
+            os.close(w)
+        try:
+            ready = _wait_ready(r)
+        except KeyboardInterrupt:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            print(f"{PROG} mount: interrupted; the daemon (pid {proc.pid}) was stopped", file=sys.stderr)
+            return 130
+        finally:
+            os.close(r)
+        if ready:
+            if verbosity:
+                print(f"{PROG}: mounted {config.source} on {config.mountpoint} (daemon pid {proc.pid})")
+            return EXIT_OK
+        try:
+            rc = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            rc = None
+        capture.seek(0)
+        output = capture.read().decode(errors="replace").rstrip()
+    if output:
+        print(output, file=sys.stderr)
+    status = "still running" if rc is None else f"exit status {rc}"
+    print(f"{PROG} mount: error: the daemon failed to mount {config.mountpoint} ({status})", file=sys.stderr)
+    return rc if rc else EXIT_FAIL
+
+
+def _wait_ready(fd: int) -> bool:
+    data = b""
+    while b"ready" not in data:
+        chunk = os.read(fd, 64)
+        if not chunk:
+            return False
+        data += chunk
+    return True

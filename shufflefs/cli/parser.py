@@ -1,0 +1,231 @@
+"""The argument parser of every command (its options come from `options.OPTIONS`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .. import __version__
+from ..config import (
+    MAX_EPOCH,
+)
+from ..index import default_cache_dir
+from ..strategies.base import EVEN_MODES, LOCAL_MODES
+from .common import PROG
+from .options import VERIFY_MODES
+
+
+def _strategy_lines() -> str:
+    from ..strategies import STRATEGIES, STRATEGY_HELP
+
+    width = max(len(s) for s in STRATEGIES)
+    return "\n".join(f"  {name:<{width}}  {STRATEGY_HELP.get(name, '')}" for name in STRATEGIES)
+
+
+def _add_format_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("formats and index cache")
+    g.add_argument(
+        "--format", action="append", default=[], metavar="GLOB=NAME[:k=v,...]",
+        help="record format of files matching GLOB (relative to SRC), with its parameters; "
+        "repeatable, first match wins; files no rule matches are typed by extension",
+    )
+    g.add_argument("--record-size", metavar="SIZE", help="record size of fixed-size '.bin' files")
+    g.add_argument("--header-bytes", metavar="SIZE", help="header bytes of fixed-size '.bin' files (default 0)")
+    g.add_argument("--cache-dir", metavar="DIR", help="where indexes are cached (default: %s)" % _default_cache_text())
+    g.add_argument(
+        "--config", metavar="FILE",
+        help="TOML file: top-level keys are long option names, [[format]] tables hold glob, "
+        "format and params; options given here override it",
+    )
+
+
+def _default_cache_text() -> str:
+    return str(default_cache_dir())
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    from ..strategies import STRATEGIES
+
+    strategies = _strategy_lines()
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Mount a dataset directory read-only; every data file shows its records in a "
+        "fresh shuffled order each epoch.",
+        epilog=f"strategies:\n{strategies}\n\nRun '{PROG} COMMAND --help' for the options of a command.",
+        formatter_class=raw,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    subs: dict[str, argparse.ArgumentParser] = {}
+
+    p = subs["mount"] = sub.add_parser(
+        "mount", help="mount SRC at MNT with shuffled views", formatter_class=raw,
+        description="Mount SRC at MNT. Returns once the mount is ready; the daemon keeps running "
+        "in the background until 'shufflefs umount MNT'.",
+        epilog=f"strategies:\n{strategies}\n\n"
+        "sizes: 4096, 64KiB, 4MiB, 1GB; --buffer also takes a share of each file's record "
+        "bytes (10%).\nOne --buffer sizes the buffer of every strategy that has one, so "
+        "strategies compare at equal memory.",
+    )
+    p.add_argument("source", metavar="SRC", help="dataset directory")
+    p.add_argument("mountpoint", metavar="MNT", help="empty directory to mount on")
+    g = p.add_argument_group("shuffling")
+    g.add_argument("--strategy", choices=list(STRATEGIES), metavar="S", help="shuffle strategy (default corgipile; listed below)")
+    g.add_argument("--block-size", metavar="SIZE|auto",
+                   help="bytes per block, the unit of storage reads and of block shuffling, 512 B to 1GiB; "
+                        "auto (default): per file, the largest power of two up to 1/64 of its record bytes, "
+                        "between --page-size and 4MiB, so that every file has dozens of blocks to permute")
+    g.add_argument("--buffer", metavar="SIZE|P%", help="shuffle buffer: bytes (4KiB to 1TiB), or a percentage of each "
+                   "file's record bytes (0.01%% to 100%%) (default 64MiB)")
+    g.add_argument("--seed", metavar="N", help="seed of every order, 0 to 2**63-1 (default 0)")
+    g.add_argument("--epoch", metavar="N", help=f"initial epoch, 0 to {MAX_EPOCH} (default 0)")
+    g.add_argument("--page-size", metavar="SIZE", help="page size for page-aware strategies, a power of two from 512 to 1MiB (default 4096)")
+    g.add_argument("--exchange", metavar="Q", help="pls: fraction of every rank's records traded with other "
+                   "ranks before each epoch, 0 (pure local shuffling) to 1 (default 0)")
+    g.add_argument("--pls-local", choices=LOCAL_MODES, default=None,
+                   help="pls: how each rank shuffles its partition: uniform (default) or corgipile "
+                        "(its records grouped by block, blocks permuted, records shuffled inside "
+                        "the buffer: block-sized reads)")
+    g.add_argument("--verify", choices=VERIFY_MODES, default=None,
+                   help="frames (default): check every TFRecord frame's checksums in every window as it "
+                        "is gathered, so a byte changed after indexing is EIO, never served; index: "
+                        "only when the index is built")
+    g.add_argument("--stage-dir", metavar="DIR",
+                   help="pls: keep this rank's partition of every file on local disk under DIR: "
+                        "copied from SRC when a file's first view opens, then each next epoch's "
+                        "built in the background from the kept records plus only the received "
+                        "ones read from SRC (about Q of the share); removed at unmount")
+    g = p.add_argument_group(
+        "ranks and loader parts",
+        "The mount shows rank R's share of every epoch; the W ranks' shares are disjoint and hold "
+        "every record once. MNT/.parts/K/i/ mirrors the tree with the i-th of K disjoint parts of "
+        "each view, one per DataLoader worker.")
+    g.add_argument("--rank", metavar="R", help="this mount's rank (default $RANK, else 0)")
+    g.add_argument("--world-size", "--world", dest="world_size", metavar="W",
+                   help="number of ranks (default $WORLD_SIZE, else 1)")
+    g.add_argument("--even", choices=EVEN_MODES, default=None,
+                   help="equal record counts per rank: none (default: every record exactly once, "
+                        "counts may differ by a block's records), pad (short ranks repeat some of "
+                        "their records, like DistributedSampler) or drop (long ranks leave their "
+                        "last records out)")
+    g.add_argument("--balance", action="store_true", default=None,
+                   help="with --strategy full: assign records so that the i-th record of every rank "
+                        "has a similar cost (its byte length), like Bagua's load-balancing sampler; "
+                        "still every record once per epoch (with --even none)")
+    g.add_argument("--balance-field", metavar="NAME",
+                   help="JSON lines: the cost of a record is this numeric top-level field (e.g. a "
+                        "token count) instead of its byte length; implies --balance")
+    g.add_argument("--random-level", metavar="X",
+                   help="--balance: noise added to the costs before sorting, 0 (the same cost "
+                        "groups every epoch) to 1 (noise spanning the cost range) (default 0)")
+    _add_format_options(p)
+    g = p.add_argument_group(
+        "pools of shards",
+        "Numbered files of one stem and extension in one directory (train-00000-of-00064.tfrecord, "
+        "part-00001.jsonl, shard-000123.tar) are shards of one set, shuffled as one pool: output "
+        "shard i, under its own name, holds the i-th equal share of the pool's stream, so the "
+        "shards read in name order are the pooled order. Other files are shuffled alone.")
+    g.add_argument("--pool", action="append", default=[], metavar="GLOB",
+                   help="declare a set: the data files matching GLOB (relative to SRC, '*' spans "
+                        "directories) are one pool; repeatable, first match wins; also [[pool]] "
+                        "tables with a glob key in --config")
+    g.add_argument("--no-pool", action="store_true", default=None,
+                   help="shuffle every file alone, shards of a set too")
+    g = p.add_argument_group("daemon")
+    g.add_argument("--log-file", metavar="FILE", help="append the daemon's log here")
+    g.add_argument("-v", "--verbose", action="count", default=None, help="more output (repeatable)")
+    g.add_argument("-f", "--foreground", action="store_true", default=None, help="run the daemon in this process")
+    g.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+
+    p = subs["epoch"] = sub.add_parser(
+        "epoch", help="show or set the epoch",
+        description="Show the epoch of a mount (MNT is its root: every file), of a directory in it "
+        "(the files below) or of one file; with N set it, with 'next' advance it by one. Setting "
+        "it on the root or a directory replaces the epochs set below it.",
+    )
+    p.add_argument("path", metavar="MNT", help="mount root, or a directory or file inside the mount")
+    p.add_argument("value", metavar="N|next", nargs="?", help="new epoch, or 'next'")
+
+    p = subs["umount"] = sub.add_parser(
+        "umount", help="unmount and wait for the daemon to exit",
+        description="Unmount MNT (fusermount3 -u, or umount) and wait for its daemon to exit.",
+    )
+    p.add_argument("mountpoint", metavar="MNT")
+    p.add_argument("-l", "--lazy", action="store_true", help="detach now even if busy; the daemon exits when the last file closes")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="SEC", help="how long to wait for the daemon to exit (default 10)")
+
+    p = subs["index"] = sub.add_parser(
+        "index", help="build (or check) the index of every data file in SRC",
+        description="Build the index of every data file in SRC, or reuse the cached one, so a later "
+        "mount starts without scanning.",
+    )
+    p.add_argument("source", metavar="SRC", help="dataset directory")
+    _add_format_options(p)
+
+    p = subs["stat"] = sub.add_parser("stat", help="show a mount's settings and counters")
+    p.add_argument("mountpoint", metavar="MNT")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    p = subs["demo"] = sub.add_parser(
+        "demo", help="mount a small label-sorted dataset and show two shuffled epochs",
+    )
+    p.add_argument("--dir", metavar="DIR", help="work here instead of a new temporary directory")
+    p.add_argument("--keep", action="store_true", help="keep the generated files")
+
+    _add_inspect_parser(sub, subs, strategies)
+    _add_advise_parser(sub, subs)
+    return parser, subs
+
+
+def _add_inspect_parser(sub: Any, subs: dict[str, argparse.ArgumentParser], strategies: str) -> None:
+    p = subs["inspect"] = sub.add_parser(
+        "inspect", help="measure how well a file's records are shuffled, per strategy",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Measure the shuffle quality of a file's record order against a uniform shuffle.\n"
+        "PATH in a shufflefs mount: the order its view delivers (the mount's strategy, seed and\n"
+        "current epoch). PATH a source file: the orders of --strategies, without mounting.",
+        epilog=f"strategies:\n{strategies}\n\n"
+        "metrics: rank correlation of source and output position (1 unshuffled, ~0 random); total\n"
+        "variation distance of each window's label mix from the whole file's (0 = perfect mix);\n"
+        "entropy of successive id gaps (MosaicML Streaming's measure); share of in-batch record\n"
+        "pairs from one source block. Columns 'uniform' (a seeded uniform permutation) and\n"
+        "'expected' (its exact expectation, where one exists) are the reference.",
+    )
+    p.add_argument("path", metavar="PATH", help="a data file inside a shufflefs mount, or a source data file")
+    g = p.add_argument_group("orders to compare (source files; a mount's view has its own)")
+    g.add_argument("--strategies", metavar="S[@BUFFER],...",
+                   help="comma-separated strategies, each optionally with its own buffer, e.g. "
+                   "'none,full,corgipile,corgipile@2%%' (default: all)")
+    g.add_argument("--block-size", metavar="SIZE|auto", help="bytes per block (default auto: per file, up to 1/64 of its record bytes, 4KiB..4MiB)")
+    g.add_argument("--buffer", metavar="SIZE|P%", help="shuffle buffer, bytes or a share of the record bytes (default 64MiB)")
+    g.add_argument("--seed", metavar="N", help="seed (default 0)")
+    g.add_argument("--page-size", metavar="SIZE", help="page size of lirs-page (default 4096)")
+    p.add_argument("--epoch", metavar="N", help="epoch to measure (default: the view's current epoch, or 0)")
+    _add_format_options(p)
+    g = p.add_argument_group("labels (for the label-mix metric and picture)")
+    x = g.add_mutually_exclusive_group()
+    x.add_argument("--label-field", metavar="F", help="top-level field of JSON Lines records")
+    x.add_argument("--label-column", metavar="NAME|INDEX", help="CSV/TSV column (header name or 0-based index), or .npy column (index or field name)")
+    x.add_argument("--label-byte", metavar="OFFSET", help="byte at OFFSET of every record (fixed-size records)")
+    g = p.add_argument_group("output")
+    g.add_argument("--window", metavar="K", default="100", help="records per window of the label-mix metric (default 100)")
+    g.add_argument("--batch", metavar="B", default="32", help="records per batch of the same-block metric (default 32)")
+    g.add_argument("--png", metavar="OUT.png", help="draw every order (record id by position; label counts per 20 records); needs matplotlib")
+    g.add_argument("--json", action="store_true", help="print the results as JSON")
+    g.add_argument("--verify", action="store_true",
+                   help="(mounted PATH) also read the view and check that it holds exactly the bytes of the order reported")
+
+
+def _add_advise_parser(sub: Any, subs: dict[str, argparse.ArgumentParser]) -> None:
+    p = subs["advise"] = sub.add_parser(
+        "advise", help="measure the storage under SRC and recommend --block-size and --buffer",
+        description="Time random reads of 4 KiB to 16 MiB against a sequential read on the files "
+        "under SRC (O_DIRECT, so the page cache cannot serve them; SRC is only read), then "
+        "recommend the smallest block size reaching about 90% of sequential throughput and a "
+        "buffer for a memory budget.",
+    )
+    p.add_argument("source", metavar="SRC", help="dataset directory (its largest files are read)")
+    p.add_argument("--budget", metavar="SIZE", default="1GiB",
+                   help="memory the daemon may use per file read at once (default 1GiB); the buffer is a third of it")
+    p.add_argument("--seconds", metavar="S", default="5", help="time to spend measuring (default 5)")

@@ -1,0 +1,117 @@
+"""``shufflefs stat``: a mount's state, as the daemon reports it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..config import (
+    STATS_XATTR,
+    format_buffer,
+)
+from .common import EXIT_OK, CliError, _human, get_xattr
+
+
+def cmd_stat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    raw = get_xattr(args.mountpoint, STATS_XATTR)
+    try:
+        stats = json.loads(raw)
+    except ValueError:
+        raise CliError(f"{args.mountpoint}: unreadable stats: {raw[:200]!r}") from None
+    if args.json:
+        print(json.dumps(stats, indent=2))
+    else:
+        print(format_stats(stats))
+    return EXIT_OK
+
+
+def format_stats(stats: dict) -> str:
+    """Readable lines for the known fields of ``user.shufflefs.stats``; any others are listed after."""
+    s = dict(stats)
+    take = s.pop
+    lines: list[tuple[str, str]] = []
+
+    pid, uptime = take("pid", None), take("uptime_s", None)
+    about = ", ".join(x for x in (pid is not None and f"daemon pid {pid}", uptime is not None and f"up {_duration(uptime)}") if x)
+    lines.append(("mount", f"{take('mountpoint', '?')}" + (f"  ({about})" if about else "")))
+    if "source" in s:
+        lines.append(("source", str(take("source"))))
+    params = [f"{k}={_param(k, take(k))}" for k in ("seed", "block_size", "buffer", "page_size") if k in s]
+    lines.append(("strategy", "  ".join([str(take("strategy", "?")), *params])))
+    rank, world, even = take("rank", None), take("world", None), take("even", "none")
+    balance, field, level = take("balance", False), take("balance_field", None), take("random_level", 0.0)
+    if world is not None and world != 1:
+        lines.append(("rank", f"{rank} of {world}" + (f"  (even={even})" if even != "none" else "")))
+    if balance:
+        lines.append(("balance", f"by {field or 'byte length'}  random_level={level}"))
+    for name, blocks in (take("few_blocks", None) or {}).items():
+        lines.append(("few blocks", f"{name}: {blocks} block(s) of the --block-size given: block and corgipile "
+                                    "barely shuffle it; lower --block-size (or leave it auto)"))
+    pooling, globs = take("pooling", None), take("pool_globs", None) or []
+    if pooling is not None:
+        lines.append(("pools", ("shard sets by name" + (", declared: " + ", ".join(globs) if globs else ""))
+                      if pooling else "off (every file shuffled alone)"))
+    for relpath, counts in (take("pls_exchange", None) or {}).items():
+        lines.append(("pls exchange", f"{relpath}: {counts}"))
+    staging = take("staging", None)
+    for epoch, got in (take("read_bytes", None) or {}).items():
+        stage = f", from stages {_human(got.get('stage_bytes', 0))}" if staging is not None else ""
+        lines.append(("read", f"epoch {epoch}: from the source {_human(got.get('source_bytes', 0))}{stage}"))
+    if isinstance(staging, dict):
+        lines.append(("stage dir", f"{staging.get('dir')}  ({staging.get('built', 0)} built, {staging.get('failed', 0)} failed)"))
+        for st in staging.get("stages", []):
+            lines.append(("stage", f"{st['name']} epoch {st['epoch']}: {st['records']} records, "
+                                   f"{_human(st['bytes'])}, {st['readers']} readers"))
+    overrides = take("epoch_overrides", None)
+    epoch = str(take("epoch", "?"))
+    if overrides:
+        epoch += "  (own epochs: " + ", ".join(f"{k}={v}" for k, v in overrides.items()) + ")"
+    lines.append(("epoch", epoch))
+    counts = [f"{take(k)} {label}" for k, label in (("files_opened", "opened"), ("views", "views"),
+                                                     ("handles", "open handles"), ("inodes", "inodes")) if k in s]
+    if counts:
+        lines.append(("files", ", ".join(counts)))
+    if "bytes_served" in s or "reads" in s:
+        served = take("bytes_served", 0)
+        lines.append(("served", f"{_human(served) if isinstance(served, (int, float)) else served} in {take('reads', '?')} reads"))
+    memory = take("memory", None)
+    if isinstance(memory, dict):
+        lines.append(("memory", "  ".join(f"{k.removesuffix('_bytes')}={_human(v) if k.endswith('_bytes') else v}" for k, v in memory.items())))
+    if "cache_dir" in s:
+        lines.append(("cache dir", str(take("cache_dir"))))
+    recent = take("last_errors", None)
+    errors_ = take("errors", None)
+    for key, value in s.items():
+        if isinstance(value, dict):
+            value = "  ".join(f"{k}={v}" for k, v in value.items())
+        elif isinstance(value, list):
+            value = ", ".join(map(str, value))
+        lines.append((key.replace("_", " "), str(value)))
+    if errors_ is not None:
+        lines.append(("errors", str(errors_)))
+    width = max(len(k) for k, _ in lines)
+    out = [f"{k:<{width}}  {v}".rstrip() for k, v in lines]
+    if recent:
+        out.append("recent errors:")
+        out.extend(f"  {line}" for line in (recent if isinstance(recent, list) else [recent]))
+    return "\n".join(out)
+
+
+def _duration(seconds: float) -> str:
+    seconds = float(seconds)
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _param(key: str, value: Any) -> str:
+    if key == "buffer" and isinstance(value, float):
+        return format_buffer(value)
+    if key in ("block_size", "buffer") and isinstance(value, int):
+        for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+            if value >= 1 << shift and value % (1 << shift) == 0:
+                return f"{value >> shift}{unit}"
+    return str(value)
