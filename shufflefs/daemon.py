@@ -9,7 +9,6 @@ the mount is usable.
 from __future__ import annotations
 
 import ctypes
-import functools
 import logging
 import os
 import signal
@@ -86,12 +85,21 @@ class _Ready:
             self.fd = None
 
 
-async def _main(fs: ShuffleFS, mnt: str) -> None:
+async def _main(fs: ShuffleFS, mnt: str, ready: _Ready) -> None:
     async with trio.open_nursery() as nursery:
         fs.start(nursery)
         if threading.current_thread() is threading.main_thread():
             nursery.start_soon(_watch_signals, mnt)
-        nursery.start_soon(functools.partial(trio.to_thread.run_sync, raise_readahead, mnt, abandon_on_cancel=True))
+
+        async def settle() -> None:
+            """Readiness once the readahead is set: until then this daemon's own stat of the
+            mount point is in flight, and an unmount at that moment failed with EBUSY."""
+            try:
+                await trio.to_thread.run_sync(raise_readahead, mnt, abandon_on_cancel=True)
+            finally:
+                ready.signal()
+
+        nursery.start_soon(settle)
         try:
             await pyfuse3.main()
         finally:
@@ -227,8 +235,7 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
             "mounted %s at %s (strategy %s, seed %d, epoch %d, pid %d)",
             config.source, mnt, config.spec.strategy, config.spec.seed, config.epoch, os.getpid(),
         )
-        ready.signal()
-        trio.run(_main, fs, mnt)
+        trio.run(_main, fs, mnt, ready)
     except KeyboardInterrupt:
         log.info("interrupted: unmounting")
     except BaseException:  # noqa: BLE001 -- whatever happened, unmount below

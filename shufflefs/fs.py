@@ -961,10 +961,10 @@ class ShuffleFS(pyfuse3.Operations):
         for another plan; False if there is none (see `plan_memory`)."""
         for ino in self.plan_memory.holders():
             node = self._nodes.get(ino)
-            if node is None or node.plan is not None and node.opens == 0 and not self.tasks.running(("view", ino)):
-                if node is None:
-                    self.plan_memory.release(ino)
-                    return True
+            if node is None:  # forgotten meanwhile
+                self.plan_memory.release(ino)
+                return True
+            if node.plan is not None and node.opens == 0 and not self.tasks.running(("view", ino)):
                 self._close_view(node)
                 if node.lookups <= 0:
                     self._drop(node)
