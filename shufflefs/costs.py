@@ -7,6 +7,7 @@ version (the caller keeps the result), never copied into the daemon's memory.
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import numpy as np
 
@@ -17,20 +18,24 @@ from .index import RecordIndex
 from .strategies.balance import RecordCostError, compact_costs, field_costs
 
 
-def record_costs(path: str, index: RecordIndex, field: str | None, format_name: str) -> np.ndarray | None:
+def record_costs(path: str, index: RecordIndex, field: str | None, format_name: str,
+                 load: Callable[[], np.ndarray] | None = None) -> np.ndarray | None:
     """The costs ``make_plan`` takes for ``spec.balance``: None for byte lengths (the plan reads
     them from the index), else the numeric field ``field`` of every JSON lines record.
 
     Raises `FormatError` naming the file and the record's offset when a record has no such field,
-    and for formats other than lines."""
+    and for formats other than lines.  ``load``: the file's bytes (default: ``path`` mapped)."""
     if field is None:
         return None
     if format_name != "lines":
         raise FormatError(path, None, f"--balance-field needs JSON lines, not a {format_name} file")
     if index.n == 0:
         return np.zeros(0, np.int32)
-    with os.fdopen(resolve.open_path(path), "rb") as f:
-        data = np.memmap(f, np.uint8, "r")  # unmapped when the last view of it goes
+    if load is not None:
+        data = load()
+    else:
+        with os.fdopen(resolve.open_path(path), "rb") as f:
+            data = np.memmap(f, np.uint8, "r")  # unmapped when the last view of it goes
     try:
         return compact_costs(field_costs(data, index.bounds, field))
     except RecordCostError as e:

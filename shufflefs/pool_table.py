@@ -1,6 +1,6 @@
 """Which shard set (pool) a data file of a mounted source belongs to, read from the source tree.
 
-Blocking (listings and stats); the filesystem calls it from worker threads.  Name-recognised
+Blocking (listings and stats of the mount's `sources.Store`); the catalog calls it from worker threads.  Name-recognised
 sets live in one directory, so without declared globs a lookup lists only the file's directory,
 again only when the directory's mtime changed (a file added, removed or renamed).  Declared globs
 may span directories: then the whole tree is walked, at most once per `TREE_TTL` seconds.
@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from . import resolve
 from .index import SourceStamp
 from .pools import ShardSet, find_sets, membership
+from .sources.base import Store
 
 TREE_TTL = 1.0
 STAMP_TTL = 1.0
@@ -37,8 +37,8 @@ class PoolEntry:
 class PoolTable:
     """``find(relpath)``: the file's `PoolEntry`, or None for a file that is no shard of a set."""
 
-    def __init__(self, source: str, format_of: Callable[[str], str | None], globs: Sequence[str] = ()) -> None:
-        self.source = source
+    def __init__(self, store: Store, format_of: Callable[[str], str | None], globs: Sequence[str] = ()) -> None:
+        self.store = store
         self.format_of = format_of
         self.globs = tuple(globs)
         self._lock = threading.Lock()
@@ -46,31 +46,27 @@ class PoolTable:
         self._tree: tuple[float, dict[str, tuple[ShardSet, int]]] | None = None
         self._stamps: dict[tuple, tuple[float, tuple[SourceStamp, ...]]] = {}
 
-    def _path(self, relpath: str) -> str:
-        return os.path.join(self.source, relpath) if relpath else self.source
-
-    def _files(self, directory: str) -> list[str]:
-        out = []
-        fd = resolve.open_path(self._path(directory), os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            with os.scandir(fd) as it:
-                for e in it:
-                    if e.is_file(follow_symlinks=False):
-                        out.append(f"{directory}/{e.name}" if directory else e.name)
-        finally:
-            os.close(fd)
-        return out
+    def _entries(self, directory: str) -> tuple[list[str], list[str]]:
+        """The regular files and the directories in ``directory`` (links followed by neither)."""
+        files, dirs = [], []
+        for name in sorted(self.store.list(directory)):
+            p = f"{directory}/{name}" if directory else name
+            try:
+                mode = self.store.stat(p).st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(mode):
+                files.append(p)
+            elif stat.S_ISDIR(mode):
+                dirs.append(p)
+        return files, dirs
 
     def _walk(self) -> list[str]:
-        out = []
-        for root, dirs, files in os.walk(self.source):
-            rel = os.path.relpath(root, self.source)
-            rel = "" if rel == "." else rel
-            dirs.sort()
-            for name in files:
-                p = f"{rel}/{name}" if rel else name
-                if stat.S_ISREG(os.lstat(os.path.join(root, name)).st_mode):
-                    out.append(p)
+        out, todo = [], [""]
+        while todo:
+            files, dirs = self._entries(todo.pop())
+            out.extend(files)
+            todo.extend(reversed(dirs))
         return out
 
     def _members(self, relpath: str) -> dict[str, tuple[ShardSet, int]]:
@@ -81,10 +77,10 @@ class PoolTable:
                 self._tree = (now, membership(sets))
             return self._tree[1]
         directory = os.path.dirname(relpath)
-        mtime = resolve.stat_path(self._path(directory)).st_mtime_ns
+        mtime = self.store.stat(directory, follow_last=True).st_mtime_ns
         known = self._dirs.get(directory)
         if known is None or known[0] != mtime:
-            sets, _ = find_sets(self._files(directory), self.format_of)
+            sets, _ = find_sets(self._entries(directory)[0], self.format_of)
             if len(self._dirs) > 4096:
                 self._dirs.clear()
             known = self._dirs[directory] = (mtime, membership(sets))
@@ -101,7 +97,7 @@ class PoolTable:
             key = (pool.key, pool.members)
             known = self._stamps.get(key)
             if known is None or now - known[0] > STAMP_TTL or (own is not None and known[1][shard] != own):
-                stamps = tuple(SourceStamp.of(resolve.stat_path(self._path(m))) for m in pool.members)
+                stamps = tuple(SourceStamp.of(self.store.stat(m, follow_last=True)) for m in pool.members)
                 if len(self._stamps) > 4096:
                     self._stamps.clear()
                 known = self._stamps[key] = (now, stamps)

@@ -27,7 +27,8 @@ from .errors import StageError
 from .index import RecordIndex
 from .layout import id_runs
 from .strategies.units import cuts_by_bytes
-from .view import READ_CHUNK, Reader, Runs, Source, build_runs
+from .sources.base import Reader, Runs, Source
+from .view import READ_CHUNK, build_runs
 
 I64 = np.int64
 STAGE_CHUNK = 16 << 20

@@ -35,7 +35,8 @@ from .errors import ShuffleError
 from .index import RecordIndex
 from .prefetch import SharedTasks
 from .stage import Stage, StageCancelled, write_stage
-from .view import Meter, Source
+from .sources.base import Source
+from .view import Meter
 
 log = logging.getLogger("shufflefs")
 

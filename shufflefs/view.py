@@ -18,18 +18,14 @@ works on them while this window is served and the next load starts.
 from __future__ import annotations
 
 import errno
-import os
-import threading
-from typing import Callable, NamedTuple, Protocol
+from typing import Callable
 
 import numpy as np
 
-from . import resolve
-from .errors import StaleSourceError
 from .formats.base import WindowCheck
-from .index import RecordIndex, SourceStamp
+from .index import RecordIndex
 from .layout import Layout, assemble, id_runs
-from .pooled import PooledIndex, split_runs
+from .sources.base import Reader, Runs, Source
 
 try:
     from ._gather import build_window as _build_window  # compiled at install time; optional
@@ -67,28 +63,6 @@ hinting each window's own blocks before reading them 1.13, no hint 1.14: on that
 deeper queue alone gained nothing, overlapping disk time with the copying did."""
 
 
-class Runs(NamedTuple):
-    """Ascending runs of consecutive record ids and where each lies: records ``[first,
-    first+count)`` are in the file open as ``fd``, record x at file offset ``bounds[x] + shift``.
-    The form `_gather.build_window` reads (int64 arrays, one entry per run)."""
-
-    first: np.ndarray
-    count: np.ndarray
-    fd: np.ndarray
-    shift: np.ndarray
-
-    def nbytes(self, bounds: np.ndarray) -> np.ndarray:
-        return bounds[self.first + self.count] - bounds[self.first]
-
-
-class Reader(Protocol):
-    """A file a run can lie in (a source file, or a stage file): reports its own failures."""
-
-    def ended(self, offset: int) -> None: ...
-
-    def verify_read(self, offset: int | None) -> None: ...
-
-
 def build_runs(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, ids: np.ndarray, runs: Runs,
                newline_ids: np.ndarray, file_of: Callable[[int], Reader]) -> np.ndarray:
     """Records ``ids`` (view order; the same records as ``runs``) read into ``out`` in one pass
@@ -107,214 +81,6 @@ def build_runs(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, ids: np
         for fd, off in zip(used.tolist(), offsets.tolist()):
             file_of(fd).verify_read(off)
     return out[:got]
-
-
-class SourceFile:
-    """An open source file pinned to the stamp of its index."""
-
-    local_fd = -1  # no run of a source lies in a local stage file
-
-    def __init__(self, path: str, stamp: SourceStamp) -> None:
-        self.path = path
-        self.stamp = stamp
-        try:
-            self.fd = resolve.open_path(path)
-        except FileNotFoundError:
-            raise StaleSourceError(path, None, "source file was removed") from None
-        try:
-            self._verify(os.fstat(self.fd), None)
-        except BaseException:
-            os.close(self.fd)
-            raise
-
-    def _verify(self, st: os.stat_result, offset: int | None) -> None:
-        if st.st_nlink == 0:
-            raise StaleSourceError(self.path, offset, "source file was removed or replaced while mounted")
-        if not self.stamp.matches(st):
-            now = SourceStamp.of(st)
-            raise StaleSourceError(
-                self.path,
-                offset,
-                f"source changed while mounted (size {self.stamp.size} -> {now.size}, "
-                f"mtime_ns {self.stamp.mtime_ns} -> {now.mtime_ns}, ctime_ns {self.stamp.ctime_ns} -> "
-                f"{now.ctime_ns}, inode {self.stamp.ino} -> {now.ino})",
-            )
-
-    def verify_open(self) -> None:
-        """Cheap per-read check (one fstat, no path lookup): the open file is unchanged and still
-        linked, so bytes of a window loaded earlier still describe the source."""
-        st = os.fstat(self.fd)
-        if st.st_nlink == 0 or not self.stamp.matches(st):
-            self._verify(st, None)
-
-    def check(self, offset: int | None = None) -> None:
-        """Raise unless the path still names the same, unchanged file."""
-        try:
-            st = resolve.stat_path(self.path)
-        except FileNotFoundError:
-            raise StaleSourceError(self.path, offset, "source file was removed") from None
-        self._verify(st, offset)
-
-    def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Read the ranges in the given (ascending) order into one buffer."""
-        total = int((ends - starts).sum())
-        buf = out[:total] if out is not None and len(out) >= total else np.empty(total, np.uint8)
-        pos = 0
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            self._pread_into(buf[pos: pos + e - s], s)
-            pos += e - s
-        self._verify(os.fstat(self.fd), int(starts[0]) if len(starts) else None)
-        return buf
-
-    def _pread_into(self, buf: np.ndarray, offset: int) -> np.ndarray:
-        """Fill ``buf`` from ``offset``; an early end of file means the source shrank."""
-        mv = memoryview(buf)
-        pos, end = 0, len(buf)
-        while pos < end:
-            got = os.preadv(self.fd, [mv[pos:]], offset + pos)
-            if got == 0:
-                self._verify(os.fstat(self.fd), offset + pos)
-                raise StaleSourceError(self.path, offset + pos, "unexpected end of file")
-            pos += got
-        return buf
-
-    def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> Runs:
-        """Where the runs of ids lie: all in this file, unshifted."""
-        return Runs(first, count, np.full(len(first), self.fd, np.int64), np.zeros(len(first), np.int64))
-
-    def file_of(self, fd: int) -> "SourceFile":
-        return self
-
-    def ended(self, offset: int) -> None:
-        """The file ended before ``offset``: it shrank (or changed) while mounted."""
-        self._verify(os.fstat(self.fd), offset)
-        raise StaleSourceError(self.path, offset, "unexpected end of file")
-
-    def verify_read(self, offset: int | None) -> None:
-        """After reading from ``offset``: the file is still the one the index describes."""
-        self._verify(os.fstat(self.fd), offset)
-
-    def advise(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> None:
-        """Ask the kernel to read the runs' bytes into the page cache (returns at once)."""
-        b = index.bounds
-        for s, e in zip(b[first].tolist(), b[first + count].tolist()):
-            os.posix_fadvise(self.fd, s, e - s, os.POSIX_FADV_WILLNEED)
-
-    def read_range(self, start: int, end: int) -> bytes:
-        return self.read_runs(np.array([start]), np.array([end])).tobytes()
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-class PoolSource:
-    """The member files of a pool, each pinned to its stamp; shared by the views of the pool's
-    shards (one descriptor per member however many shards are open), closed by its last user."""
-
-    local_fd = -1
-
-    def __init__(self, paths: list[str], index: PooledIndex) -> None:
-        self.index = index
-        self.files: list[SourceFile] = []
-        self._users = 1
-        self._lock = threading.Lock()
-        try:
-            for p, stamp in zip(paths, index.member_stamps):
-                self.files.append(SourceFile(p, stamp))
-        except BaseException:
-            self._close()
-            raise
-        self.fds = np.array([f.fd for f in self.files], np.int64)
-        self._by_fd = {f.fd: m for m, f in enumerate(self.files)}
-
-    @property
-    def closed(self) -> bool:
-        return self._users == 0
-
-    def share(self) -> "PoolSource":
-        """One more user (a view); each calls `close` once."""
-        with self._lock:
-            if self._users == 0:
-                raise OSError(errno.EBADF, "pool source closed")
-            self._users += 1
-        return self
-
-    def check(self) -> None:
-        for f in self.files:
-            f.check()
-
-    def verify_open(self) -> None:
-        for f in self.files:
-            f.verify_open()
-
-    def place(self, index: PooledIndex, first: np.ndarray, count: np.ndarray) -> Runs:
-        """The runs cut where members end, each in its member file at the member's shift."""
-        first, count, member = index.split_runs(first, count)
-        return Runs(first, count, self.fds[member], index.shifts[member])
-
-    def file_of(self, fd: int) -> SourceFile:
-        return self.files[self._by_fd[fd]]
-
-    def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Pooled byte ranges (ascending, perhaps across members), concatenated (the fallback
-        build without the compiled module): cut where members start, one read per member stretch."""
-        index = self.index
-        first, count, member = split_runs(index.bounds[index.member_firsts], starts, np.asarray(ends) - starts)
-        total = int(count.sum())
-        buf = out[:total] if out is not None and len(out) >= total else np.empty(total, np.uint8)
-        pos = 0
-        for piece in np.split(np.arange(len(member)), np.flatnonzero(np.diff(member)) + 1):
-            if len(piece):
-                m, size = int(member[piece[0]]), int(count[piece].sum())
-                at = first[piece] + index.shifts[m]
-                self.files[m].read_runs(at, at + count[piece], buf[pos: pos + size])
-                pos += size
-        return buf
-
-    def read_range(self, start: int, end: int) -> bytes:
-        raise ValueError("a view over a pool needs its header and trailer")
-
-    def advise(self, index: PooledIndex, first: np.ndarray, count: np.ndarray) -> None:
-        first, count, member = index.split_runs(first, count)
-        b = index.bounds
-        starts, ends = b[first] + index.shifts[member], b[first + count] + index.shifts[member]
-        for m, s, e in zip(member.tolist(), starts.tolist(), ends.tolist()):
-            os.posix_fadvise(self.files[m].fd, s, e - s, os.POSIX_FADV_WILLNEED)
-
-    def close(self) -> None:
-        with self._lock:
-            self._users -= 1
-            last = self._users == 0
-        if last:
-            self._close()
-
-    def _close(self) -> None:
-        for f in self.files:
-            f.close()
-
-
-class Source(Protocol):
-    """What a view reads records from: `SourceFile`, `PoolSource` or `stage.StagedSource`."""
-
-    local_fd: int
-
-    def check(self) -> None: ...
-
-    def verify_open(self) -> None: ...
-
-    def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> Runs: ...
-
-    def file_of(self, fd: int) -> Reader: ...
-
-    def read_range(self, start: int, end: int) -> bytes: ...
-
-    def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray: ...
-
-    def advise(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> None: ...
-
-    def close(self) -> None: ...
 
 
 Meter = Callable[[int, int], None]
@@ -360,6 +126,8 @@ class View:
         if own:
             if index.stamp is None:
                 raise ValueError("a mounted view needs an index with a source stamp")
+            from .sources.local import SourceFile
+
             source = SourceFile(path, index.stamp)
         self.source: Source = source
         try:
@@ -391,10 +159,13 @@ class View:
         ids = plan.window(k)
         if out is None or len(out) < size:
             out = np.empty(size, np.uint8)
-        if _build_window is None:
+        if _build_window is None or self.source.place(self.index, ids[:0], ids[:0]) is None:
+            # no compiled gather, or a source without descriptors: all runs in one call
             window = assemble(self.index, ids, self.source.read_runs, out)
             if self.check is not None:
                 self.check(window, ids, self.index, self.path)
+            if self.meter is not None:
+                self.meter(len(window), 0)
             return window, scratch
         if scratch is None:
             scratch = np.empty(READ_CHUNK, np.uint8)

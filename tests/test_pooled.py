@@ -17,7 +17,8 @@ from shufflefs.layout import assemble
 from shufflefs.pooled import PooledIndex, split_runs
 from shufflefs.strategies import ShuffleSpec, make_plan
 from shufflefs.strategies.slices import SlicePlan, slice_edges
-from shufflefs.view import PoolSource
+from shufflefs.sources.local import SourceFile
+from shufflefs.sources.pool import PoolSource
 
 SETTINGS = settings(max_examples=80, deadline=None)
 
@@ -164,7 +165,7 @@ def test_pool_source_reads_pooled_ranges_from_its_members(files, header, cuts, s
         data = b"".join(f[m.header_end: m.trailer_start] for f, m in zip(files, members))
         edges = sorted({int(c * len(data)) for c in cuts} | {0, len(data)})
         starts, ends = np.array(edges[:-1][::2], np.int64), np.array(edges[1:][::2], np.int64)
-        source = PoolSource(paths, pool)
+        source = PoolSource(paths, pool, SourceFile)
         saved = view._build_window
         try:
             got = source.read_runs(starts, ends).tobytes()

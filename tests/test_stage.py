@@ -20,7 +20,9 @@ from shufflefs.pooled import PooledIndex
 from shufflefs.stage import StageCancelled, StagedSource, StageMap, run_ids, write_stage
 from shufflefs.strategies import ShuffleSpec, make_plan
 from shufflefs.strategies.partial_local import pls_exchange
-from shufflefs.view import PoolSource, SourceFile, View, _build_window
+from shufflefs.sources.local import SourceFile
+from shufflefs.sources.pool import PoolSource
+from shufflefs.view import View, _build_window
 
 pytestmark = pytest.mark.skipif(_build_window is None, reason="staging needs the compiled gather module")
 FMT = make_format("lines", {})
@@ -128,7 +130,7 @@ def test_a_pool_stages_across_members(tmp_path):
     spec = ShuffleSpec(strategy="pls", block_size=4 << 10, exchange=0.5, seed=1)
     plan = make_plan(pool, spec, 1, rank=0, world=2)
     ids = pls_exchange(pool, spec, 2).partition(0, 1)
-    source = PoolSource(paths, pool)
+    source = PoolSource(paths, pool, SourceFile)
     stage = write_stage(str(tmp_path / "s"), "p", 1, pool, ids, source)
     staged = View(paths[0], pool, plan, StagedSource(source.share(), stage, stage.drop), frame=(b"", b""))
     plain = View(paths[0], pool, plan, source.share(), frame=(b"", b""))

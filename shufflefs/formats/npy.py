@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import io
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.lib.format as npformat
 
-from .. import resolve
 from ..errors import FormatError
 from ..index import RecordIndex
 from .base import Format, Progress, as_bytes
@@ -122,23 +120,6 @@ def header_with_rows(header: bytes, rows: int, path: str) -> bytes:
         fp = io.BytesIO()
         npformat.write_array_header_2_0(fp, d)
     return fp.getvalue()
-
-
-def share_frame(path: str, index: RecordIndex, rows: int) -> tuple[bytes, bytes] | None:
-    """Blocking: the header and trailer of a view of ``path`` showing ``rows`` of its rows (a
-    rank's share, a loader part, a padded or cut stream), or None if it shows all of them: an
-    ``.npy`` header must state the row count, or ``numpy.load`` refuses the file."""
-    if rows == index.n or index.header_end == 0:
-        return None
-    fd = resolve.open_path(path)
-    try:
-        header = os.pread(fd, index.header_end, 0)
-        trailer = os.pread(fd, index.size - index.trailer_start, index.trailer_start) if index.size > index.trailer_start else b""
-    finally:
-        os.close(fd)
-    if len(header) != index.header_end:
-        raise FormatError(path, 0, "header shorter than when the file was indexed")
-    return header_with_rows(header, rows, path), trailer
 
 
 def row_kind(header: bytes, path: str) -> tuple:

@@ -1,0 +1,343 @@
+"""The catalog of one mount: the source tree as nodes, each data file's views by epoch, their
+plans, pools, parts, stages and windows.  Async (trio) but free of FUSE: `shufflefs.fs` maps
+kernel requests onto it, and tests can drive it without a mount.
+
+All methods run in the trio thread; anything that touches the source or gathers records runs on
+worker threads (`workers.Workers`).  The daemon never touches paths inside its own mount.
+Methods end a request with `nodes.Reply` (an errno); errors a reader must be able to trace are
+logged and counted first (`fail`).
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import stat
+from typing import Any
+
+import trio
+
+from ..config import PARTS_DIR, MountConfig
+from ..errors import ShuffleError, StaleSourceError
+from ..pool_table import PoolTable
+from ..prefetch import SharedTasks, WindowCache
+from ..index import SourceStamp
+from ..sources import open_store
+from ..stats import Stats
+from .epochs import Epochs
+from .nodes import DIR, FILE, LINK, ROOT, VIEW, Handle, Node, Probe, Reply
+from .planner import Planner
+from .reads import Reads
+from .tree import Tree
+from .views import Views
+from .workers import Workers
+
+log = logging.getLogger("shufflefs")
+
+PAGE_CACHE_FORMATS = frozenset({"npy", "fixed"})
+"""Formats served through the page cache, because their usual readers map them (``numpy.load(...,
+mmap_mode='r')``, ``numpy.memmap``) and a shared mmap of a direct_io file fails with ENODEV.  Safe
+because a view inode's bytes never change; every other view uses direct_io (faster here)."""
+
+
+class Catalog:
+    """Call `start` with a nursery before serving requests."""
+
+    def __init__(self, config: MountConfig) -> None:
+        self.config = config
+        self.spec = config.spec
+        self.store = open_store(os.fspath(config.source))
+        self.source = self.store.root
+        self.mountpoint = os.path.abspath(os.fspath(config.mountpoint))
+        self.stats = Stats()
+        self.epochs = Epochs(int(config.epoch))
+        self.workers = Workers()
+        self.tasks = SharedTasks()
+        self.windows = WindowCache(trio.CapacityLimiter(max(2, min(4, os.cpu_count() or 2))))
+        self.tree = Tree(self.store, config)
+        self.planner = Planner(config, self.store, self.workers, self.tasks,
+                               lambda: self.views.drop_a_plan(), lambda: self.windows.landed)
+        self.views = Views(config, self.store, self.tree, self.planner, self.workers, self.tasks,
+                           self.windows, self.epochs.of)
+        self.reads = Reads(self.views, self.windows)
+        self.pools = PoolTable(self.store, self.tree.format_key, config.pool_globs) if config.pool else None
+        self.handles = 0
+        self.epoch_prefetches = 0
+        self._preparing: set[tuple] = set()  # files whose next epoch's view is being prepared
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Background window loads and stage builds run in ``nursery`` (cancelled at unmount)."""
+        self.windows.nursery = nursery
+        if self.views.stages is not None:
+            self.views.stages.nursery = nursery
+
+    def stopping(self) -> None:
+        """The FUSE loop ended: background stage builds stop at their next chunk."""
+        if self.views.stages is not None:
+            self.views.stages.stop.set()
+
+    def shutdown(self) -> None:
+        """Close every source file and remove the stages; called once the FUSE loop has ended
+        (and every handle was released)."""
+        for node in list(self.tree.nodes.values()) + list(self.views.idle.values()):
+            self.views.close(node)
+        self.windows.clear()
+        if self.views.stages is not None:
+            self.views.stages.close()
+
+    def fail(self, what: str, relpath: str, epoch: int, offset: int | None, e: BaseException) -> Reply:
+        """Log and count an error a reader will see, and turn it into the errno it gets."""
+        where = f" at view offset {offset}" if offset is not None else ""
+        self.stats.error(f"{what} {relpath} (epoch {epoch}){where}: {e}")
+        if isinstance(e, ShuffleError):
+            return Reply(e.errno)
+        if isinstance(e, FileNotFoundError):
+            return Reply(errno.ESTALE)
+        if isinstance(e, OSError) and e.errno:
+            return Reply(e.errno)
+        return Reply(errno.EIO)
+
+    # ------------------------------------------------------------------ the tree
+
+    async def entry(self, relpath: str, probe: Probe, space: tuple[int, int] = (0, 1)) -> Node:
+        """The node for a probed entry (existing or new) in the tree of loader part ``space``
+        (``(part, parts)``; ``(0, 1)`` is the mount's own tree); does not count a lookup."""
+        st = probe.st
+        suffix = () if space == (0, 1) else space
+        pool = None
+        if stat.S_ISDIR(st.st_mode):
+            key: tuple = ("d", relpath, *suffix)
+            kind = DIR
+        elif stat.S_ISLNK(st.st_mode):
+            key, kind = ("l", relpath, *suffix), LINK
+        elif probe.fmt is None:
+            key, kind = ("f", relpath, *suffix), FILE
+        else:
+            if self.pools is not None:
+                pool = await self.workers.run(self.pools.find, relpath, SourceStamp.of(st))
+            version = pool.stamps if pool is not None else SourceStamp.of(st)
+            epoch = self.epochs.of(pool.pool.members[0] if pool is not None else relpath)
+            key, kind = ("v", relpath, epoch, version, *suffix), VIEW
+        node = self.tree.find(key)
+        if node is not None:
+            if kind != VIEW:
+                node.st = st
+                node.target = probe.target
+            elif node.size < 0:  # another lookup is sizing it: no attributes before the size
+                await self.planner.plan(node)
+            return node
+        node = self.tree.add(kind, relpath, key, st)
+        node.target = probe.target
+        node.part, node.parts = space
+        if kind == VIEW:
+            node.fmt = probe.fmt
+            node.epoch = key[2]
+            node.stamp = SourceStamp.of(st)
+            node.pool = pool
+            if self.config.world > 1 or node.parts > 1 or pool is not None:
+                node.size = -1  # set from the plan: a rank sees only its share
+                try:
+                    await self.planner.plan(node)
+                except BaseException:
+                    self.views.drop(node)
+                    raise
+            else:
+                node.size = probe.fmt.view_size(st.st_size, probe.last_byte)
+        return node
+
+    async def lookup(self, parent: Node, name: str) -> Node:
+        """The child ``name`` of a directory, counted as one more lookup."""
+        if parent.kind != DIR:
+            raise Reply(errno.ENOTDIR)
+        if name == ".":
+            node = parent
+        elif name == "..":
+            node = self.tree.find(self.tree.up_key(parent))
+            if node is None:
+                raise Reply(errno.ENOENT)
+        elif parent.role is not None or (parent.ino == ROOT and name == PARTS_DIR):
+            node = self.tree.split_dir(parent, name)
+        else:
+            relpath = os.path.join(parent.relpath, name) if parent.relpath else name
+            probe = await self.workers.run(self.tree.probe, relpath, name)
+            if probe is None:
+                raise Reply(errno.ENOENT)
+            try:
+                node = await self.entry(relpath, probe, parent.space)
+            except (ShuffleError, OSError) as e:
+                raise self.fail("lookup", relpath, self.epochs.of(relpath), None, e) from None
+        node.lookups += 1
+        return node
+
+    def forget(self, ino: int, n: int) -> None:
+        node = self.tree.nodes.get(ino)
+        if node is None or ino == ROOT:
+            return
+        node.lookups -= n
+        if node.lookups <= 0 and ino not in self.views.idle:
+            # an idle view keeps its node (and key) until it leaves the idle ones: the kernel
+            # forgets an inode it looked up while revalidating a name, then looks it up again
+            self.views.drop(node)
+
+    async def restat(self, node: Node) -> os.stat_result:
+        """A non-view node's attributes as the source has them now."""
+        try:
+            st = await self.workers.run(self.store.stat, node.relpath, node.ino == ROOT)
+        except (FileNotFoundError, NotADirectoryError):
+            raise Reply(errno.ENOENT) from None
+        except OSError as e:
+            raise Reply(errno.ESTALE if e.errno in (errno.ELOOP, errno.EXDEV) else e.errno or errno.EIO) from None
+        node.st = st
+        return st
+
+    async def readlink(self, node: Node) -> str:
+        if node.kind != LINK:
+            raise Reply(errno.EINVAL)
+        target = await self.workers.run(self.store.link_target, node.relpath)
+        if target is None:
+            raise Reply(errno.ENOENT)
+        return target
+
+    async def listing(self, node: Node) -> list[Probe]:
+        """A directory's entries (the split directories list nothing)."""
+        if node.kind != DIR:
+            raise Reply(errno.ENOTDIR)
+        try:
+            return [] if node.role is not None else await self.workers.run(self.tree.list, node.relpath)
+        except OSError as e:
+            raise Reply(e.errno or errno.EIO) from None
+
+    async def listed(self, parent: Node, probe: Probe) -> Node | None:
+        """The node of a listed entry, or None to leave it out (a rank's share whose size is not
+        known yet because its plan failed: the error is logged when it is opened)."""
+        relpath = os.path.join(parent.relpath, probe.name) if parent.relpath else probe.name
+        try:
+            return await self.entry(relpath, probe, parent.space)
+        except (ShuffleError, OSError):
+            return None
+
+    async def statvfs(self) -> os.statvfs_result:
+        return await self.workers.run(self.store.statvfs)
+
+    # ------------------------------------------------------------------ files
+
+    async def open(self, node: Node) -> Handle:
+        if node.kind == DIR:
+            raise Reply(errno.EISDIR)
+        if node.kind == LINK:
+            raise Reply(errno.ELOOP)
+        if node.kind == FILE:
+            try:
+                f = await self.workers.run(self.store.open_file, node.relpath)
+            except OSError as e:
+                raise Reply(e.errno or errno.EIO) from None
+            self.handles += 1
+            return Handle(node, f)
+        try:
+            await self.views.open(node)
+        except (ShuffleError, OSError) as e:
+            raise self.fail("open", node.relpath, node.epoch, None, e) from None
+        self.stats.files_opened += 1
+        self.epochs.opened(node)
+        self.handles += 1
+        return Handle(node)
+
+    @staticmethod
+    def page_cache(node: Node) -> bool:
+        """Whether the kernel may cache the node's bytes (see `PAGE_CACHE_FORMATS`)."""
+        return node.kind != VIEW or node.fmt.name in PAGE_CACHE_FORMATS
+
+    async def read(self, h: Handle, off: int, size: int) -> Any:
+        node = h.node
+        if node.kind == FILE:
+            try:
+                data = await self.workers.run(h.source.read, off, size, limiter=self.windows.limiter)
+            except OSError as e:
+                raise self.fail("read", node.relpath, node.epoch, off, e) from None
+            self.stats.served(len(data))
+            return data
+        if node.broken is not None:
+            raise Reply(node.broken.errno)
+        try:
+            data = await self.reads.read(h, off, size)
+            node.view.view.source.verify_open()  # never serve bytes of a source that changed
+        except (ShuffleError, OSError) as e:
+            if isinstance(e, StaleSourceError):
+                node.broken = e
+            raise self.fail("read", node.relpath, node.epoch, off, e) from None
+        n = len(data)
+        self.stats.served(n)
+        h.last_end = off + n
+        return data
+
+    def release(self, h: Handle) -> None:
+        self.handles -= 1
+        node = h.node
+        if node.kind == FILE:
+            h.source.close()
+            return
+        self.reads.leave(h)
+        node.opens -= 1
+        if node.opens == 0:
+            self.views.retire(node)
+
+    # ------------------------------------------------------------------ epochs
+
+    def set_epoch(self, node: Node, epoch: int) -> None:
+        """Move the epoch of ``node`` (the root: every file), then prepare the new epoch's views
+        of the files opened most recently, so that the first read after the change finds window
+        0 ready or on its way."""
+        self.epochs.set(node, epoch)
+        self.views.close_stale()
+        if self.views.stages is not None:
+            self.views.stages.tidy()
+        for relpath, space in self.epochs.moved(node):  # newest first
+            if self.windows.nursery is not None:
+                self.windows.nursery.start_soon(self._prepare, relpath, space)
+
+    async def _prepare(self, relpath: str, space: tuple[int, int] = (0, 1)) -> None:
+        """Prepare the current epoch's view of ``relpath`` (`_prepare_once`), one at a time per
+        file: epoch changes faster than plans are built start no more work, the running
+        preparation repeats once for the epoch that is current when it ends.  (Without this a
+        storm of epoch changes queued a plan per epoch, each held until its view was made.)"""
+        key = (relpath, *space)
+        if key in self._preparing:
+            return
+        self._preparing.add(key)
+        try:
+            while True:
+                epoch = self.epochs.of(relpath)
+                await self._prepare_once(relpath, space)
+                if self.epochs.of(relpath) == epoch:
+                    return
+        finally:
+            self._preparing.discard(key)
+
+    async def _prepare_once(self, relpath: str, space: tuple[int, int]) -> None:
+        """Open the current epoch's view of ``relpath`` without a handle and load its window 0,
+        so that the first read after an epoch change finds it ready (the view then waits among
+        the idle ones).  Failures are left for the open to report."""
+        try:
+            probe = await self.workers.run(self.tree.probe, relpath, os.path.basename(relpath))
+            if probe is None or probe.fmt is None:
+                return
+            node = await self.entry(relpath, probe, space)
+            if node.kind != VIEW or node.broken is not None:
+                return
+            node.opens += 1  # keeps the view from closing while it is being made
+            try:
+                if node.view is None:
+                    await self.tasks.run(("view", node.ino), functools.partial(self.views.make, node))
+                if node.view is not None and node.layout.n_windows:
+                    ref = self.views.window(node, 0, ahead=True)
+                    self.epoch_prefetches += self.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work)
+            finally:
+                node.opens -= 1
+                if node.opens == 0:
+                    self.views.retire(node)  # idle until its first open (or forgotten if it failed)
+        except (ShuffleError, OSError) as e:
+            log.debug("preparing %s for the new epoch: %s", relpath, e)
+        except Exception:  # noqa: BLE001 -- a background task must never end the mount
+            log.exception("preparing %s for the new epoch failed", relpath)

@@ -1,0 +1,86 @@
+"""Which epoch each file is at: the mount's, unless a directory or the file (or its pool) has its
+own, set through ``user.shufflefs.epoch``.  Also remembers the files opened most recently, whose
+next epoch's view is prepared as soon as their epoch changes."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from collections import OrderedDict
+
+from .nodes import DIR, VIEW, Node, Reply
+
+log = logging.getLogger("shufflefs")
+
+RECENT_FILES = 4
+"""Files opened most recently whose window 0 is loaded ahead when their epoch changes: at most
+as many as idle views are kept (a prepared view waits there for its first open)."""
+
+
+class Epochs:
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.files: dict[str, int] = {}
+        self.dirs: dict[str, int] = {}
+        self._recent: OrderedDict[tuple[str, int, int], None] = OrderedDict()  # (relpath, part, parts), newest last
+
+    def of(self, relpath: str) -> int:
+        """A file's own override, else the nearest directory's, else the mount's epoch."""
+        if relpath in self.files:
+            return self.files[relpath]
+        d = relpath  # a directory's own setting first (then its parents')
+        while d:
+            if d in self.dirs:
+                return self.dirs[d]
+            d = os.path.dirname(d)
+        return self.epoch
+
+    def shown(self, node: Node) -> int:
+        """The epoch ``user.shufflefs.epoch`` reads on a node."""
+        if node.kind == DIR:
+            return self.epoch if node.relpath == "" else self.of(node.relpath)
+        return node.epoch
+
+    def set(self, node: Node, epoch: int) -> None:
+        """Set the epoch of everything under a directory, of a view's file, or of its pool."""
+        if node.kind == DIR and node.relpath == "":  # the root, or a part tree's root
+            self.epoch = epoch
+            self.files.clear()
+            self.dirs.clear()
+            log.info("epoch of every file set to %d", epoch)
+        elif node.kind == DIR:
+            prefix = node.relpath + "/"
+            for d in (self.files, self.dirs):
+                for p in [p for p in d if p.startswith(prefix)]:
+                    del d[p]
+            self.dirs[node.relpath] = epoch
+            log.info("epoch of files under %s set to %d", node.relpath, epoch)
+        elif node.kind == VIEW and node.pool is not None:  # a pool's shards share its epoch
+            for m in node.pool.pool.members:
+                self.files[m] = epoch
+            log.info("epoch of the pool %s set to %d", node.pool.pool.key, epoch)
+        elif node.kind == VIEW:
+            self.files[node.relpath] = epoch
+            log.info("epoch of %s set to %d", node.relpath, epoch)
+        else:
+            raise Reply(errno.ENOTSUP)
+
+    def overrides(self) -> dict[str, int]:
+        return {**{d + "/": e for d, e in self.dirs.items()}, **self.files}
+
+    def opened(self, node: Node) -> None:
+        recent = (node.relpath, node.part, node.parts)
+        self._recent[recent] = None
+        self._recent.move_to_end(recent)
+        while len(self._recent) > RECENT_FILES:
+            self._recent.popitem(last=False)
+
+    def moved(self, node: Node) -> list[tuple[str, tuple[int, int]]]:
+        """The recently opened files (newest first) whose epoch setting on ``node`` moved."""
+        prefix = node.relpath + "/" if node.kind == DIR else None
+        everything = node.kind == DIR and node.relpath == ""
+        members = node.pool.pool.members if node.pool is not None else ()
+        return [(relpath, (part, parts)) for relpath, part, parts in reversed(self._recent)
+                if everything or relpath == node.relpath or (prefix and relpath.startswith(prefix))
+                or relpath in members]

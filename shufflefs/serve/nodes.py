@@ -1,0 +1,119 @@
+"""The catalog's vocabulary: nodes (one per inode), directory probes, open handles, and the
+errno a request ends with.  No FUSE import: the adapter (`shufflefs.fs`) maps these onto pyfuse3.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from typing import TYPE_CHECKING
+
+from ..config import MAX_EPOCH
+from ..formats import Format
+from ..index import RecordIndex, SourceStamp
+from ..layout import Layout
+from ..pool_table import PoolEntry
+from ..prefetch import Slot
+from ..strategies import Plan
+
+if TYPE_CHECKING:
+    from .views import SharedView
+
+ROOT = 1
+"""The root's inode number (FUSE's)."""
+DIR, FILE, LINK, VIEW = "dir", "file", "link", "view"
+ROLE_PARTS, ROLE_COUNT = "parts", "count"
+MAX_PARTS = 4096
+
+
+class Reply(Exception):
+    """A request ends with this errno (already logged where the reader needs a log line)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(os.strerror(code))
+        self.errno = code
+
+
+class Node:
+    """One inode.  ``lookups`` is the kernel's reference count (lookup/readdir minus forget)."""
+
+    __slots__ = (
+        "ino", "kind", "relpath", "key", "lookups", "st", "target", "fmt", "epoch", "stamp", "size",
+        "plan", "layout", "index", "view", "opens", "broken", "part", "parts", "role", "pool", "frame",
+    )
+
+    def __init__(self, ino: int, kind: str, relpath: str, key: tuple, st: os.stat_result) -> None:
+        self.ino, self.kind, self.relpath, self.key, self.st = ino, kind, relpath, key, st
+        self.lookups = 0
+        self.target: str | None = None
+        self.fmt: Format | None = None
+        self.epoch = 0
+        self.stamp: SourceStamp | None = None
+        self.size = st.st_size
+        # view state, built on first open or xattr query
+        self.index: RecordIndex | None = None
+        self.plan: Plan | None = None
+        self.layout: Layout | None = None
+        self.view: SharedView | None = None
+        self.opens = 0
+        self.broken: Exception | None = None  # a ShuffleError: the view can never be read again
+        # loader parts: the node shows the ``part``-th of ``parts`` pieces of the rank's share
+        self.part, self.parts = 0, 1
+        self.role: str | None = None  # ROLE_PARTS or ROLE_COUNT for the directories naming a split
+        # a shard of a pool: shows a stretch of the pool's stream, framed by its own header/trailer
+        self.pool: PoolEntry | None = None
+        self.frame: tuple[bytes, bytes] | None = None
+
+    @property
+    def epoch_path(self) -> str:
+        """The file whose epoch this node follows: a pool's shards all follow its first member."""
+        return self.pool.pool.members[0] if self.pool is not None else self.relpath
+
+    @property
+    def space(self) -> tuple[int, int]:
+        """``(part, parts)``: the loader part whose tree the node is in (``(0, 1)``: the mount's)."""
+        return self.part, self.parts
+
+
+class Probe:
+    """What a directory entry is, gathered on a worker thread (lstat, last byte, link target)."""
+
+    __slots__ = ("name", "st", "fmt", "last_byte", "target")
+
+    def __init__(self, name: str, st: os.stat_result, fmt: Format | None, last_byte: int | None, target: str | None):
+        self.name, self.st, self.fmt, self.last_byte, self.target = name, st, fmt, last_byte, target
+
+
+class Handle:
+    """An open file.  For views: the window it reads now (``slot``, held in the window cache),
+    which sits at view bytes ``[lo, hi)``, and where its last read ended.  A pass-through file's
+    handle holds its open ``source``."""
+
+    __slots__ = ("node", "source", "last_end", "slot", "k", "lo", "hi", "shift")
+
+    def __init__(self, node: Node, source: object | None = None) -> None:
+        self.node, self.source, self.last_end = node, source, 0
+        self.slot: Slot | None = None
+        self.k = -1  # the view window ``slot`` holds
+        self.lo, self.hi = 0, -1  # no window: no read is inside it
+        self.shift = 0  # view byte ``lo`` is byte ``shift`` of the slot (a shard's stretch of a stream window)
+
+
+def view_mtime_ns(source_mtime_ns: int, epoch: int) -> int:
+    """A view's mtime: its source's plus one second per epoch.  Readers that cache by path, size
+    and mtime (Hugging Face ``datasets``) then see every epoch as a new file instead of serving
+    epoch 0's order again; a function of the source and the epoch only, so every rank and every
+    remount shows the same value."""
+    return source_mtime_ns + epoch * 1_000_000_000
+
+
+def parse_epoch(value: bytes) -> int:
+    """ASCII decimal in [0, MAX_EPOCH], surrounding whitespace allowed; anything else is EINVAL."""
+    try:
+        text = value.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise Reply(errno.EINVAL) from None
+    if not re.fullmatch(r"[0-9]{1,10}", text) or int(text) > MAX_EPOCH:
+        raise Reply(errno.EINVAL)
+    return int(text)

@@ -1,0 +1,292 @@
+"""Indexes and plans of the catalog's views: built once however many opens ask at once, on
+worker threads, remembered within memory budgets (`INDEX_MEMO_BOUNDS`, `plan_memory`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import OrderedDict
+from typing import Any, Callable
+
+import numpy as np
+import trio
+
+from ..config import MountConfig
+from ..costs import record_costs
+from ..errors import FormatError, StaleSourceError
+from ..formats import Format
+from ..formats.npy import header_with_rows, row_kind
+from ..index import IndexCache, RecordIndex, SourceStamp
+from ..layout import Layout
+from ..plan_memory import PlanMemory, plan_estimate, plan_nbytes
+from ..pool_table import PoolEntry
+from ..pooled import PooledIndex
+from ..prefetch import SharedTasks
+from ..sources.base import Store
+from ..strategies import Plan, make_plan
+from ..strategies.base import FEW_BLOCKS
+from ..strategies.slices import SlicePlan, slice_edges
+from .nodes import Node
+from .workers import Workers
+
+log = logging.getLogger("shufflefs")
+
+COST_FILES = 4
+"""Files whose ``--balance-field`` costs (4 bytes per record) are kept for the next epoch's plan."""
+POOL_STREAMS = 4
+"""Pools' streams (plans of the whole pool for an epoch and rank) kept for their shards' views."""
+INDEX_MEMO_BOUNDS = 32 << 20
+"""Record boundaries (8 bytes each) of recently used indexes kept in memory besides the disk cache."""
+BAD_INDEXES = 256
+"""Files whose index failed, remembered so that every open does not scan them again."""
+
+
+class Planner:
+    """``drop_a_plan`` closes an unused view to make room for a plan (False: none to close);
+    ``landed`` counts window loads (a plan waiting for memory waits while they progress)."""
+
+    def __init__(self, config: MountConfig, store: Store, workers: Workers, tasks: SharedTasks,
+                 drop_a_plan: Callable[[], bool], landed: Callable[[], int]) -> None:
+        self.config, self.spec, self.store = config, config.spec, store
+        self.workers, self.tasks = workers, tasks
+        self.index_cache = IndexCache(config.cache_dir)
+        self.memory = PlanMemory()
+        self._drop_a_plan, self._landed = drop_a_plan, landed
+        self._indexes: OrderedDict[tuple, RecordIndex] = OrderedDict()
+        self._bad_indexes: OrderedDict[tuple, FormatError] = OrderedDict()
+        self._costs: OrderedDict[tuple, np.ndarray] = OrderedDict()  # --balance-field
+        self._pool_plans: OrderedDict[tuple, Plan] = OrderedDict()  # the pooled streams shards cut up
+        self.few_blocks: dict[str, int] = {}  # files with fewer than FEW_BLOCKS of a size the user set
+
+    # ------------------------------------------------------------------ indexes
+
+    async def index(self, node: Node) -> RecordIndex:
+        """The node's file's index, or its pool's."""
+        if node.pool is not None:
+            return await self._pool_index(node.pool, node.fmt)
+        return await self.file_index(node.relpath, node.stamp, node.fmt)
+
+    def _memo(self, key: tuple, index: RecordIndex) -> None:
+        self._indexes[key] = index
+        while len(self._indexes) > 1 and sum(len(i.bounds) for i in self._indexes.values()) > INDEX_MEMO_BOUNDS:
+            self._indexes.popitem(last=False)
+
+    async def _pool_index(self, entry: PoolEntry, fmt: Format) -> PooledIndex:
+        """The members' indexes (each built and cached like a single file's) joined in shard order."""
+        pool = entry.pool
+        key = ("pool", pool.key, pool.members, entry.stamps, repr(fmt))
+        if key in self._indexes:
+            self._indexes.move_to_end(key)
+            return self._indexes[key]
+
+        async def build() -> PooledIndex:
+            members: list[RecordIndex | None] = [None] * len(pool.members)
+
+            async def one(i: int) -> None:
+                members[i] = await self.file_index(pool.members[i], entry.stamps[i], fmt)
+
+            async with trio.open_nursery() as nursery:
+                for i in range(len(pool.members)):
+                    nursery.start_soon(one, i)
+            if fmt.name == "npy":
+                await self.workers.run(self._check_npy_pool, pool)
+            index = await self.workers.run(PooledIndex, members, limiter=self.workers.index)
+            log.info("pool %s: %d shards, %d records", pool.key, len(pool.members), index.n)
+            self._memo(key, index)
+            return index
+
+        return await self.tasks.run(key, build)
+
+    def _check_npy_pool(self, pool: Any) -> None:
+        """Blocking: arrays pool only if their rows are alike (the shards' headers are rewritten)."""
+        kinds = []
+        for m in pool.members:
+            f = self.store.open_file(m)
+            try:
+                head = f.read(0, 1 << 16)
+            finally:
+                f.close()
+            path = self.store.path(m)
+            kinds.append((row_kind(head, path), path))
+        for kind, path in kinds[1:]:
+            if kind != kinds[0][0]:
+                raise FormatError(path, 0, f"rows {kind} differ from those of {kinds[0][1]} {kinds[0][0]}; "
+                                  "arrays pool only with rows of one dtype and shape (--no-pool shuffles each file alone)")
+
+    async def file_index(self, relpath: str, stamp: SourceStamp, fmt: Format) -> RecordIndex:
+        """Built once per (file, stamp, format) even under concurrent opens; cached on disk."""
+        key = (relpath, stamp, fmt.name, json.dumps(fmt.params(), sort_keys=True, default=str))
+        if key in self._indexes:
+            self._indexes.move_to_end(key)
+            return self._indexes[key]
+        if key in self._bad_indexes:
+            raise self._bad_indexes[key]
+
+        async def build() -> RecordIndex:
+            t0 = time.monotonic()
+            try:
+                index = await self.workers.run(self.store.index, relpath, fmt, self.index_cache.dir,
+                                               limiter=self.workers.index)
+            except FormatError as e:
+                self._bad_indexes[key] = e
+                while len(self._bad_indexes) > BAD_INDEXES:
+                    self._bad_indexes.popitem(last=False)
+                raise
+            log.info("index of %s: %d records (%s) in %.3f s", relpath, index.n, fmt, time.monotonic() - t0)
+            if index.stamp != stamp:
+                raise StaleSourceError(self.store.path(relpath), None, "source changed since it was looked up; reopen it")
+            self._memo(key, index)
+            return index
+
+        return await self.tasks.run(("index",) + key, build)
+
+    # ------------------------------------------------------------------ plans
+
+    async def plan(self, node: Node) -> Plan:
+        """The node's plan and layout (``node.plan``, ``node.layout``, ``node.index``), sizing a
+        rank's share or a shard; counted in the plan memory until `forget`."""
+        if node.plan is not None:
+            return node.plan
+
+        async def build() -> Plan:
+            if node.plan is not None:
+                return node.plan
+            index = await self.index(node)
+            file = ("pool", node.pool.pool.key) if node.pool is not None else ("file", node.relpath)
+            need = 0 if node.pool is not None else plan_estimate(self.spec.strategy, self.spec.balance, index.n)
+            await self.memory.admit(node.ino, file, index.n, need, self._drop_a_plan, self._landed)
+            try:
+                plan, layout = await self._plan_and_layout(node, index)
+            except BaseException:
+                self.memory.release(node.ino)
+                raise
+            self._note_few_blocks(node, index)
+            if node.size < 0:  # a rank's share or a shard: sized by its plan (a negative size
+                node.size = layout.size  # reaching the kernel would make the inode bad: EIO)
+            elif layout.size != node.size:
+                self.memory.release(node.ino)
+                raise FormatError(
+                    self.store.path(node.relpath), None,
+                    f"view has {layout.size} bytes but {node.size} were announced; refusing to serve it",
+                )
+            node.index, node.layout = index, layout
+            node.plan = plan
+            self.memory.charge(node.ino, file, index.n, plan_nbytes(plan))
+            return plan
+
+        return await self.tasks.run(("plan", node.ino), build)
+
+    def forget(self, node: Node) -> None:
+        """The node's plan is no longer needed (rebuilt cheaply; the index stays in the memo)."""
+        node.plan = node.layout = node.index = node.frame = None
+        self.memory.release(node.ino)
+
+    async def _plan_and_layout(self, node: Node, index: RecordIndex) -> tuple[Plan, Layout]:
+        if node.pool is not None:
+            return await self._shard_plan(node, index)
+        if index.stamp != node.stamp:
+            raise StaleSourceError(self.store.path(node.relpath), None, "source changed since it was looked up; reopen it")
+        plan = await self._make_plan(node, index, (node.relpath, index.stamp))
+        if node.fmt.name == "npy":  # a share of the rows needs a header that says so
+            rows = int(np.asarray(plan.window_records).sum())
+            if rows != index.n and index.header_end:
+                frame = (index.size, index.header_end, index.trailer_start)
+                node.frame = await self.workers.run(self._frame, node, frame, rows)
+        head, trail = (None, None) if node.frame is None else map(len, node.frame)
+        return plan, await self.workers.run(Layout, index, plan, head, trail, limiter=self.workers.index)
+
+    def _note_few_blocks(self, node: Node, index: RecordIndex) -> None:
+        """A block size the user set that leaves a file (or pool) few blocks: say so once."""
+        size = self.spec.block_size
+        if size is None or self.spec.strategy not in ("block", "corgipile", "pls"):
+            return
+        name = node.pool.pool.key if node.pool is not None else node.relpath
+        blocks = -(-index.data_bytes // size)
+        if blocks >= FEW_BLOCKS or name in self.few_blocks:
+            return
+        if len(self.few_blocks) < 1000:
+            self.few_blocks[name] = blocks
+        log.warning("%s: %d block(s) of %d bytes: fewer than %d blocks, so block and corgipile barely shuffle it; "
+                    "lower --block-size (or leave it automatic)", name, blocks, size, FEW_BLOCKS)
+
+    async def _make_plan(self, node: Node, index: RecordIndex, cost_key: tuple) -> Plan:
+        """`make_plan` on a worker thread, with the records' costs for ``--balance`` (kept per
+        file or pool version under ``cost_key``)."""
+        known = self._costs.get(cost_key)
+
+        def plan() -> tuple[Plan, np.ndarray | None]:
+            costs = known
+            if costs is None and self.spec.balance:
+                costs = self._record_costs(node, index)
+            return make_plan(index, self.spec, node.epoch, self.config.rank, self.config.world,
+                             node.part, node.parts, costs=costs), costs
+
+        made, costs = await self.workers.run(plan, limiter=self.workers.plan)
+        if costs is not None:
+            self._costs[cost_key] = costs
+            self._costs.move_to_end(cost_key)
+            while len(self._costs) > COST_FILES:
+                self._costs.popitem(last=False)
+        return made
+
+    def _record_costs(self, node: Node, index: RecordIndex) -> np.ndarray:
+        """Blocking: every record's cost (a pool's: its members' in shard order)."""
+        field, fmt = self.spec.balance_field, node.fmt.name
+        if node.pool is None:
+            return self._costs_of(node.relpath, node.stamp, index, field, fmt)
+        e = node.pool
+        return np.concatenate([self._costs_of(m, e.stamps[i], index.member_index(i), field, fmt)
+                               for i, m in enumerate(e.pool.members)])
+
+    def _costs_of(self, relpath: str, stamp: SourceStamp, index: RecordIndex, field: str | None, fmt: str) -> np.ndarray:
+        load = lambda: self.store.map(relpath, stamp)  # noqa: E731 -- mapped only when needed
+        return record_costs(self.store.path(relpath), index, field, fmt, load)
+
+    async def _shard_plan(self, node: Node, index: PooledIndex) -> tuple[Plan, Layout]:
+        """Shard i of a pool: the i-th stretch of the pool's stream (the rank's, or its part's),
+        framed by the shard's own header and trailer."""
+        entry = node.pool
+        version = (entry.pool.key, entry.pool.members, entry.stamps)
+        key = (*version, node.epoch, node.part, node.parts)
+        stream = self._pool_plans.get(key)
+        if stream is None:
+            async def build() -> Plan:
+                plan = await self._make_plan(node, index, version)
+                self._pool_plans[key] = plan
+                while len(self._pool_plans) > POOL_STREAMS:
+                    self._pool_plans.popitem(last=False)
+                return plan
+
+            stream = await self.tasks.run(("stream", *key), build)
+        else:
+            self._pool_plans.move_to_end(key)
+
+        def cut() -> tuple[Plan, tuple[bytes, bytes]]:
+            shards = len(entry.pool.members)
+            edges = slice_edges(int(np.asarray(stream.window_records).sum()), shards)
+            lo, hi = int(edges[entry.shard]), int(edges[entry.shard + 1])
+            frame = self._frame(node, index.member_frames[entry.shard], hi - lo)
+            return SlicePlan(stream, lo, hi, entry.shard, shards), frame
+
+        plan, frame = await self.workers.run(cut, limiter=self.workers.index)
+        node.frame = frame
+        return plan, Layout(index, plan, len(frame[0]), len(frame[1]))
+
+    def _frame(self, node: Node, frame: tuple[int, int, int], rows: int) -> tuple[bytes, bytes]:
+        """Blocking: the header and trailer a share or a shard shows (``frame``: its file's size,
+        header end and trailer start), its own file's, an ``.npy`` header rewritten for the rows
+        it shows (``numpy.load`` refuses a count that is wrong)."""
+        size, head, trail = frame
+        src = self.store.open(node.relpath, node.stamp)
+        try:
+            header, trailer = src.read_range(0, head), src.read_range(trail, size)
+        finally:
+            src.close()
+        if node.fmt.name == "npy" and head:
+            header = header_with_rows(header, rows, self.store.path(node.relpath))
+        return header, trailer
+
+    def describe(self) -> dict[str, Any]:
+        return self.memory.describe()
+

@@ -1,0 +1,95 @@
+"""Reads of an open view: a handle remembers the window it is reading, so a read inside it is one
+slice of the window's buffer (no lookup, no await).  Entering a window holds it for the handle
+and, for a sequential reader, starts loading the next one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from ..layout import HEADER, TRAILER
+from ..prefetch import Slot, WindowCache
+from .nodes import Handle, Node
+from .views import Views
+
+
+class Reads:
+    def __init__(self, views: Views, windows: WindowCache) -> None:
+        self.views, self.windows = views, windows
+
+    async def read(self, h: Handle, off: int, size: int) -> Any:
+        """The view bytes ``[off, off+size)`` for handle ``h`` (a buffer, not a copy when it
+        can be a slice of one window)."""
+        if h.lo <= off and off + size <= h.hi and h.slot.data is not None:
+            # inside the window this handle is reading (held: loaded, and its bytes are only
+            # taken away by a read that needed the memory, which also clears ``data``)
+            at = off - h.lo + h.shift
+            h.slot.used = trio.current_time()  # still read: not idle (see WindowCache.room)
+            return memoryview(h.slot.data)[at: at + size]
+        return await self._read_windows(h, off, size)
+
+    async def _read_windows(self, h: Handle, off: int, size: int) -> Any:
+        """The bytes of ``[off, off+size)``, when they are not all in the handle's window.
+
+        A read takes its windows one at a time, and a handle lets go of its window before it
+        waits for another: so a handle never needs more than one window of the memory limit, and
+        readers of more views than fit take turns instead of waiting for each other (a read across
+        a window boundary copies the first window's tail before it asks for the next)."""
+        node = h.node
+        pieces = node.layout.pieces(off, size)
+        if not pieces:
+            return b""
+        view = node.view.view
+        sequential = off == h.last_end
+        out: bytearray | None = None
+        pos, entered, data = 0, False, None
+        for p in pieces:
+            if p.part == HEADER:
+                data = memoryview(view.header)[p.lo: p.hi]
+            elif p.part == TRAILER:
+                data = memoryview(view.trailer)[p.lo: p.hi]
+            else:
+                ref = self.views.window(node, p.part, sequential)
+                if h.slot is not None and h.slot.key != ref.key:
+                    self.leave(h)
+                slot = await self.windows.acquire(ref.key, ref.nbytes, ref.loader, ref.work)
+                try:
+                    entered = self._hold(h, p.part, slot, ref.shift) or entered
+                    data = memoryview(slot.data)[p.lo + ref.shift: p.hi + ref.shift]
+                    if len(pieces) > 1:
+                        out = out if out is not None else bytearray(sum(q.hi - q.lo for q in pieces))
+                        out[pos: pos + len(data)] = data
+                finally:
+                    self.windows.release(slot)
+            if len(pieces) > 1 and p.part in (HEADER, TRAILER):
+                out = out if out is not None else bytearray(sum(q.hi - q.lo for q in pieces))
+                out[pos: pos + len(data)] = data
+            pos += p.hi - p.lo
+        if entered and sequential and h.slot is not None:
+            self._prefetch(node, h.k + 1)
+        return data if out is None else out
+
+    def _hold(self, h: Handle, k: int, slot: Slot, shift: int = 0) -> bool:
+        """``h`` now reads window k (starting ``shift`` bytes into ``slot``): hold it for the
+        handle, letting go of the previous one.  True if that is a window change (a sequential
+        reader then prefetches the next one, once the read's pins are gone, so that the window
+        left behind can make room)."""
+        if h.slot is slot:
+            return False
+        self.leave(h)
+        self.windows.hold(slot)
+        starts = h.node.layout.window_starts
+        h.slot, h.k, h.lo, h.hi, h.shift = slot, k, int(starts[k]), int(starts[k + 1]), shift
+        return True
+
+    def _prefetch(self, node: Node, k: int) -> None:
+        if k < node.layout.n_windows:
+            ref = self.views.window(node, k, ahead=True)
+            self.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work)
+
+    def leave(self, h: Handle) -> None:
+        """The handle no longer reads its window (it may be dropped when memory is needed)."""
+        if h.slot is not None:
+            self.windows.unhold(h.slot)
+            h.slot, h.k, h.lo, h.hi, h.shift = None, -1, 0, -1, 0

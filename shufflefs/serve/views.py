@@ -1,0 +1,315 @@
+"""Open views and their windows: made on first open, shared by every handle of an inode, kept
+idle for a while after the last handle closes, closed when their epoch is over.
+
+All handles of one inode share its plan, its open source and its windows (`prefetch.WindowCache`,
+keyed by inode and window; its docstring has the prefetch design and the memory limit:
+`prefetch.WINDOWS` windows of the largest view in memory, for all views together).  The shards
+of a pool's stream share the stream's windows (keyed by the stream), loaded through whichever
+shard view is open.  The last `IDLE_VIEWS` views whose handles all closed stay open with their
+windows, so that a reader that reopens the file per record does not rebuild the plan and reload
+windows every time.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import threading
+from collections import OrderedDict
+from typing import Callable, Hashable, NamedTuple
+
+import numpy as np
+
+from ..config import MountConfig
+from ..prefetch import SharedTasks, WindowCache
+from ..sources.base import Source, Store
+from ..sources.pool import PoolSource
+from ..stage import Stage, StagedSource
+from ..staging import EpochBytes, StageStore, StageTarget
+from ..strategies import Plan
+from ..strategies.exchange import Partitions
+from ..strategies.partial_local import pls_exchange
+from ..view import View, window_work
+from .nodes import Node
+from .planner import Planner
+from .tree import Tree
+from .workers import Workers
+
+log = logging.getLogger("shufflefs")
+
+IDLE_VIEWS = 4
+"""Views kept open (with their plan and cached windows) after their last handle closed, so that
+readers that open the file for every record do not rebuild the plan and reload windows."""
+STAGE_TARGETS = 64
+"""Staged files whose exchange (O(blocks) each) is kept for their next epochs' views."""
+
+
+class WindowRef(NamedTuple):
+    """A view's window as the window cache knows it (`Views.window`)."""
+
+    key: Hashable
+    nbytes: int
+    shift: int
+    loader: Callable
+    work: int  # bytes the load works with besides the window
+
+
+class ViewClosed(OSError):
+    """A load asked of a view that is closing (a shard's view closed while its stream is read)."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.EBADF, "view closed")
+
+
+class SharedView:
+    """A `View` whose source is closed only once no worker thread is loading from it."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closing = False
+
+    def load(self, k: int, out: np.ndarray | None, scratch: np.ndarray | None,
+             ahead: bool = False, plan: Plan | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        with self._lock:
+            if self._closing:
+                raise ViewClosed()
+            self._users += 1
+        try:
+            return self.view.load_window(k, out, scratch, ahead, plan)
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._closing and self._users == 0:
+                    self.view.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            if self._users == 0:
+                self.view.close()
+
+
+def _load_stream(views: list[SharedView], k: int, ahead: bool, stream: Plan,
+                 out: np.ndarray, scratch: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Blocking: window k of a pool's stream, through any open view of the stream.  The window is
+    shared by the stream's shards, so the shard whose read started the load may close its view
+    (its last handle closed, or idle views were trimmed) while another shard waits for it."""
+    for view in tuple(views):  # a copy: the list changes in the trio thread
+        try:
+            return view.load(k, out, scratch, ahead, stream)
+        except ViewClosed:
+            continue
+    raise ViewClosed()
+
+
+class Views:
+    """The open views of one mount (``node.view``), their idle list and their stages."""
+
+    def __init__(self, config: MountConfig, store: Store, tree: Tree, planner: Planner, workers: Workers,
+                 tasks: SharedTasks, windows: WindowCache, epoch_of: Callable[[str], int]) -> None:
+        self.config, self.store, self.tree, self.planner = config, store, tree, planner
+        self.workers, self.tasks, self.windows, self.epoch_of = workers, tasks, windows, epoch_of
+        self.read_bytes = EpochBytes()
+        self.stages = StageStore(config.stage_dir, self.read_bytes) if config.stage_dir is not None else None
+        self.open_views: set[int] = set()
+        self.idle: OrderedDict[int, Node] = OrderedDict()
+        self._owners: dict[Hashable, list[SharedView]] = {}  # open views of each window owner (see owner)
+        self._pool_sources: dict[tuple, PoolSource] = {}
+        self._stage_targets: OrderedDict[Hashable, StageTarget] = OrderedDict()
+
+    # ------------------------------------------------------------------ opening
+
+    async def open(self, node: Node) -> None:
+        """Make ``node.view`` usable for one more handle (counted in ``node.opens``)."""
+        node.opens += 1
+        try:
+            if node.broken is not None:
+                raise node.broken
+            self.idle.pop(node.ino, None)
+            if node.view is None:
+                await self.tasks.run(("view", node.ino), functools.partial(self.make, node))
+        except BaseException:
+            node.opens -= 1
+            if node.opens == 0:
+                self.close(node)
+            raise
+
+    async def make(self, node: Node) -> None:
+        """Build the view of a node that is being opened (``node.opens`` > 0); once per node (run
+        it through ``tasks`` under ``("view", ino)``)."""
+        if node.view is not None:
+            return
+        plan = await self.planner.plan(node)
+        stage = None
+        if self.stages is not None:
+            stage = await self.stages.acquire(await self._stage_target(node), node.epoch)
+        view = await self.workers.run(self._new_view, node, plan, stage, limiter=self.workers.index)
+        if node.opens == 0:  # every opener gave up meanwhile
+            view.close()
+            return
+        node.view = SharedView(view)
+        self.open_views.add(node.ino)
+        self._reserve(node)
+        log.debug("view %s epoch %d: %d records, %d windows, %d bytes", node.relpath, node.epoch,
+                  node.index.n, plan.n_windows, node.layout.size)
+
+    def _source(self, node: Node) -> Source:
+        """Blocking: the node's file, or for a shard its pool's files, opened once for all the
+        pool's shards (one more user)."""
+        if node.pool is None:
+            return self.store.open(node.relpath, node.index.stamp)
+        entry = node.pool
+        key = (entry.pool.key, entry.pool.members, entry.stamps)
+        src = self._pool_sources.get(key)
+        try:
+            src = src.share() if src is not None else None
+        except OSError:
+            src = None
+        if src is None:
+            for k in [k for k, v in self._pool_sources.items() if v.closed]:
+                del self._pool_sources[k]
+            src = self._pool_sources[key] = PoolSource(list(entry.pool.members), node.index, self.store.open)
+        return src
+
+    def _new_view(self, node: Node, plan: Plan, stage: Stage | None) -> View:
+        """Blocking: the node's view over its source, with its epoch's ``stage`` in front when
+        staging (released when the view closes, or now if it cannot be made)."""
+        try:
+            source = self._source(node)
+        except BaseException:
+            if stage is not None:
+                self.stages.release(stage)
+            raise
+        if stage is not None:  # the view's source now releases the stage when it closes
+            source = StagedSource(source, stage, functools.partial(self.stages.release, stage))
+        try:
+            return View(self.store.path(node.relpath), node.index, plan, source, node.frame,
+                        meter=self.read_bytes.meter(node.epoch),
+                        check=node.fmt.window_check() if self.config.verify == "frames" else None)
+        except BaseException:
+            source.close()
+            raise
+
+    async def _stage_target(self, node: Node) -> StageTarget:
+        """What a view's stages hold: its file's (or pool's) version, partitioned for this rank."""
+        index, epoch_path = node.index, node.epoch_path
+        if node.pool is not None:
+            e = node.pool
+            file, key, name = ("pool", e.pool.key), ("pool", e.pool.key, e.pool.members, e.stamps), e.pool.key
+            members = list(e.pool.members)
+            open_source: Callable[[], Source] = lambda: PoolSource(members, index, self.store.open)
+        else:
+            file, key, name = ("file", node.relpath), ("file", node.relpath, node.stamp), node.relpath
+            relpath = node.relpath
+            open_source = lambda: self.store.open(relpath, index.stamp)
+        target = self._stage_targets.get(key)
+        if target is None:
+            exchange = await self.workers.run(pls_exchange, index, self.config.spec, self.config.world,
+                                              limiter=self.workers.index)
+            target = StageTarget(file, key, name, index, Partitions(exchange, self.config.rank), open_source,
+                                 lambda: self.epoch_of(epoch_path))
+            self._stage_targets[key] = target
+            while len(self._stage_targets) > STAGE_TARGETS:
+                self._stage_targets.popitem(last=False)
+        self._stage_targets.move_to_end(key)
+        return target
+
+    def _reserve(self, node: Node) -> None:
+        """Let the view's windows load; its largest window counts in the memory limit."""
+        owner = self.owner(node)
+        plan = node.plan.inner if node.pool is not None else node.plan
+        sizes = np.asarray(plan.window_sizes)
+        self._owners.setdefault(owner, []).append(node.view)
+        self.windows.register(owner, int(sizes.max()) if len(sizes) else 0, window_work(plan))
+
+    # ------------------------------------------------------------------ windows
+
+    @staticmethod
+    def owner(node: Node) -> Hashable:
+        """Whose windows a view reads: its own, or for a pool's shard its pool stream's, which all
+        the shards of that stream share (a window is loaded once however the shards cut it)."""
+        if node.pool is None:
+            return node.ino
+        e = node.pool
+        return ("stream", e.pool.key, e.pool.members, e.stamps, node.epoch, node.part, node.parts)
+
+    def window(self, node: Node, k: int, ahead: bool = False) -> WindowRef:
+        """View window k as the window cache knows it; its bytes start ``shift`` bytes into the
+        cached window (a shard's stretch of a stream window).  The loader builds it; ``ahead`` (a
+        sequential reader): then hints the next window's blocks."""
+        view = node.view
+        if node.pool is None:
+            return WindowRef((node.ino, k), node.layout.window_size(k), 0,
+                             lambda out, scratch: view.load(k, out, scratch, ahead), window_work(node.plan, k))
+        stream = node.plan.inner
+        kin, shift = node.plan.stream_window(k)
+        owner = self.owner(node)
+        return WindowRef((owner, kin), int(stream.window_sizes[kin]), shift, functools.partial(
+            _load_stream, self._owners[owner], kin, ahead, stream), window_work(stream, kin))
+
+    # ------------------------------------------------------------------ closing
+
+    def retire(self, node: Node) -> None:
+        """The last handle closed: keep the view idle (LRU) unless it can never be read again."""
+        if node.view is None or node.broken is not None or node.ino not in self.tree.nodes:
+            self.close(node)
+            if node.lookups <= 0:
+                self.drop(node)
+            return
+        self.idle[node.ino] = node  # its windows stay while memory allows
+        self.idle.move_to_end(node.ino)
+        while len(self.idle) > IDLE_VIEWS:
+            _, oldest = self.idle.popitem(last=False)
+            self.close(oldest)
+            if oldest.lookups <= 0:  # prepared at an epoch change, never opened: forget it
+                self.drop(oldest)
+
+    def drop(self, node: Node) -> None:
+        """The node leaves the inode table (forgotten, or replaced); its view closes if unused."""
+        self.tree.remove(node)
+        if node.opens == 0:
+            self.close(node)
+
+    def close_stale(self) -> None:
+        """Close the idle views of epochs that are no longer current: their names now lead to
+        the new epoch's views, so they can never be opened again, and their plans and windows
+        would otherwise share the memory with the new epoch's while it is being prepared."""
+        for node in [n for n in self.idle.values() if n.epoch != self.epoch_of(n.epoch_path)]:
+            self.close(node)
+            if node.lookups <= 0:
+                self.drop(node)
+
+    def close(self, node: Node) -> None:
+        """Close the source and forget the plan (rebuilt cheaply; the index stays in the memo)."""
+        self.idle.pop(node.ino, None)
+        if node.view is not None:
+            node.view.close()
+            owner = self.owner(node)
+            views = self._owners[owner]
+            views.remove(node.view)
+            node.view = None
+            self.open_views.discard(node.ino)
+            if not views:
+                del self._owners[owner]
+                self.windows.unregister(owner)
+            if self.stages is not None:
+                self.stages.tidy()
+        self.planner.forget(node)
+
+    def drop_a_plan(self) -> bool:
+        """Close the view (and plan) least recently planned that no handle has open, to make room
+        for another plan; False if there is none (see `plan_memory`)."""
+        for ino in self.planner.memory.holders():
+            node = self.tree.nodes.get(ino)
+            if node is None:  # forgotten meanwhile
+                self.planner.memory.release(ino)
+                return True
+            if node.plan is not None and node.opens == 0 and not self.tasks.running(("view", ino)):
+                self.close(node)
+                if node.lookups <= 0:
+                    self.drop(node)
+                return True
+        return False

@@ -1,0 +1,138 @@
+"""The extended attributes a mount shows (``user.shufflefs.*``) and its state for ``stat``.
+
+The epoch attribute is the only writable one; the others describe a view's plan (built if
+needed), or the mount (on the root)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from typing import Any
+
+from ..config import EPOCH_XATTR, PID_XATTR, STATS_XATTR, XATTR_PREFIX, format_buffer
+from ..errors import ShuffleError
+from ..stats import fit as fit_stats
+from .catalog import Catalog
+from .nodes import DIR, ROOT, VIEW, Node, Reply, parse_epoch
+
+X_EPOCH, X_STATS, X_PID = EPOCH_XATTR.encode(), STATS_XATTR.encode(), PID_XATTR.encode()
+VIEW_ATTRS = [X_EPOCH] + [
+    (XATTR_PREFIX + n).encode()
+    for n in ("strategy", "seed", "records", "windows", "format", "block_size", "buffer", "info")
+]
+ROOT_ATTRS = [X_EPOCH, X_STATS, X_PID]
+OURS = frozenset(VIEW_ATTRS + ROOT_ATTRS)
+
+
+def names(node: Node) -> list[bytes]:
+    if node.ino == ROOT:
+        return list(ROOT_ATTRS)
+    if node.kind == DIR:
+        return [X_EPOCH]
+    if node.kind == VIEW:
+        return list(VIEW_ATTRS)
+    return []
+
+
+async def get(cat: Catalog, node: Node, name: bytes) -> bytes:
+    """ENODATA for a name the node does not have."""
+    if name not in names(node):
+        raise Reply(errno.ENODATA)
+    if name == X_EPOCH:
+        return str(cat.epochs.shown(node)).encode()
+    if name == X_PID:
+        return str(os.getpid()).encode()
+    if name == X_STATS:
+        return fit_stats(describe(cat))
+    spec = cat.spec
+    field = name.decode()[len(XATTR_PREFIX):]
+    simple = {"strategy": spec.strategy, "seed": spec.seed, "format": node.fmt.name, "buffer": format_buffer(spec.buffer)}
+    if field in simple:
+        return str(simple[field]).encode()
+    try:
+        plan = await cat.planner.plan(node)
+    except (ShuffleError, OSError) as e:
+        raise cat.fail("getxattr", node.relpath, node.epoch, None, e) from None
+    if field == "records":  # the records this view holds (a rank's or a part's share)
+        return str(int(plan.window_records.sum())).encode()
+    if field == "windows":
+        return str(plan.n_windows).encode()
+    if field == "block_size":  # the file's own when automatic
+        return str(plan.spec.block_size).encode()
+    info = {
+        **plan.describe(),
+        "path": node.relpath,
+        "view_records": int(plan.window_records.sum()),
+        "format": node.fmt.name,
+        "format_params": node.fmt.params(),
+        "block_size": plan.spec.block_size,
+        "block_size_auto": spec.block_size is None,
+        "buffer": format_buffer(spec.buffer),
+        "source_size": node.stamp.size,
+        "view_size": node.size,
+    }
+    if node.pool is not None:
+        info.update(pool=node.pool.pool.key, pool_shards=len(node.pool.pool.members),
+                    pool_declared=node.pool.pool.declared)
+    return json.dumps(info, sort_keys=True, default=str).encode()
+
+
+def set(cat: Catalog, node: Node, name: bytes, value: bytes) -> None:  # noqa: A001 -- the xattr verb
+    """Only the epoch can be set (EINVAL for a value that is no epoch); ours are EPERM, others
+    EROFS (the mount is read-only)."""
+    if name != X_EPOCH:
+        raise Reply(errno.EPERM if name in OURS else errno.EROFS)
+    cat.set_epoch(node, parse_epoch(value))
+
+
+def remove(node: Node, name: bytes) -> None:
+    raise Reply(errno.EPERM if name in names(node) else errno.ENODATA)
+
+
+def _exchange_counts(cat: Catalog) -> dict[str, str]:
+    """pls: what each view of the current epoch with a plan kept and received this epoch."""
+    out = {}
+    for node in cat.tree.nodes.values():
+        if node.kind == VIEW and node.plan is not None and node.parts == 1 \
+                and node.epoch == cat.epochs.of(node.epoch_path):
+            d = node.plan.describe()
+            out[node.relpath] = (f"epoch {node.epoch}: kept {d['kept']} received {d['received']} "
+                                 f"sent {d['sent']} of {d['partition_records']}")
+    return dict(sorted(out.items()))
+
+
+def describe(cat: Catalog) -> dict[str, Any]:
+    """The mount's state for ``user.shufflefs.stats`` (and `shufflefs stat`)."""
+    spec, config, views = cat.spec, cat.config, cat.views
+    return cat.stats.snapshot(
+        source=cat.source,
+        mountpoint=cat.mountpoint,
+        strategy=spec.strategy,
+        seed=spec.seed,
+        block_size="auto" if spec.block_size is None else spec.block_size,
+        few_blocks=dict(cat.planner.few_blocks),
+        buffer=format_buffer(spec.buffer),
+        page_size=spec.page_size,
+        rank=config.rank,
+        world=config.world,
+        even=spec.even,
+        exchange=spec.exchange,
+        **({"pls_exchange": _exchange_counts(cat), "pls_local": spec.pls_local} if spec.strategy == "pls" else {}),
+        pooling=cat.pools is not None,
+        pool_globs=list(config.pool_globs),
+        balance=spec.balance,
+        balance_field=spec.balance_field,
+        random_level=spec.random_level,
+        epoch=cat.epochs.epoch,
+        epoch_overrides=cat.epochs.overrides(),
+        views=len(views.open_views) - len(views.idle),
+        idle_views=len(views.idle),
+        handles=cat.handles,
+        inodes=len(cat.tree.nodes),
+        cache_dir=str(cat.planner.index_cache.dir),
+        memory={**cat.windows.describe(), **cat.planner.describe()},
+        epoch_prefetches=cat.epoch_prefetches,
+        read_bytes=views.read_bytes.snapshot(),
+        **({"staging": views.stages.describe()} if views.stages is not None else {}),
+    )

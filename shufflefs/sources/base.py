@@ -1,0 +1,124 @@
+"""The seam between shufflefs and where the bytes live: a `Store` (a tree of source files) and a
+`Source` (one open version of a file, or of a pool of files).
+
+The catalog asks a store to list, stat and open; a view asks its source for runs of bytes.
+Local files implement both (`local`), a pool's members share one `pool.PoolSource`, and a
+node-local stage (`stage.StagedSource`) sits in front of either.  A new kind of storage is one
+module that implements `Store` and `Source`, plus one line in `sources.STORES`.
+
+A source whose bytes are reachable through file descriptors (``place`` returns `Runs`) is read
+by the compiled gather without the GIL; any other source returns None from ``place`` and its
+windows are assembled from ``read_runs`` (one call per window with every run in ascending order,
+so a remote source can fetch them concurrently).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple, Protocol
+
+import numpy as np
+
+from ..formats.base import Format
+from ..index import RecordIndex, SourceStamp
+
+
+class Runs(NamedTuple):
+    """Ascending runs of consecutive record ids and where each lies: records ``[first,
+    first+count)`` are in the file open as ``fd``, record x at file offset ``bounds[x] + shift``.
+    The form `_gather.build_window` reads (int64 arrays, one entry per run)."""
+
+    first: np.ndarray
+    count: np.ndarray
+    fd: np.ndarray
+    shift: np.ndarray
+
+    def nbytes(self, bounds: np.ndarray) -> np.ndarray:
+        return bounds[self.first + self.count] - bounds[self.first]
+
+
+class Reader(Protocol):
+    """A file a run can lie in (a source file, or a stage file): reports its own failures."""
+
+    def ended(self, offset: int) -> None: ...
+
+    def verify_read(self, offset: int | None) -> None: ...
+
+
+class Source(Protocol):
+    """One version of a source file (or of a pool's files) that a view reads records from.
+
+    Every method raises `errors.StaleSourceError` (never returns bytes) once the source no longer
+    matches the stamp it was opened with."""
+
+    local_fd: int
+    """The descriptor of runs that count as local bytes (a stage), or -1."""
+
+    def check(self) -> None:
+        """Before a window load: the source still names the same, unchanged bytes."""
+
+    def verify_open(self) -> None:
+        """Before every read is served: a cheap check that the open source is unchanged."""
+
+    def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> Runs | None:
+        """Where runs of record ids lie (descriptors and shifts for the compiled gather), or None
+        if the source has no descriptors (its windows are then built from `read_runs`)."""
+
+    def file_of(self, fd: int) -> Reader:
+        """The file behind a descriptor ``place`` returned."""
+
+    def read_range(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` (headers and trailers)."""
+
+    def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The ranges (ascending) concatenated, into ``out`` when it is large enough."""
+
+    def advise(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> None:
+        """A hint that these runs are read soon (returns at once; may do nothing)."""
+
+    def close(self) -> None: ...
+
+
+class PlainFile(Protocol):
+    """A file served unchanged (no format): its bytes as they are now."""
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes from ``offset``: fewer only at the end of the file."""
+
+    def close(self) -> None: ...
+
+
+class Store(Protocol):
+    """A read-only tree of source files; paths are relative to its root ("" is the root).
+
+    All methods block (the catalog calls them on worker threads) and raise OSError with the
+    errno a reader should see (``FileNotFoundError`` for a name that is gone)."""
+
+    root: str
+    """What the mount shows (logs, ``shufflefs stat``)."""
+
+    def path(self, relpath: str) -> str:
+        """The name of a file in logs and errors (for local files, the path itself)."""
+
+    def stat(self, relpath: str, follow_last: bool = False) -> os.stat_result:
+        """Attributes of an entry: a directory, a regular file or a symbolic link."""
+
+    def list(self, relpath: str) -> list[str]:
+        """The names in a directory."""
+
+    def link_target(self, relpath: str) -> str | None:
+        """A link's target as shown in the mount, or None if it leads out of the tree."""
+
+    def open(self, relpath: str, stamp: SourceStamp) -> Source:
+        """The file's version ``stamp``; `errors.StaleSourceError` if it is not that version now."""
+
+    def open_file(self, relpath: str) -> PlainFile:
+        """The file as it is, for pass-through reads."""
+
+    def map(self, relpath: str, stamp: SourceStamp) -> np.ndarray:
+        """The whole file as read-only bytes (scanned once for record costs)."""
+
+    def index(self, relpath: str, fmt: Format, cache_dir: str | os.PathLike) -> RecordIndex:
+        """The file's record index (cached in ``cache_dir`` by version)."""
+
+    def statvfs(self) -> os.statvfs_result: ...

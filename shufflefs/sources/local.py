@@ -1,0 +1,202 @@
+"""Local files: the `Store` of a directory tree and the `Source` of one of its files.
+
+Every path resolves beneath the mount's source root (`resolve`: openat2 with RESOLVE_BENEATH and
+no symbolic links), so a directory swapped for a link while mounted never leads outside it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .. import resolve
+from ..errors import StaleSourceError
+from ..formats.base import Format
+from ..index import RecordIndex, SourceStamp
+from .base import Runs
+
+
+class SourceFile:
+    """An open source file pinned to the stamp of its index."""
+
+    local_fd = -1  # no run of a source lies in a local stage file
+
+    def __init__(self, path: str, stamp: SourceStamp) -> None:
+        self.path = path
+        self.stamp = stamp
+        try:
+            self.fd = resolve.open_path(path)
+        except FileNotFoundError:
+            raise StaleSourceError(path, None, "source file was removed") from None
+        try:
+            self._verify(os.fstat(self.fd), None)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def _verify(self, st: os.stat_result, offset: int | None) -> None:
+        if st.st_nlink == 0:
+            raise StaleSourceError(self.path, offset, "source file was removed or replaced while mounted")
+        if not self.stamp.matches(st):
+            now = SourceStamp.of(st)
+            raise StaleSourceError(
+                self.path,
+                offset,
+                f"source changed while mounted (size {self.stamp.size} -> {now.size}, "
+                f"mtime_ns {self.stamp.mtime_ns} -> {now.mtime_ns}, ctime_ns {self.stamp.ctime_ns} -> "
+                f"{now.ctime_ns}, inode {self.stamp.ino} -> {now.ino})",
+            )
+
+    def verify_open(self) -> None:
+        """Cheap per-read check (one fstat, no path lookup): the open file is unchanged and still
+        linked, so bytes of a window loaded earlier still describe the source."""
+        st = os.fstat(self.fd)
+        if st.st_nlink == 0 or not self.stamp.matches(st):
+            self._verify(st, None)
+
+    def check(self, offset: int | None = None) -> None:
+        """Raise unless the path still names the same, unchanged file."""
+        try:
+            st = resolve.stat_path(self.path)
+        except FileNotFoundError:
+            raise StaleSourceError(self.path, offset, "source file was removed") from None
+        self._verify(st, offset)
+
+    def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Read the ranges in the given (ascending) order into one buffer."""
+        total = int((ends - starts).sum())
+        buf = out[:total] if out is not None and len(out) >= total else np.empty(total, np.uint8)
+        pos = 0
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            self._pread_into(buf[pos: pos + e - s], s)
+            pos += e - s
+        self._verify(os.fstat(self.fd), int(starts[0]) if len(starts) else None)
+        return buf
+
+    def _pread_into(self, buf: np.ndarray, offset: int) -> np.ndarray:
+        """Fill ``buf`` from ``offset``; an early end of file means the source shrank."""
+        mv = memoryview(buf)
+        pos, end = 0, len(buf)
+        while pos < end:
+            got = os.preadv(self.fd, [mv[pos:]], offset + pos)
+            if got == 0:
+                self._verify(os.fstat(self.fd), offset + pos)
+                raise StaleSourceError(self.path, offset + pos, "unexpected end of file")
+            pos += got
+        return buf
+
+    def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> Runs:
+        """Where the runs of ids lie: all in this file, unshifted."""
+        return Runs(first, count, np.full(len(first), self.fd, np.int64), np.zeros(len(first), np.int64))
+
+    def file_of(self, fd: int) -> "SourceFile":
+        return self
+
+    def ended(self, offset: int) -> None:
+        """The file ended before ``offset``: it shrank (or changed) while mounted."""
+        self._verify(os.fstat(self.fd), offset)
+        raise StaleSourceError(self.path, offset, "unexpected end of file")
+
+    def verify_read(self, offset: int | None) -> None:
+        """After reading from ``offset``: the file is still the one the index describes."""
+        self._verify(os.fstat(self.fd), offset)
+
+    def advise(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> None:
+        """Ask the kernel to read the runs' bytes into the page cache (returns at once)."""
+        b = index.bounds
+        for s, e in zip(b[first].tolist(), b[first + count].tolist()):
+            os.posix_fadvise(self.fd, s, e - s, os.POSIX_FADV_WILLNEED)
+
+    def read_range(self, start: int, end: int) -> bytes:
+        return self.read_runs(np.array([start]), np.array([end])).tobytes()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+class LocalFile:
+    """A pass-through file: reads return what the file holds now."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = resolve.open_path(path)
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Exactly ``size`` bytes unless EOF comes first (FUSE pads short replies with zeros)."""
+        parts = []
+        while size > 0:
+            b = os.pread(self.fd, size, offset)
+            if not b:
+                break
+            parts.append(b)
+            size -= len(b)
+            offset += len(b)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class LocalStore:
+    """A directory tree on a local (or locally mounted) filesystem."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.real_root = os.path.realpath(self.root)
+        resolve.confine(self.root)  # every source path from here on resolves beneath it
+        os.stat(self.root)
+
+    def path(self, relpath: str) -> str:
+        return os.path.join(self.root, relpath) if relpath else self.root
+
+    def stat(self, relpath: str, follow_last: bool = False) -> os.stat_result:
+        return resolve.stat_path(self.path(relpath), follow_last=follow_last)
+
+    def list(self, relpath: str) -> list[str]:
+        return resolve.list_dir(self.path(relpath))
+
+    def link_target(self, relpath: str) -> str | None:
+        """Plain relative targets are kept; absolute ones and ones with ``..`` are rewritten
+        relative to the link's directory so that they resolve inside the mount."""
+        path = self.path(relpath)
+        target = resolve.readlink_beneath(path)
+        real = os.path.realpath(path)
+        if not _inside(real, self.real_root):
+            return None
+        if not os.path.isabs(target) and ".." not in target.split("/"):
+            return target
+        return os.path.relpath(real, os.path.realpath(os.path.dirname(path)))
+
+    def open(self, relpath: str, stamp: SourceStamp) -> SourceFile:
+        return SourceFile(self.path(relpath), stamp)
+
+    def open_file(self, relpath: str) -> LocalFile:
+        return LocalFile(self.path(relpath))
+
+    def map(self, relpath: str, stamp: SourceStamp) -> np.ndarray:
+        src = self.open(relpath, stamp)
+        try:
+            if stamp.size == 0:
+                return np.zeros(0, np.uint8)
+            with os.fdopen(os.dup(src.fd), "rb") as f:
+                return np.memmap(f, np.uint8, "r")  # unmapped when the last view of it goes
+        finally:
+            src.close()
+
+    def index(self, relpath: str, fmt: Format, cache_dir: str | os.PathLike) -> RecordIndex:
+        # Scans run in a worker process: a source truncated under its mmap (SIGBUS) must not end
+        # the daemon.  Cached indexes load here directly.
+        from ..indexer import default_builder
+
+        return default_builder().build(self.path(relpath), fmt, cache_dir)
+
+    def statvfs(self) -> os.statvfs_result:
+        return os.statvfs(self.root)

@@ -1,0 +1,108 @@
+"""The member files of a pool as one `Source`: pooled record ids map to members and shifts."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from typing import Callable
+
+import numpy as np
+
+from ..index import SourceStamp
+from ..pooled import PooledIndex, split_runs
+from .base import Runs, Source
+
+
+class PoolSource:
+    """The member files of a pool, each pinned to its stamp; shared by the views of the pool's
+    shards (one descriptor per member however many shards are open), closed by its last user."""
+
+    local_fd = -1
+
+    def __init__(self, members: list[str], index: PooledIndex, open_member: Callable[[str, SourceStamp], Source]) -> None:
+        self.index = index
+        self.files: list[Source] = []
+        self._users = 1
+        self._lock = threading.Lock()
+        try:
+            for m, stamp in zip(members, index.member_stamps):
+                self.files.append(open_member(m, stamp))
+        except BaseException:
+            self._close()
+            raise
+        # members without descriptors (remote): the pool has none either (see `Source.place`)
+        self.fds = np.array([getattr(f, "fd", -1) for f in self.files], np.int64)
+        self._placed = bool(len(self.fds)) and bool((self.fds >= 0).all())
+        self._by_fd = {f.fd: m for m, f in enumerate(self.files)}
+
+    @property
+    def closed(self) -> bool:
+        return self._users == 0
+
+    def share(self) -> "PoolSource":
+        """One more user (a view); each calls `close` once."""
+        with self._lock:
+            if self._users == 0:
+                raise OSError(errno.EBADF, "pool source closed")
+            self._users += 1
+        return self
+
+    def check(self) -> None:
+        for f in self.files:
+            f.check()
+
+    def verify_open(self) -> None:
+        for f in self.files:
+            f.verify_open()
+
+    def place(self, index: PooledIndex, first: np.ndarray, count: np.ndarray) -> Runs | None:
+        """The runs cut where members end, each in its member file at the member's shift."""
+        if not self._placed:
+            return None
+        first, count, member = index.split_runs(first, count)
+        return Runs(first, count, self.fds[member], index.shifts[member])
+
+    def file_of(self, fd: int) -> Source:
+        return self.files[self._by_fd[fd]]
+
+    def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Pooled byte ranges (ascending, perhaps across members), concatenated (the fallback
+        build without the compiled module): cut where members start, one read per member stretch."""
+        index = self.index
+        first, count, member = split_runs(index.bounds[index.member_firsts], starts, np.asarray(ends) - starts)
+        total = int(count.sum())
+        buf = out[:total] if out is not None and len(out) >= total else np.empty(total, np.uint8)
+        pos = 0
+        for piece in np.split(np.arange(len(member)), np.flatnonzero(np.diff(member)) + 1):
+            if len(piece):
+                m, size = int(member[piece[0]]), int(count[piece].sum())
+                at = first[piece] + index.shifts[m]
+                self.files[m].read_runs(at, at + count[piece], buf[pos: pos + size])
+                pos += size
+        return buf
+
+    def read_range(self, start: int, end: int) -> bytes:
+        raise ValueError("a view over a pool needs its header and trailer")
+
+    def advise(self, index: PooledIndex, first: np.ndarray, count: np.ndarray) -> None:
+        if not self._placed:
+            return
+        first, count, member = index.split_runs(first, count)
+        b = index.bounds
+        starts, ends = b[first] + index.shifts[member], b[first + count] + index.shifts[member]
+        for m, s, e in zip(member.tolist(), starts.tolist(), ends.tolist()):
+            os.posix_fadvise(self.files[m].fd, s, e - s, os.POSIX_FADV_WILLNEED)
+
+    def close(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users == 0
+        if last:
+            self._close()
+
+    def _close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
