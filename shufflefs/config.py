@@ -87,7 +87,8 @@ def format_buffer(buffer: int | float) -> str:
 class MountConfig:
     """Everything a mount needs; built by the CLI, read by the filesystem."""
 
-    source: Path
+    source: Path | str
+    """A directory, or ``scheme://...`` of a store registered in `shufflefs.sources.STORES`."""
     mountpoint: Path
     spec: ShuffleSpec = field(default_factory=ShuffleSpec)
     epoch: int = 0
@@ -121,9 +122,15 @@ def check_paths(config: MountConfig) -> str | None:
     `daemon.run` is safe to call directly).  A daemon must never reach into its own mount (it
     would wait on itself) and never write into the source.
     """
-    from .index import default_cache_dir
+    from .sources import STORES, scheme_of
 
-    src, mnt = Path(config.source), Path(config.mountpoint)
+    scheme = scheme_of(str(config.source))
+    if scheme:
+        if scheme not in STORES:
+            known = ", ".join(f"{s}://" for s in sorted(STORES) if s) or "none but local directories"
+            return f"source {config.source}: unknown scheme {scheme}:// (known: {known})"
+        return _check_mountpoint(config, None)
+    src = Path(config.source)
     if not src.exists():
         return f"source {src} does not exist"
     if not src.is_dir():
@@ -132,6 +139,14 @@ def check_paths(config: MountConfig) -> str | None:
         os.listdir(src)
     except OSError as e:
         return f"cannot read source {src}: {e.strerror}"
+    return _check_mountpoint(config, src)
+
+
+def _check_mountpoint(config: MountConfig, src: Path | None) -> str | None:
+    """`check_paths` for the mount point and the cache directory; ``src``: a local source."""
+    from .index import default_cache_dir
+
+    mnt = Path(config.mountpoint)
     try:
         if not mnt.exists():
             return f"mount point {mnt} does not exist (create an empty directory)"
@@ -140,12 +155,12 @@ def check_paths(config: MountConfig) -> str | None:
     except OSError as e:
         hint = f" (a dead mount? run: shufflefs umount {mnt})" if e.errno == errno.ENOTCONN else ""
         return f"mount point {mnt}: {e.strerror}{hint}"
-    rsrc, rmnt = os.path.realpath(src), os.path.realpath(mnt)
+    rsrc, rmnt = (os.path.realpath(src) if src is not None else None), os.path.realpath(mnt)
     if rsrc == rmnt:
         return "source and mount point are the same directory"
-    if _inside(rmnt, rsrc):
+    if rsrc is not None and _inside(rmnt, rsrc):
         return f"mount point {mnt} is inside the source {src}; the mount would contain itself"
-    if _inside(rsrc, rmnt):
+    if rsrc is not None and _inside(rsrc, rmnt):
         return f"source {src} is inside the mount point {mnt}"
     if os.path.ismount(mnt):
         return f"mount point {mnt} is already a mount point (unmount it first: shufflefs umount {mnt})"
@@ -156,7 +171,7 @@ def check_paths(config: MountConfig) -> str | None:
         return f"mount point {mnt}: {e.strerror}"
     cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
     rcache = os.path.realpath(cache_dir)
-    if _inside(rcache, rsrc):
+    if rsrc is not None and _inside(rcache, rsrc):
         return f"cache directory {cache_dir} is inside the source {src}, which is never written (use --cache-dir)"
     if _inside(rcache, rmnt):
         return f"cache directory {cache_dir} is inside the mount point {mnt}"

@@ -23,6 +23,7 @@ import trio
 from . import control, indexer, scratch
 from .config import MountConfig, check_paths
 from .fs import VIEW_BLKSIZE, ShuffleFS
+from .sources import scheme_of
 
 log = logging.getLogger("shufflefs")
 
@@ -216,7 +217,8 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
         return EXIT_FAILED
     own_tmp = scratch.claim(fs.index_cache.dir)
     mnt = os.path.abspath(config.mountpoint)
-    options = {_fsname(os.path.abspath(config.source)), "subtype=shufflefs", "default_permissions"}
+    source = str(config.source) if scheme_of(str(config.source)) else os.path.abspath(config.source)
+    options = {_fsname(source), "subtype=shufflefs", "default_permissions"}
     main_thread = threading.current_thread() is threading.main_thread()
     if main_thread:  # until trio takes over the signals, a SIGTERM must still unmount
         previous = signal.signal(signal.SIGTERM, _terminate_early)

@@ -15,6 +15,7 @@ from ..config import (
     check_paths,
 )
 from ..index import default_cache_dir
+from ..sources import scheme_of
 from ..strategies.base import ShuffleSpec
 from .common import EXIT_FAIL, EXIT_OK, PROG, _inside
 from .options import MOUNT_KEYS, Resolved, resolve_options
@@ -74,7 +75,9 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     """Validate every mount option; exits with a usage error (2) on the first problem."""
     opts = resolve_options(args, MOUNT_KEYS, parser)
     v = opts.values
-    src, mnt = Path(os.path.realpath(args.source)), Path(os.path.realpath(args.mountpoint))
+    remote = bool(scheme_of(args.source))
+    src = args.source if remote else Path(os.path.realpath(args.source))
+    mnt = Path(os.path.realpath(args.mountpoint))
     if v["rank"] >= v["world_size"]:
         parser.error(f"--rank {v['rank']} must be smaller than --world-size {v['world_size']}")
     spec = ShuffleSpec(
@@ -85,7 +88,8 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     )
     _check_strategy(spec, parser)
     cache_dir = Path(v["cache_dir"]) if v["cache_dir"] is not None else default_cache_dir()
-    problem = check_paths(MountConfig(Path(args.source), Path(args.mountpoint), cache_dir=cache_dir))
+    problem = check_paths(MountConfig(args.source if remote else Path(args.source), Path(args.mountpoint),
+                                      cache_dir=cache_dir))
     if problem:
         parser.error(problem)
     _check_writable_dir(cache_dir, "cache directory", parser)

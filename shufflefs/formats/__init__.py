@@ -8,6 +8,7 @@ unshuffled.
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import inspect
 import logging
 import mmap
@@ -21,7 +22,7 @@ from ..errors import StaleSourceError
 from .. import resolve
 from ..index import IndexCache, RecordIndex, SourceStamp, cache_key
 from .base import Format, Progress
-from .fixed import FixedFormat
+from .fixed import FixedFormat  # re-exported for convenience; the registry is MODULES
 from .lines import CsvFormat, LinesFormat
 from .npy import NpyFormat
 from .tfrecord import TFRecordFormat
@@ -45,23 +46,36 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FORMATS: dict[str, type[Format]] = {
-    cls.name: cls for cls in (LinesFormat, CsvFormat, FixedFormat, NpyFormat, TFRecordFormat)
-}
+MODULES = (
+    "lines",
+    "fixed",
+    "npy",
+    "tfrecord",
+)
+"""The format registry: modules of this package, each listing its formats in ``FORMATS``.  A new
+format is one module and one line here."""
+
+
+def _registry() -> tuple[dict[str, type[Format]], dict[str, tuple[str, dict]]]:
+    formats: dict[str, type[Format]] = {}
+    suffixes: dict[str, tuple[str, dict]] = {}
+    for module in MODULES:
+        for cls in importlib.import_module(f".{module}", __name__).FORMATS:
+            if cls.name in formats:
+                raise ImportError(f"format {cls.name!r} registered twice")
+            formats[cls.name] = cls
+            for ext, params in cls.extensions.items():
+                if ext in suffixes:
+                    raise ImportError(f"extension {ext!r} claimed by {suffixes[ext][0]!r} and {cls.name!r}")
+                suffixes[ext] = (cls.name, dict(params))
+    return formats, suffixes
+
+
+FORMATS, _BY_EXTENSION = _registry()
+"""Format classes by name, and file suffixes with the format and parameters they imply."""
 
 PASSTHROUGH = frozenset({"none", "passthrough"})
 """Format names a rule can use to serve matching files unchanged."""
-
-_BY_EXTENSION: dict[str, tuple[str, dict]] = {
-    ".jsonl": ("lines", {}),
-    ".ndjson": ("lines", {}),
-    ".txt": ("lines", {}),
-    ".csv": ("csv", {}),
-    ".tsv": ("lines", {"header_lines": 1}),
-    ".npy": ("npy", {}),
-    ".tfrecord": ("tfrecord", {}),
-    ".tfrecords": ("tfrecord", {}),
-}
 
 
 def _accepted(cls: type[Format]) -> dict[str, inspect.Parameter]:
@@ -130,16 +144,14 @@ def resolve_format(relpath: str, rules: Sequence[FormatRule], defaults: Mapping[
             if rule.format in PASSTHROUGH:
                 return None
             return make_format(rule.format, _with_defaults(rule.format, rule.params, defaults))
-    ext = os.path.splitext(relpath)[1].lower()
-    if ext == ".bin":
-        if defaults.get("record_size") is None:
-            return None
-        return make_format("fixed", _with_defaults("fixed", {}, defaults))
-    hit = _BY_EXTENSION.get(ext)
+    hit = _BY_EXTENSION.get(os.path.splitext(relpath)[1].lower())
     if hit is None:
         return None
     name, params = hit
-    return make_format(name, _with_defaults(name, params, defaults))
+    params = _with_defaults(name, params, defaults)
+    if any(p.default is p.empty and k not in params for k, p in _accepted(FORMATS[name]).items()):
+        return None  # e.g. ``.bin`` without a record size: nothing says where records end
+    return make_format(name, params)
 
 
 def _parse_value(text: str) -> object:

@@ -20,6 +20,10 @@ class Format(ABC):
     """A record format.  Instances carry their parameters (e.g. record size)."""
 
     name: ClassVar[str]
+    extensions: ClassVar[dict[str, dict]] = {}
+    """File suffixes (lower case, with the dot) this format claims, each with the parameters it
+    implies; a suffix whose format lacks a required parameter (``.bin`` without a
+    ``record_size``) passes through unchanged."""
 
     def params(self) -> dict:
         """Everything that changes the index; part of the index cache key."""

@@ -23,6 +23,7 @@ class FixedFormat(Format):
     """
 
     name = "fixed"
+    extensions = {".bin": {}}  # with a --record-size only
 
     def __init__(self, record_size: int, header_bytes: int = 0) -> None:
         self.record_size = _int_param("record_size", record_size, 1)
@@ -56,3 +57,7 @@ def fixed_index(size: int, header_bytes: int, record_size: int, path: str) -> Re
     bounds *= record_size
     bounds += header_bytes
     return RecordIndex(size, bounds)
+
+
+FORMATS = (FixedFormat,)
+"""The formats this module adds to the registry (`shufflefs.formats.MODULES`)."""

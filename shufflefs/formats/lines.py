@@ -86,6 +86,7 @@ class LinesFormat(Format):
     """
 
     name = "lines"
+    extensions = {".jsonl": {}, ".ndjson": {}, ".txt": {}, ".tsv": {"header_lines": 1}}
 
     def __init__(self, header_lines: int = 0) -> None:
         self.header_lines = _check_header_lines(header_lines)
@@ -112,6 +113,7 @@ class CsvFormat(LinesFormat):
     """
 
     name = "csv"
+    extensions = {".csv": {}}
 
     def __init__(self, header_lines: int = 1) -> None:
         super().__init__(header_lines)
@@ -123,3 +125,7 @@ class CsvFormat(LinesFormat):
             start = int(ends[-1]) if len(ends) else 0
             raise FormatError(path, start, "unterminated quoted field in the record starting here")
         return lines_index(ends, len(data), self.header_lines)
+
+
+FORMATS = (LinesFormat, CsvFormat,)
+"""The formats this module adds to the registry (`shufflefs.formats.MODULES`)."""

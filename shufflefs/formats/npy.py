@@ -77,6 +77,7 @@ def read_npy_header(data: np.ndarray, path: str) -> NpyHeader:
 
 class NpyFormat(Format):
     name = "npy"
+    extensions = {".npy": {}}
 
     def scan(self, data: np.ndarray, path: str, progress: Progress | None = None) -> RecordIndex:
         data = as_bytes(data)
@@ -126,3 +127,7 @@ def row_kind(header: bytes, path: str) -> tuple:
     """What rows of two arrays must share to be pooled: dtype, row shape and order."""
     h = read_npy_header(np.frombuffer(header, np.uint8), path)
     return (h.dtype.str if not h.dtype.names else h.dtype.descr, h.shape[1:], h.fortran_order, len(h.shape))
+
+
+FORMATS = (NpyFormat,)
+"""The formats this module adds to the registry (`shufflefs.formats.MODULES`)."""

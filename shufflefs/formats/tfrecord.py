@@ -41,6 +41,7 @@ class TFRecordFormat(Format):
     """
 
     name = "tfrecord"
+    extensions = {".tfrecord": {}, ".tfrecords": {}}
 
     def __init__(self, verify_data: bool = True) -> None:
         if not isinstance(verify_data, (bool, np.bool_)):
@@ -137,3 +138,7 @@ def check_frames(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path: 
         rid = int(ids[bad[0]])
         raise FormatError(path, int(index.bounds[rid]),
                           f"{what} in record {rid} (the file changed after it was indexed?)")
+
+
+FORMATS = (TFRecordFormat,)
+"""The formats this module adds to the registry (`shufflefs.formats.MODULES`)."""

@@ -9,9 +9,9 @@ from __future__ import annotations
 import importlib
 import re
 
-from .base import PlainFile, Reader, Runs, Source, Store
+from .base import PlainFile, Reader, Runs, Source, Store, index_by_scan
 
-__all__ = ["STORES", "PlainFile", "Reader", "Runs", "Source", "Store", "open_store", "scheme_of"]
+__all__ = ["STORES", "PlainFile", "Reader", "Runs", "Source", "Store", "index_by_scan", "open_store", "scheme_of"]
 
 STORES: dict[str, str] = {
     "": "shufflefs.sources.local:LocalStore",

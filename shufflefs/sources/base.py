@@ -122,3 +122,27 @@ class Store(Protocol):
         """The file's record index (cached in ``cache_dir`` by version)."""
 
     def statvfs(self) -> os.statvfs_result: ...
+
+
+def index_by_scan(store: Store, relpath: str, fmt: Format, cache_dir: str | os.PathLike) -> RecordIndex:
+    """`Store.index` for a store with no faster way: the file's bytes (``map``) scanned in this
+    process, the index cached by version like a local file's."""
+    from ..errors import StaleSourceError
+    from ..index import IndexCache, cache_key
+
+    path = store.path(relpath)
+    stamp = SourceStamp.of(store.stat(relpath, follow_last=True))
+    cache = IndexCache(cache_dir)
+    key = cache_key(path, stamp, fmt.name, fmt.params())
+    cached = cache.load(key, stamp)
+    if cached is not None:
+        return cached
+    scanned = fmt.scan(store.map(relpath, stamp), path)
+    if scanned.size != stamp.size:
+        raise StaleSourceError(path, None, f"read {scanned.size} bytes of a {stamp.size}-byte file")
+    index = RecordIndex(scanned.size, scanned.bounds, scanned.add_newline, stamp)
+    try:
+        cache.store(key, index)
+    except OSError:
+        pass  # only costs a scan next time
+    return index

@@ -29,16 +29,8 @@ STRATEGIES: dict[str, type[Plan]] = {
     )
 }
 
-STRATEGY_HELP: dict[str, str] = {
-    "none": "source order (no shuffle)",
-    "once": "one random permutation of all records, the same every epoch (Shuffle Once)",
-    "full": "a fresh random permutation of all records every epoch (LIRS, Epoch Shuffle)",
-    "lirs-page": "pages of page_size bytes permuted every epoch, records of a page kept together (LIRS page-aware)",
-    "block": "blocks permuted every epoch, records in source order inside blocks (Block-Only Shuffle)",
-    "corgipile": "blocks permuted, then buffer-sized groups of blocks shuffled record by record (CorgiPile)",
-    "window": "sliding window of buffer-sized record pool over the source order (tf.data shuffle)",
-    "pls": "each rank keeps a partition of blocks and trades a fraction (--exchange) of it before every epoch, then shuffles it (partial local shuffling)",
-}
+STRATEGY_HELP: dict[str, str] = {name: cls.help for name, cls in STRATEGIES.items()}
+"""One line per strategy for ``--help`` and the README (each class's ``help``)."""
 
 
 def check_spec(spec: ShuffleSpec) -> None:

@@ -89,6 +89,8 @@ class Plan(ABC):
     """
 
     name: ClassVar[str]
+    help: ClassVar[str] = ""
+    """One line for ``--help``: what the order is, and the published strategy it follows."""
 
     def __init__(self, index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int, world: int,
                  part: int = 0, parts: int = 1):

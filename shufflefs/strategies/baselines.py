@@ -17,6 +17,7 @@ class NoShufflePlan(UnitPlan):
     """
 
     name = "none"
+    help = "source order (no shuffle)"
     unit_label = "blocks"
 
     def describe(self) -> dict:
@@ -30,6 +31,7 @@ class ShuffleOncePlan(OrderPlan):
     """
 
     name = "once"
+    help = "one random permutation of all records, the same every epoch (Shuffle Once)"
 
     def record_order(self) -> np.ndarray:
         perm = permutation(rng(self.spec.seed, ONCE), self.index.n)

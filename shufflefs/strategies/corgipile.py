@@ -24,6 +24,7 @@ class BlockOnlyPlan(UnitPlan):
     """Blocks permuted each epoch; records in source order inside each block."""
 
     name = "block"
+    help = "blocks permuted every epoch, records in source order inside blocks (Block-Only Shuffle)"
     unit_label = "blocks"
 
     @property
@@ -45,6 +46,7 @@ class CorgiPilePlan(BlockOnlyPlan):
     """Block-Only plus a uniform shuffle of each window's records (keyed by rank and window)."""
 
     name = "corgipile"
+    help = "blocks permuted, then buffer-sized groups of blocks shuffled record by record (CorgiPile)"
 
     def arrange(self, k: int, ids: np.ndarray) -> np.ndarray:
         part = () if self.parts == 1 else (self.part, self.parts)

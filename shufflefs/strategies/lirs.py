@@ -18,6 +18,7 @@ class FullShufflePlan(OrderPlan):
     """
 
     name = "full"
+    help = "a fresh random permutation of all records every epoch (LIRS, Epoch Shuffle)"
 
     def record_order(self) -> np.ndarray:
         perm = permutation(rng(self.spec.seed, self.epoch, FULL), self.index.n)
@@ -35,6 +36,7 @@ class PageShufflePlan(UnitPlan):
     """
 
     name = "lirs-page"
+    help = "pages of page_size bytes permuted every epoch, records of a page kept together (LIRS page-aware)"
     unit_label = "pages"
 
     def unit_size(self) -> int:

@@ -56,6 +56,7 @@ class PartialLocalPlan(OrderPlan):
     """The rank's partition for the epoch, shuffled locally (a fresh uniform permutation)."""
 
     name = "pls"
+    help = "each rank keeps a partition of blocks and trades a fraction (--exchange) of it before every epoch, then shuffles it (partial local shuffling)"
 
     @functools.cached_property
     def exchange(self) -> Exchange:

@@ -75,6 +75,7 @@ class SlidingWindowPlan(OrderPlan):
     """
 
     name = "window"
+    help = "sliding window of buffer-sized record pool over the source order (tf.data shuffle)"
 
     @property
     def buffer_records(self) -> int:

@@ -1,0 +1,156 @@
+"""Level: mounted (real FUSE mounts, real readers).
+
+Mounted: source files changed under the mount (the change matrix).
+
+Each change (append, truncate, a same-size rewrite with the mtime set back, replace by rename,
+delete, rename away) meets a view in three states: open and being read, idle (read and closed
+before the change, opened again after it) and after a remount with the same index cache.  Every
+read must give bytes of exactly one version of the file (the old one before the change, else the
+new one after a fresh open) or an errno; never bytes of two versions, never an index of the
+old version over the new bytes.  The long version (``--stress``) runs every strategy.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import os
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+OLD = b"".join(b'{"id": %06d, "v": "old"}\n' % i for i in range(6000))
+STRATEGIES_SHORT = ["corgipile", "full"]
+STRATEGIES_LONG = ["none", "once", "full", "lirs-page", "block", "corgipile", "window"]
+ARGS = ["--block-size", "16KiB", "--buffer", "64KiB"]
+
+
+def records(data: bytes) -> collections.Counter:
+    return collections.Counter(data.splitlines(keepends=True))
+
+
+def rewrite_same_size_same_mtime(path: Path) -> bytes:
+    """New bytes of the same length, written in place, with the old mtime restored: only the
+    ctime tells (the same lines in another order, so every line still parses)."""
+    st = os.stat(path)
+    lines = path.read_bytes().splitlines(keepends=True)
+    new = b"".join(lines[1::2] + lines[0::2])
+    assert len(new) == st.st_size and new != path.read_bytes()
+    with open(path, "r+b") as f:
+        f.write(new)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == st.st_mtime_ns and os.stat(path).st_size == st.st_size
+    return new
+
+
+def append(path: Path) -> bytes:
+    with open(path, "ab") as f:
+        f.write(b'{"id": 999999, "v": "new"}\n')
+    return path.read_bytes()
+
+
+def truncate(path: Path) -> bytes:
+    data = path.read_bytes()
+    cut = data[: data.index(b"\n", len(data) // 2) + 1]
+    os.truncate(path, len(cut))
+    return cut
+
+
+def replace(path: Path) -> bytes:
+    new = OLD.replace(b"old", b"new")
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_bytes(new)
+    os.replace(tmp, path)
+    return new
+
+
+def delete(path: Path) -> None:
+    path.unlink()
+
+
+def rename_away(path: Path) -> None:
+    path.rename(path.with_name("moved.txt"))
+
+
+CHANGES: dict[str, Callable[[Path], bytes | None]] = {
+    "same-size-same-mtime": rewrite_same_size_same_mtime,
+    "append": append,
+    "truncate": truncate,
+    "replace": replace,
+    "delete": delete,
+    "rename-away": rename_away,
+}
+
+
+def read_all(path: Path) -> bytes | int:
+    """The whole file, or the errno that stopped the read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        return e.errno
+
+
+def strategies(stress: bool) -> list[str]:
+    return STRATEGIES_LONG if stress else STRATEGIES_SHORT
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_an_open_view_never_mixes_versions(mount, stress, change):
+    for strategy in strategies(stress):
+        m = mount({"a.jsonl": OLD}, "--strategy", strategy, *ARGS, name=f"open-{strategy}")
+        src = m.src / "a.jsonl"
+        fd = os.open(m.path("a.jsonl"), os.O_RDONLY)
+        try:
+            head = os.pread(fd, 20000, 0)
+            CHANGES[change](src)
+            got = head
+            failed = None
+            try:
+                while True:
+                    b = os.pread(fd, 1 << 16, len(got))
+                    if not b:
+                        break
+                    got += b
+            except OSError as e:
+                failed = e.errno
+        finally:
+            os.close(fd)
+        # the open view may finish with the old version's bytes only if they were all loaded
+        # before the change; every read after the change that needed the source is ESTALE
+        assert failed == errno.ESTALE, f"{strategy}/{change}: read on after the change ({len(got)} bytes)"
+        whole = got[: got.rfind(b"\n") + 1]  # the reads stopped inside a record
+        assert not records(whole) - records(OLD), f"{strategy}/{change}: bytes not of the old version"
+        stats = m.stats()
+        assert stats["errors"] >= 1
+        assert "a.jsonl" in m.stderr()
+        m.stop()
+
+
+@pytest.mark.parametrize("change", CHANGES)
+def test_an_idle_view_reopened_after_a_change_shows_one_version(mount, stress, change):
+    for strategy in strategies(stress):
+        m = mount({"a.jsonl": OLD}, "--strategy", strategy, *ARGS, name=f"idle-{strategy}")
+        src = m.src / "a.jsonl"
+        assert records(read_all(m.path("a.jsonl"))) == records(OLD)  # now idle, windows cached
+        new = CHANGES[change](src)
+        got = read_all(m.path("a.jsonl"))
+        if new is None:
+            assert got == errno.ENOENT
+        else:
+            assert isinstance(got, bytes), f"{strategy}/{change}: errno {got}"
+            assert records(got) == records(new), f"{strategy}/{change}: not the new version"
+        m.stop()
+
+
+@pytest.mark.parametrize("change", ["same-size-same-mtime", "append", "truncate", "replace"])
+def test_a_remount_with_the_same_cache_indexes_the_new_version(mount, change):
+    m = mount({"a.jsonl": OLD}, "--strategy", "corgipile", *ARGS, name="before")
+    assert records(read_all(m.path("a.jsonl"))) == records(OLD)  # the index is cached now
+    m.stop()
+    new = CHANGES[change](m.src / "a.jsonl")
+    again = mount(None, "--strategy", "corgipile", *ARGS, "--cache-dir", str(m.cache), src=m.src, name="after")
+    got = read_all(again.path("a.jsonl"))
+    assert isinstance(got, bytes), f"errno {got}"
+    assert records(got) == records(new)

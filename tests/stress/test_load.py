@@ -1,0 +1,106 @@
+"""Level: stress (a short run by default, the long one with ``--stress``).
+
+32 readers while the epoch flips every few milliseconds, all starting at once (most read the same
+epochs) or one after another (each reads its own epoch: 32 plans and windows wanted at once).
+Every whole read is exactly one epoch's permutation of the records (a handle keeps the epoch it
+opened with), no read fails, and the daemon's peak memory (VmHWM) stays within the documented
+bound: 16 bytes per record + 3 windows + 100 MiB (a window build's working memory counts as the
+spare window, or beyond it if it takes more than a window).
+``--stress`` runs longer and more strategies."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from shufflefs.formats import make_format, scan_file
+from shufflefs.strategies import ShuffleSpec, make_plan
+from shufflefs.view import window_work
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from bench.lines import numbered_lines, permutation_check  # noqa: E402
+
+N = 400_000
+DATA = numbered_lines(N, 6, 40)
+is_permutation = permutation_check(N, 6, 40)
+BUFFER = 8 << 20
+READERS = 32
+
+
+def test_the_permutation_check_catches_damage():
+    lines = DATA.splitlines(keepends=True)
+    assert is_permutation(b"".join(reversed(lines)))
+    bad = bytearray(b"".join(reversed(lines)))
+    bad[1000] ^= 1
+    assert not is_permutation(bytes(bad))
+    assert not is_permutation(b"".join(lines[1:] + lines[:1][:0] + lines[2:3]))
+
+
+def vm_hwm(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def runs(stress: bool) -> list[tuple[str, float]]:
+    """(strategy, ms between reader starts)."""
+    if stress:
+        return [(s, ms) for s in ("corgipile", "block", "none", "full", "window") for ms in (0.0, 20.0)]
+    return [("corgipile", 0.0), ("full", 20.0)]
+
+
+@pytest.mark.parametrize("which", range(10))
+def test_readers_during_epoch_flips_get_whole_epochs_within_the_memory_bound(mount, stress, which, tmp_path):
+    chosen = runs(stress)
+    if which >= len(chosen):
+        pytest.skip("long version only (--stress)")
+    strategy, stagger_ms = chosen[which]
+    m = mount({"a.jsonl": DATA}, "--strategy", strategy, "--buffer", str(BUFFER))
+    stop = time.monotonic() + (20 if stress else 3)
+    problems: list[str] = []
+    done = [0]
+
+    def flip() -> None:
+        e = 0
+        while time.monotonic() < stop:
+            e += 1
+            m.set_epoch(e % 1000)
+            time.sleep(0.003)
+
+    def reader(i: int) -> None:
+        time.sleep(i * stagger_ms / 1000)
+        while time.monotonic() < stop and not problems:
+            try:
+                with open(m.path("a.jsonl"), "rb") as f:
+                    got = f.read()
+            except OSError as e:
+                problems.append(f"read failed: {e}")
+                return
+            if not is_permutation(got):
+                problems.append("a whole read was not one permutation of the records")
+                return
+            done[0] += 1
+
+    threads = [threading.Thread(target=flip)] + [threading.Thread(target=reader, args=(i,)) for i in range(READERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not problems, problems[:3]
+    assert done[0] >= READERS
+    window = min(BUFFER, len(DATA))
+    copy = tmp_path / "bound"
+    copy.mkdir()
+    (copy / "a.jsonl").write_bytes(DATA)
+    index = scan_file(copy / "a.jsonl", make_format("lines"))
+    work = window_work(make_plan(index, ShuffleSpec(strategy=strategy, buffer=BUFFER), 0))
+    bound = 16 * N + 3 * window + max(0, work - window) + (100 << 20)
+    peak = vm_hwm(m.pid)
+    assert peak <= bound, f"{strategy} (readers {stagger_ms} ms apart): VmHWM {peak >> 20} MiB over the bound {bound >> 20} MiB"
