@@ -84,8 +84,9 @@ def attributes(node: Node, st: os.stat_result | None = None) -> pyfuse3.EntryAtt
         a.entry_timeout = 0
     else:
         a.st_size = len(os.fsencode(node.target)) if node.kind == LINK and node.target else st.st_size
-        a.st_blksize = st.st_blksize
-        a.st_blocks = st.st_blocks
+        # a store other than local files may leave these out (a stat_result of the first 10 fields)
+        a.st_blksize = st.st_blksize or VIEW_BLKSIZE
+        a.st_blocks = st.st_blocks if st.st_blocks is not None else (a.st_size + 511) // 512
         a.entry_timeout = META_TIMEOUT
     a.attr_timeout = META_TIMEOUT
     a.st_atime_ns = st.st_atime_ns

@@ -35,17 +35,38 @@ class _OpenHow(ctypes.Structure):
 _libc = ctypes.CDLL(None, use_errno=True)
 _have_openat2: bool | None = None
 _roots: dict[str, tuple[int, int]] = {}  # root path -> (descriptor, pid that opened it)
+_users: dict[str, int] = {}  # root path -> confine() calls not yet released
 _lock = threading.Lock()
 
 
 def confine(root: str | os.PathLike) -> None:
-    """From now on, paths under ``root`` (absolute, as the callers spell it) resolve beneath it."""
+    """From now on, paths under ``root`` (absolute, as the callers spell it) resolve beneath it,
+    until as many `release` calls as `confine` calls."""
     path = os.path.abspath(os.fspath(root))
     with _lock:
-        known = _roots.get(path)
-        if known is not None and known[1] == os.getpid():
+        _users[path] = _users.get(path, 0) + 1
+        _open_root(path)
+
+
+def _open_root(path: str) -> None:
+    known = _roots.get(path)
+    if known is not None and known[1] == os.getpid():
+        return
+    _roots[path] = (os.open(path, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), os.getpid())
+
+
+def release(root: str | os.PathLike) -> None:
+    """One user of ``root``'s confinement is done (a catalog shut down); the last one ends it."""
+    path = os.path.abspath(os.fspath(root))
+    with _lock:
+        left = _users.get(path, 0) - 1
+        if left > 0:
+            _users[path] = left
             return
-        _roots[path] = (os.open(path, O_PATH | os.O_DIRECTORY | os.O_CLOEXEC), os.getpid())
+        _users.pop(path, None)
+        known = _roots.pop(path, None)
+    if known is not None and known[1] == os.getpid():
+        os.close(known[0])
 
 
 def roots() -> list[str]:
@@ -55,11 +76,12 @@ def roots() -> list[str]:
 
 def _split(path: str) -> tuple[int, str] | None:
     """``(root descriptor, path relative to it)`` if ``path`` lies under a confined root."""
-    path = os.path.abspath(path)
-    for root, (fd, pid) in _roots.items():
+    path = os.path.abspath(os.fsdecode(path))
+    for root, (fd, pid) in list(_roots.items()):
         if path == root or path.startswith(root.rstrip(os.sep) + os.sep):
             if pid != os.getpid():  # inherited through fork: open our own
-                confine(root)
+                with _lock:
+                    _open_root(root)
                 fd = _roots[root][0]
             return fd, os.path.relpath(path, root)
     return None

@@ -52,7 +52,7 @@ def _check_strategy(spec: ShuffleSpec, parser: argparse.ArgumentParser) -> None:
         parser.error(f"strategy {spec.strategy!r}: {e}")
 
 
-def _stage_dir(given: Path | None, spec: ShuffleSpec, src: Path, mnt: Path,
+def _stage_dir(given: Path | None, spec: ShuffleSpec, src: Path | str, mnt: Path,
                parser: argparse.ArgumentParser) -> Path | None:
     """``--stage-dir``, checked: pls only, outside the source and the mount, writable."""
     if given is None:
@@ -65,7 +65,7 @@ def _stage_dir(given: Path | None, spec: ShuffleSpec, src: Path, mnt: Path,
         parser.error("--stage-dir needs the compiled gather module (shufflefs/_gather.c); reinstall shufflefs")
     real = Path(os.path.realpath(given))
     for inside, what in ((src, "the source, which is never written"), (mnt, "the mount point")):
-        if real == inside or _inside(str(real), str(inside)):
+        if isinstance(inside, Path) and (real == inside or _inside(str(real), str(inside))):
             parser.error(f"stage directory {str(given)!r} is inside {what}")
     _check_writable_dir(real, "stage directory", parser)
     return real
@@ -95,7 +95,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     _check_writable_dir(cache_dir, "cache directory", parser)
     if v["log_file"] is not None:
         log = v["log_file"]
-        if _inside(str(log), str(mnt)) or _inside(str(log), str(src)):
+        if _inside(str(log), str(mnt)) or (not remote and _inside(str(log), str(src))):
             parser.error(f"log file {str(log)!r} must be outside the source and the mount point")
         try:
             with open(log, "a"):

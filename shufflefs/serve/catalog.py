@@ -24,7 +24,7 @@ from ..errors import ShuffleError, StaleSourceError
 from ..pool_table import PoolTable
 from ..prefetch import SharedTasks, WindowCache
 from ..index import SourceStamp
-from ..sources import open_store
+from ..sources import Store, open_store
 from ..stats import Stats
 from .epochs import Epochs
 from .nodes import DIR, FILE, LINK, ROOT, VIEW, Handle, Node, Probe, Reply
@@ -45,10 +45,11 @@ because a view inode's bytes never change; every other view uses direct_io (fast
 class Catalog:
     """Call `start` with a nursery before serving requests."""
 
-    def __init__(self, config: MountConfig) -> None:
+    def __init__(self, config: MountConfig, store: Store | None = None) -> None:
+        """``store``: the source tree (default: the store of ``config.source``'s scheme)."""
         self.config = config
         self.spec = config.spec
-        self.store = open_store(os.fspath(config.source))
+        self.store = store if store is not None else open_store(os.fspath(config.source))
         self.source = self.store.root
         self.mountpoint = os.path.abspath(os.fspath(config.mountpoint))
         self.stats = Stats()
@@ -86,6 +87,7 @@ class Catalog:
         self.windows.clear()
         if self.views.stages is not None:
             self.views.stages.close()
+        self.store.close()
 
     def fail(self, what: str, relpath: str, epoch: int, offset: int | None, e: BaseException) -> Reply:
         """Log and count an error a reader will see, and turn it into the errno it gets."""

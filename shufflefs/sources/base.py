@@ -101,7 +101,9 @@ class Store(Protocol):
         """The name of a file in logs and errors (for local files, the path itself)."""
 
     def stat(self, relpath: str, follow_last: bool = False) -> os.stat_result:
-        """Attributes of an entry: a directory, a regular file or a symbolic link."""
+        """Attributes of an entry: a directory, a regular file or a symbolic link.  The mount
+        shows mode, size, owner, times (``st_*_ns``); ``st_ino`` and ``st_ctime_ns`` are part of a
+        file's version (`index.SourceStamp`); block counts may be missing."""
 
     def list(self, relpath: str) -> list[str]:
         """The names in a directory."""
@@ -122,6 +124,9 @@ class Store(Protocol):
         """The file's record index (cached in ``cache_dir`` by version)."""
 
     def statvfs(self) -> os.statvfs_result: ...
+
+    def close(self) -> None:
+        """The mount ended (nothing is read through the store after this)."""
 
 
 def index_by_scan(store: Store, relpath: str, fmt: Format, cache_dir: str | os.PathLike) -> RecordIndex:

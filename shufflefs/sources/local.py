@@ -200,3 +200,6 @@ class LocalStore:
 
     def statvfs(self) -> os.statvfs_result:
         return os.statvfs(self.root)
+
+    def close(self) -> None:
+        resolve.release(self.root)

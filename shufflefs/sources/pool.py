@@ -32,8 +32,9 @@ class PoolSource:
             self._close()
             raise
         # members without descriptors (remote): the pool has none either (see `Source.place`)
-        self.fds = np.array([getattr(f, "fd", -1) for f in self.files], np.int64)
-        self._placed = bool(len(self.fds)) and bool((self.fds >= 0).all())
+        none = np.zeros(0, np.int64)
+        self._placed = all(f.place(index, none, none) is not None for f in self.files)
+        self.fds = np.array([f.fd if self._placed else -1 for f in self.files], np.int64)
         self._by_fd = {f.fd: m for m, f in enumerate(self.files)}
 
     @property

@@ -23,6 +23,8 @@ from shufflefs.layout import render
 from shufflefs.serve import xattrs
 from shufflefs.serve.catalog import Catalog
 from shufflefs.serve.nodes import ROOT, VIEW, Node, Reply
+from shufflefs.sources import index_by_scan
+from shufflefs.sources.local import LocalStore, SourceFile
 from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan
 
 SPEC = dict(seed=5, block_size=4096, buffer=16384)
@@ -39,13 +41,13 @@ def reference(path: Path, spec: ShuffleSpec, epoch: int, rank: int = 0, world: i
     return render(index, make_plan(index, spec, epoch, rank, world, part, parts), path.read_bytes())
 
 
-def run(src: Path, tmp: Path, body: Callable[[Catalog], Awaitable[Any]], **config: Any) -> Any:
+def run(src: Path, tmp: Path, body: Callable[[Catalog], Awaitable[Any]], store: Any = None, **config: Any) -> Any:
     """``body(catalog)`` with the catalog started in a nursery, then shut down."""
     strategy = config.pop("strategy", "corgipile")
     cfg = MountConfig(src, tmp / "mnt", spec=ShuffleSpec(strategy=strategy, **SPEC), cache_dir=tmp / "cache", **config)
 
     async def main() -> Any:
-        cat = Catalog(cfg)
+        cat = Catalog(cfg, store)
         try:
             async with trio.open_nursery() as nursery:
                 cat.start(nursery)
@@ -207,3 +209,58 @@ def test_refusals(src: Path, tmp_path: Path) -> None:
         assert names == ["a.jsonl", "notes.md", "sub"]
 
     run(src, tmp_path, body)
+
+
+class RemoteLike(LocalStore):
+    """The local tree seen the way a store without file descriptors (object storage) shows it:
+    sources that only read runs of bytes, stats without block counts, indexes by `index_by_scan`."""
+
+    opened = 0
+
+    class Source:
+        local_fd = -1
+
+        def __init__(self, inner: SourceFile) -> None:
+            self.inner = inner
+
+        def place(self, index: Any, first: Any, count: Any) -> None:
+            return None
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    def open(self, relpath: str, stamp: Any) -> Any:
+        RemoteLike.opened += 1
+        return RemoteLike.Source(super().open(relpath, stamp))
+
+    def stat(self, relpath: str, follow_last: bool = False) -> os.stat_result:
+        st = super().stat(relpath, follow_last)
+        return os.stat_result(tuple(st)[:10], {"st_atime_ns": st.st_atime_ns, "st_mtime_ns": st.st_mtime_ns,
+                                               "st_ctime_ns": st.st_ctime_ns})
+
+    def index(self, relpath: str, fmt: Any, cache_dir: Any) -> Any:
+        return index_by_scan(self, relpath, fmt, cache_dir)
+
+
+@pytest.mark.parametrize("strategy", ["corgipile", "full"])
+def test_a_store_without_descriptors_serves_the_same_bytes(src: Path, tmp_path: Path, strategy: str) -> None:
+    """Windows of a source without descriptors are built from its ``read_runs`` (single files and
+    pools of shards), byte for byte the views of the same files read locally."""
+    for i in range(3):
+        (src / f"shard-{i:05d}-of-00003.jsonl").write_bytes(jsonl(700 + 50 * i, 10 + i))
+    names = ["a.jsonl", "sub/b.jsonl"] + [f"shard-{i:05d}-of-00003.jsonl" for i in range(3)]
+
+    async def body(cat: Catalog) -> list[bytes]:
+        nodes = [await lookup(cat, n) for n in names]
+        assert [n.pool is not None for n in nodes] == [False, False, True, True, True]
+        return [await read_all(cat, n) for n in nodes]
+
+    local = run(src, tmp_path / "local", body, strategy=strategy)
+    RemoteLike.opened = 0
+    remote = run(src, tmp_path / "remote", body, store=RemoteLike(str(src)), strategy=strategy)
+    assert RemoteLike.opened >= len(names)
+    assert remote == local
+    assert remote[0] == reference(src / "a.jsonl", ShuffleSpec(strategy=strategy, **SPEC), 0)
+    shards = b"".join(remote[2:])
+    want = b"".join((src / n).read_bytes() for n in names[2:])
+    assert sorted(shards.splitlines()) == sorted(want.splitlines()) and shards != want

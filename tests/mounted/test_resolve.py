@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+from typing import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from shufflefs import resolve
 
 
 @pytest.fixture
-def tree(tmp_path: Path) -> Path:
+def tree(tmp_path: Path) -> Iterator[Path]:
     root = tmp_path / "root"
     (root / "d").mkdir(parents=True)
     (root / "d" / "f.txt").write_bytes(b"inside\n")
@@ -25,7 +26,8 @@ def tree(tmp_path: Path) -> Path:
     (root / "link").symlink_to(outside)
     (root / "flink.txt").symlink_to(root / "d" / "f.txt")
     resolve.confine(root)
-    return root
+    yield root
+    resolve.release(root)
 
 
 @pytest.mark.parametrize("walk", [False, True], ids=["openat2", "per-component"])
@@ -47,6 +49,23 @@ def test_links_on_the_way_are_eloop_and_plain_paths_open(tree, walk, monkeypatch
     with pytest.raises(OSError):
         resolve.list_dir(tree / "link")
     assert resolve.readlink_beneath(tree / "flink.txt") == str(tree / "d" / "f.txt")
+
+
+def test_bytes_paths_resolve_the_same_and_release_ends_confinement(tree, tmp_path):
+    fd = resolve.open_path(os.fsencode(tree / "d" / "f.txt"))
+    assert os.read(fd, 100) == b"inside\n"
+    os.close(fd)
+    with pytest.raises(OSError) as e:
+        resolve.open_path(os.fsencode(tree / "flink.txt"))
+    assert e.value.errno == errno.ELOOP
+    resolve.confine(tree)  # a second user (two catalogs of one tree)
+    resolve.release(tree)
+    with pytest.raises(OSError):
+        resolve.open_path(tree / "flink.txt")  # still confined: one user left
+    resolve.release(tree)
+    fd = resolve.open_path(tree / "flink.txt")  # no longer confined: links are followed as usual
+    os.close(fd)
+    resolve.confine(tree)  # for the fixture's release
 
 
 def test_a_swapped_directory_is_not_followed(tree):

@@ -45,6 +45,16 @@ def test_nonsense_options_are_usage_errors(tmp_path, args, message):
     assert message in r.stderr
 
 
+def test_an_unknown_source_scheme_is_a_usage_error(tmp_path):
+    (tmp_path / "mnt").mkdir()
+    log = tmp_path / "log"
+    r = run("mount", "nosuch://bucket/prefix", str(tmp_path / "mnt"), "--cache-dir", str(tmp_path / "c"),
+            "--log-file", str(log))
+    assert r.returncode == 2, r.stderr
+    assert "unknown scheme nosuch://" in r.stderr and "Traceback" not in r.stderr
+    assert not os.listdir(tmp_path / "mnt")
+
+
 @pytest.mark.parametrize("args,message", BAD[:8], ids=[" ".join(a) for a, _ in BAD[:8]])
 def test_nonsense_in_a_config_file_is_a_usage_error(tmp_path, args, message):
     (tmp_path / "src").mkdir()
