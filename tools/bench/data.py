@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 LINES_NAME = "lines.jsonl"
 FIXED_NAME = "fixed.bin"
@@ -19,12 +20,17 @@ FIXED_RECORD = 3072
 CHUNK = 32 << 20
 
 
+def _bar(path: Path, total: int) -> tqdm:
+    """Bytes written so far (on a terminal only: logs of a run stay free of bar redraws)."""
+    return tqdm(total=total, unit="B", unit_scale=True, desc=f"generating {path.name}", disable=None, leave=False)
+
+
 def make_lines(path: Path, size: int, seed: int = 0) -> None:
     """JSONL records of 800..1250 bytes (about 1 KiB), at least ``size`` bytes in total."""
     rnd = np.random.default_rng(seed)
     letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", np.uint8)
     written, i = 0, 0
-    with open(path, "wb") as f:
+    with open(path, "wb") as f, _bar(path, size) as bar:
         while written < size:
             pads = rnd.integers(760, 1210, 4096)
             text = letters[rnd.integers(0, len(letters), int(pads.sum()))].tobytes()
@@ -35,6 +41,7 @@ def make_lines(path: Path, size: int, seed: int = 0) -> None:
             chunk = b"".join(parts)
             f.write(chunk)
             written += len(chunk)
+            bar.update(len(chunk))
             i += len(pads)
 
 
@@ -43,12 +50,13 @@ def make_fixed(path: Path, size: int, record_size: int = FIXED_RECORD, seed: int
     rnd = np.random.default_rng(seed)
     n = max(1, -(-size // record_size))
     per_chunk = max(1, CHUNK // record_size)
-    with open(path, "wb") as f:
+    with open(path, "wb") as f, _bar(path, n * record_size) as bar:
         for first in range(0, n, per_chunk):
             m = min(per_chunk, n - first)
             rec = np.frombuffer(rnd.bytes(m * record_size), np.uint8).reshape(m, record_size).copy()
             rec[:, :8] = np.arange(first, first + m, dtype="<u8").view(np.uint8).reshape(m, 8)
             f.write(rec.tobytes())
+            bar.update(m * record_size)
 
 
 def make_short_lines(path: Path, n: int, width: int = 9) -> None:
