@@ -1,6 +1,7 @@
 """One label per record, read from where the dataset keeps it, for the label-mix metric and plots.
 
-A label can be a JSON Lines field, a CSV/TSV column (by header name or 0-based index), a byte of a
+A label can be a JSON Lines field (for tar shards: the member with that suffix, e.g. ``cls``), a
+CSV/TSV column (by header name or 0-based index), a byte of a
 fixed-size record, or an ``.npy`` column (an index along axis 1, or a field of a structured
 dtype).  Values of any type are mapped to the ints 0..L-1 in sorted order, so digits 0-9 keep
 their numbers and strings sort alphabetically.  A record without its label raises `FormatError`
@@ -203,11 +204,35 @@ def npy_column(index: RecordIndex, data: np.ndarray, column: str | int, path: st
     return arr[:, j]
 
 
+def tar_member(index: RecordIndex, data: np.ndarray, suffix: str, path: str = "") -> list[Any]:
+    """The content of each sample's ``<key>.<suffix>`` member (a WebDataset ``.cls``, ``.txt``...),
+    as an int where it reads as one: one pass of `tarfile` over the archive."""
+    import io
+    import tarfile
+
+    values: list[Any] = [None] * index.n
+    end = "." + suffix.lstrip(".")
+    with tarfile.open(fileobj=io.BytesIO(memoryview(data)), mode="r:") as t:
+        for m in t:
+            if not m.isreg() or not m.name.endswith(end) or "." in m.name.rsplit("/", 1)[-1][: -len(end)]:
+                continue
+            i = int(np.searchsorted(index.bounds, m.offset, side="right")) - 1
+            if 0 <= i < index.n:
+                text = t.extractfile(m).read().decode("utf-8", "replace").strip()
+                values[i] = int(text) if text.lstrip("-").isdigit() else text
+    missing = [i for i, v in enumerate(values) if v is None]
+    if missing:
+        raise FormatError(path, int(index.bounds[missing[0]]), f"sample has no .{suffix.lstrip('.')} member")
+    return values
+
+
 def extract_labels(index: RecordIndex, fmt_name: str, data: np.ndarray, source: LabelSource, path: str = "") -> Labels:
     """The label of every record of a file of format ``fmt_name`` (a `shufflefs.formats` name)."""
     data = np.asarray(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
     if source.kind == BYTE:
         values: Any = record_byte(index, data, int(source.key), path)
+    elif source.kind == FIELD and fmt_name == "tar":
+        values = tar_member(index, data, str(source.key), path)
     elif source.kind == FIELD:
         if fmt_name != "lines":
             raise ValueError(f"{path}: --label-field reads JSON Lines; this file's format is {fmt_name!r}")

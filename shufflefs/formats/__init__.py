@@ -51,6 +51,7 @@ MODULES = (
     "fixed",
     "npy",
     "tfrecord",
+    "tar",
 )
 """The format registry: modules of this package, each listing its formats in ``FORMATS``.  A new
 format is one module and one line here."""

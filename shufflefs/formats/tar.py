@@ -1,0 +1,283 @@
+"""Tar archives as WebDataset shards: a record is one sample, the consecutive members whose names
+share a key (the path up to the first dot of the basename, as ``webdataset`` groups them).
+
+A sample moves byte for byte: every member's 512-byte header, the GNU long-name (``././@LongLink``)
+and pax headers in front of it, its data and the padding to 512 bytes.  Members without a key
+(directories, links, names without a dot, global pax headers) travel with the sample that follows
+them; those before the first keyed member stay first, with anything else before it (the header of
+the view), and the end-of-archive blocks and the padding after them stay last.  So every view is
+a valid tar of the same members.
+
+The scan is vectorised over 512-byte blocks: every block whose magic reads ``ustar`` and whose
+checksum holds is a candidate header, each candidate's successor (the block after its data) is
+computed at once, and the chain of real headers from block 0 is found by pointer doubling (about
+20 numpy passes, whatever the member count), so blocks of member data that happen to look like
+headers (a tar inside a tar) are never taken for members.  Names are read as fixed-width rows
+(``prefix/name`` of ustar headers, GNU long names); only pax headers, which writers emit for
+names over 100 bytes or not in ASCII, are parsed one at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import FormatError
+from ..index import RecordIndex
+from .base import Format, Progress, as_bytes
+
+BLOCK = 512
+REGULAR = frozenset(b"07\0")
+"""Type flags of members whose data follows the header (regular and contiguous files)."""
+META = frozenset(b"LKx")
+"""GNU long name, GNU long link target, pax extended header: they describe the next member."""
+EXTENDED = frozenset(b"g")
+"""A global pax header: applies to the members after it (travels with the next sample)."""
+NO_DATA = frozenset(b"123456")
+"""Links, devices, directories and FIFOs: no data blocks, whatever their size field says (as
+``tarfile`` reads them)."""
+NAME_ROWS = 1 << 16
+"""Members whose names are assembled at once (bounds the temporary matrices)."""
+
+
+def _octal(fields: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Octal numbers of fixed-width header fields (leading spaces or zeros, ended by NUL or
+    space): ``(values, ok)``; a loop over the columns, vectorised over the rows."""
+    n, width = fields.shape
+    value = np.zeros(n, np.int64)
+    started = np.zeros(n, bool)
+    ended = np.zeros(n, bool)
+    ok = np.ones(n, bool)
+    for j in range(width):
+        c = fields[:, j]
+        digit = (c >= 0x30) & (c <= 0x37)
+        stop = (c == 0) | (c == 0x20)
+        take = digit & ~ended
+        value = np.where(take, value * 8 + (c.astype(np.int64) - 0x30), value)
+        ok &= ended | digit | stop
+        ended |= stop & started
+        started |= take
+    return value, ok & started
+
+
+def _sizes(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Size fields: octal, or big-endian base-256 (first byte 0x80) for sizes of 8 GiB and more."""
+    value, ok = _octal(sizes)
+    b256 = sizes[:, 0] == 0x80
+    if b256.any():
+        rows = sizes[b256]
+        fits = (rows[:, 1:4] == 0).all(axis=1) & (rows[:, 4] < 0x80)
+        big = rows[:, 4:12].copy().view(">u8").ravel().astype(np.int64)
+        value[b256] = np.where(fits, big, -1)
+        ok[b256] = fits
+    return value, ok
+
+
+def _candidates(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Block numbers that hold a ustar header with a valid checksum, and which fail only the
+    checksum (for a precise error)."""
+    magic = (blocks[:, 257] == 0x75) & (blocks[:, 258] == 0x73) & (blocks[:, 259] == 0x74) \
+        & (blocks[:, 260] == 0x61) & (blocks[:, 261] == 0x72)
+    at = np.flatnonzero(magic)
+    rows = blocks[at]
+    stored, ok = _octal(rows[:, 148:156])
+    field = rows[:, 148:156]
+    unsigned = rows.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 0x20
+    signed = rows.view(np.int8).sum(axis=1, dtype=np.int64) - field.view(np.int8).sum(axis=1, dtype=np.int64) + 8 * 0x20
+    good = ok & ((stored == unsigned) | (stored == signed))
+    return at[good], at[~good]
+
+
+def _chain(succ: np.ndarray) -> np.ndarray:
+    """Indices reachable from 0 along ``succ`` (-1: none), ascending, by pointer doubling: with
+    ``jump`` = succ applied 2**k times, the nodes reached so far are those at distances below 2**k,
+    and ``jump`` of them adds the next 2**k; done once no node has a successor 2**k steps on."""
+    on = np.zeros(len(succ), bool)
+    on[0] = True
+    jump = succ.astype(np.int64)
+    while True:
+        reach = jump[on]
+        on[reach[reach >= 0]] = True
+        live = jump >= 0
+        nxt = np.full(len(succ), -1, np.int64)
+        nxt[live] = jump[jump[live]]
+        if not (nxt >= 0).any():
+            return np.flatnonzero(on)
+        jump = nxt
+
+
+def _pax_path(data: bytes) -> bytes | None:
+    """The ``path`` record of a pax extended header ("<length> <key>=<value>\\n" records)."""
+    pos, path = 0, None
+    while pos < len(data):
+        sp = data.find(b" ", pos)
+        if sp < 0:
+            break
+        try:
+            length = int(data[pos:sp])
+        except ValueError:
+            break
+        if length <= 0:
+            break
+        rec = data[sp + 1: pos + length - 1]
+        key, _, value = rec.partition(b"=")
+        if key == b"path":
+            path = value
+        pos += length
+    return path
+
+
+def _names(data: np.ndarray, blocks: np.ndarray, heads: np.ndarray, override: dict[int, bytes],
+           width: int) -> np.ndarray:
+    """Full names of the members at header blocks ``heads`` as rows of ``width`` bytes (NUL
+    padded): ustar ``prefix/name``, or a long name from the member's meta headers."""
+    rows = blocks[heads]
+    name, prefix = rows[:, :100], rows[:, 345:500]
+    posix = rows[:, 262] == 0  # "ustar\0" (POSIX, has a prefix) vs "ustar  \0" (GNU)
+    nlen = np.where((name == 0).any(axis=1), (name == 0).argmax(axis=1), 100)
+    plen = np.where(posix, np.where((prefix == 0).any(axis=1), (prefix == 0).argmax(axis=1), 155), 0)
+    j = np.arange(width, dtype=np.int64)[None, :]
+    p = plen[:, None]
+    k = j - np.where(p > 0, p + 1, 0)  # where the name starts after "prefix/"
+    out = np.where(j < p, np.take_along_axis(prefix, np.minimum(j, 154), axis=1), 0).astype(np.uint8)
+    out[(j == p) & (p > 0)] = 0x2F
+    take_name = (k >= 0) & (k < nlen[:, None])
+    out[take_name] = np.take_along_axis(name, np.clip(k, 0, 99), axis=1)[take_name]
+    for i, full in override.items():
+        out[i] = 0
+        out[i, :len(full)] = np.frombuffer(full[:width], np.uint8)
+    return out
+
+
+def _keys(names: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each name's key (the name up to the first dot of its basename, NUL padded) and whether it
+    has one (as ``webdataset``'s ``base_plus_ext``: a dot with something before it in the
+    basename; none for a name that ends in a slash)."""
+    n, width = names.shape
+    col = np.arange(width)[None, :]
+    length = np.where((names == 0).any(axis=1), (names == 0).argmax(axis=1), width)
+    slash = np.where(names == 0x2F, col, -1).max(axis=1)
+    base = slash + 1
+    dot_after = (names == 0x2E) & (col > base[:, None]) & (col < length[:, None])
+    has_dot = dot_after.any(axis=1)
+    dot = np.where(has_dot, dot_after.argmax(axis=1), length)
+    # the basename must not start with a dot (`[^.]+` before the first dot)
+    first = names[np.arange(n), np.minimum(base, width - 1)]
+    keyed = has_dot & (base < length) & (first != 0x2E)
+    keys = np.where(col < dot[:, None], names, 0).astype(np.uint8)
+    return keys, keyed
+
+
+class TarFormat(Format):
+    """WebDataset shards (``.tar``): a record is one sample, moved with all its tar headers."""
+
+    name = "tar"
+    extensions = {".tar": {}}
+
+    def scan(self, data: np.ndarray, path: str, progress: Progress | None = None) -> RecordIndex:
+        data = as_bytes(data)
+        size = len(data)
+        if size == 0:
+            return RecordIndex(0, np.zeros(1, np.int64))
+        nb = size // BLOCK
+        if size % BLOCK:
+            raise FormatError(path, nb * BLOCK, f"{size % BLOCK} bytes after the last whole 512-byte block: "
+                              "not a tar archive, or a truncated one")
+        blocks = data.reshape(nb, BLOCK)
+        cand, bad_sum = _candidates(blocks)
+        if progress is not None:
+            progress(size)
+        if not len(cand) or cand[0] != 0:
+            if not blocks[0].any():  # an empty archive: end-of-archive blocks only
+                return RecordIndex(size, np.zeros(1, np.int64))
+            self._no_header(path, 0, bad_sum)
+        rows = blocks[cand]
+        typeflag = rows[:, 156]
+        sizes, ok = _sizes(rows[:, 124:136])
+        if not ok.all():
+            i = int(np.flatnonzero(~ok)[0])
+            raise FormatError(path, int(cand[i]) * BLOCK, "member size field is not a number")
+        has_data = ~np.isin(typeflag, np.frombuffer(bytes(NO_DATA), np.uint8))
+        sparse = typeflag == ord("S")
+        nxt = cand + 1 + np.where(has_data, -(-sizes // BLOCK), 0)
+        where = np.searchsorted(cand, nxt)
+        hit = (where < len(cand)) & (cand[np.minimum(where, len(cand) - 1)] == nxt)
+        chain = _chain(np.where(hit, where, -1))
+        heads = cand[chain]
+        last = int(chain[-1])
+        end = int(nxt[last])
+        if end > nb:
+            raise FormatError(path, int(cand[last]) * BLOCK, f"member data runs {(end - nb) * BLOCK} bytes past "
+                              "the end of the file (truncated archive)")
+        if end < nb and blocks[end].any():
+            self._no_header(path, end, bad_sum)
+        if sparse[chain].any():
+            i = int(heads[np.flatnonzero(sparse[chain])[0]])
+            raise FormatError(path, i * BLOCK, "GNU sparse members are not supported")
+        return self._samples(path, size, data, blocks, heads, typeflag[chain], sizes[chain], end)
+
+    @staticmethod
+    def _no_header(path: str, block: int, bad_sum: np.ndarray) -> None:
+        why = "bad header checksum" if np.isin(block, bad_sum) else "no tar header where one must start"
+        raise FormatError(path, block * BLOCK, why)
+
+    def _samples(self, path: str, size: int, data: np.ndarray, blocks: np.ndarray, heads: np.ndarray,
+                 typeflag: np.ndarray, sizes: np.ndarray, end: int) -> RecordIndex:
+        meta = np.isin(typeflag, np.frombuffer(bytes(META), np.uint8))
+        if meta[-1]:
+            raise FormatError(path, int(heads[-1]) * BLOCK, "an extended header with no member after it")
+        members = np.flatnonzero(~meta)
+        # each member's first header: its meta headers run back to the previous member
+        first = np.concatenate(([0], members[:-1] + 1))
+        override: dict[int, bytes] = {}
+        for i in np.flatnonzero(meta).tolist():  # long names: only members that have them
+            owner = int(np.searchsorted(members, i))
+            start = (int(heads[i]) + 1) * BLOCK
+            body = data[start: start + int(sizes[i])].tobytes()
+            flag = int(typeflag[i])
+            if flag == ord("L"):
+                override[owner] = body.split(b"\0", 1)[0]
+            elif flag == ord("x"):
+                long = _pax_path(body)
+                if long is not None:
+                    override[owner] = long
+        width = max([100 + 1 + 155] + [len(v) for v in override.values()])
+        head_rows = heads[members]
+        keys = np.zeros((len(members), width), np.uint8)
+        keyed = np.zeros(len(members), bool)
+        for lo in range(0, len(members), NAME_ROWS):
+            part = {i - lo: v for i, v in override.items() if lo <= i < lo + NAME_ROWS}
+            names = _names(data, blocks, head_rows[lo: lo + NAME_ROWS], part, width)
+            keys[lo: lo + NAME_ROWS], keyed[lo: lo + NAME_ROWS] = _keys(names)
+        keyed &= np.isin(typeflag[members], np.frombuffer(bytes(REGULAR), np.uint8))
+        starts = heads[first] * BLOCK  # byte offset where each member's headers begin
+        if not keyed.any():
+            return RecordIndex(size, np.array([end * BLOCK], np.int64))
+        kidx = np.flatnonzero(keyed)
+        kk = keys[kidx]
+        new = np.concatenate(([True], (kk[1:] != kk[:-1]).any(axis=1)))
+        run_first = kidx[new]  # member index of each sample's first keyed member
+        # a sample starts at its first keyed member, or at the keyless members just before it
+        # (those after the previous sample's last keyed member); leading keyless ones are header
+        prev_keyed_end = np.concatenate(([run_first[0]], kidx[np.flatnonzero(new)[1:] - 1] + 1))
+        sample_first = prev_keyed_end
+        bounds = np.concatenate((starts[sample_first], [end * BLOCK])).astype(np.int64)
+        self._check_adjacent(path, kk[new], bounds)
+        return RecordIndex(size, bounds)
+
+    @staticmethod
+    def _check_adjacent(path: str, run_keys: np.ndarray, bounds: np.ndarray) -> None:
+        """Every key names one run of members: a key seen again later is a split sample."""
+        if len(run_keys) < 2:
+            return
+        rows = np.ascontiguousarray(run_keys).view(np.dtype((np.void, run_keys.shape[1]))).ravel()
+        order = np.argsort(rows, kind="stable")
+        dup = np.flatnonzero(rows[order][1:] == rows[order][:-1])
+        if len(dup):
+            a, b = sorted((int(order[dup[0]]), int(order[dup[0] + 1])))
+            key = run_keys[b].tobytes().rstrip(b"\0").decode("utf-8", "replace")
+            raise FormatError(path, int(bounds[b]), f"sample {key!r} is split: its members are not adjacent "
+                              f"(also at offset {int(bounds[a])}); webdataset would read it as two samples")
+
+
+FORMATS = (TarFormat,)
+"""The formats this module adds to the registry (`shufflefs.formats.MODULES`)."""
