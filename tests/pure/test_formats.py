@@ -557,7 +557,8 @@ def test_rules_first_match_wins() -> None:
 
 
 def test_make_format_errors() -> None:
-    assert set(FORMATS) == {"lines", "csv", "fixed", "npy", "tfrecord"}
+    # every registered format has its scan tested here or in test_tar_scan.py: a new one must be added
+    assert set(FORMATS) == {"lines", "csv", "fixed", "npy", "tfrecord", "tar"}
     with pytest.raises(ValueError, match="unknown format 'parquet'"):
         make_format("parquet", {})
     with pytest.raises(ValueError, match="no parameter 'record_size'"):

@@ -13,6 +13,7 @@ import io
 import os
 import struct
 import subprocess
+import tarfile
 import tempfile
 from pathlib import Path
 
@@ -35,8 +36,16 @@ def sources(seed: int) -> dict[str, bytes]:
     np.save(buf, np.arange(900, dtype=np.int32).reshape(300, 3))
     frames = b"".join(encode_frame(b"p%d" % i * int(rng.integers(1, 9))) for i in range(300))
     fixed = bytes(range(HEADER)) + rng.integers(0, 256, 400 * RECORD, dtype=np.uint8).tobytes()
+    shards = io.BytesIO()
+    with tarfile.open(fileobj=shards, mode="w", format=tarfile.GNU_FORMAT) as t:
+        for i in range(120):
+            for suffix in ("jpg", "cls"):
+                data = b"%d" % i * int(rng.integers(0, 90)) if suffix == "jpg" else b"%d" % (i % 3)
+                info = tarfile.TarInfo(f"{'k' * (i % 2) * 120}/{i:05d}.{suffix}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
     return {"a.jsonl": lines, "b.csv": csv, "c.npy": buf.getvalue(), "d.tfrecord": frames, "e.bin": fixed,
-            "f.tsv": b"h\tk\n" + lines.replace(b", ", b"\t")}
+            "f.tsv": b"h\tk\n" + lines.replace(b", ", b"\t"), "g.tar": shards.getvalue()}
 
 
 damage = st.one_of(
@@ -91,6 +100,15 @@ def tfrecord_records(data: bytes) -> list[bytes] | None:
     return out
 
 
+def tar_members(data: bytes) -> list[tuple[str, bytes]] | None:
+    """The regular members as ``tarfile`` reads them, or None if it cannot."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as t:
+            return [(m.name, t.extractfile(m).read()) for m in t.getmembers() if m.isreg()]
+    except (tarfile.TarError, OSError, EOFError):
+        return None
+
+
 def view_ok(name: str, source: bytes, view: bytes, share: bool) -> bool:
     """Whether ``view`` is a correct view (a rank's share if ``share``) of ``source``."""
     def same(got: list[bytes], want: list[bytes]) -> bool:
@@ -104,6 +122,11 @@ def view_ok(name: str, source: bytes, view: bytes, share: bool) -> bool:
         return vh == sh and same(vr, sr)
     if name.endswith(".tfrecord"):
         want, got = tfrecord_records(source), tfrecord_records(view)
+        return want is not None and got is not None and same(got, want)
+    if name.endswith(".tar"):
+        if not source:
+            return view == b""
+        want, got = tar_members(source), tar_members(view)
         return want is not None and got is not None and same(got, want)
     if name.endswith(".bin"):
         if len(source) == 0:
