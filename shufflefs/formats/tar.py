@@ -39,24 +39,27 @@ NAME_ROWS = 1 << 16
 """Members whose names are assembled at once (bounds the temporary matrices)."""
 
 
+def _first(mask: np.ndarray, default: int) -> np.ndarray:
+    """Column of the first True in each row, or ``default``."""
+    return np.where(mask.any(axis=1), mask.argmax(axis=1), default)
+
+
 def _octal(fields: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Octal numbers of fixed-width header fields (leading spaces or zeros, ended by NUL or
-    space): ``(values, ok)``; a loop over the columns, vectorised over the rows."""
+    """Octal numbers of fixed-width header fields (leading spaces allowed, the digits ended by
+    NUL, space or the field's end): ``(values, ok)``, vectorised over the rows."""
     n, width = fields.shape
-    value = np.zeros(n, np.int64)
-    started = np.zeros(n, bool)
-    ended = np.zeros(n, bool)
-    ok = np.ones(n, bool)
-    for j in range(width):
-        c = fields[:, j]
-        digit = (c >= 0x30) & (c <= 0x37)
-        stop = (c == 0) | (c == 0x20)
-        take = digit & ~ended
-        value = np.where(take, value * 8 + (c.astype(np.int64) - 0x30), value)
-        ok &= ended | digit | stop
-        ended |= stop & started
-        started |= take
-    return value, ok & started
+    col = np.arange(width)[None, :]
+    digit = (fields >= 0x30) & (fields <= 0x37)
+    start = _first(digit, width)
+    end = _first(~(digit | (col < start[:, None])), width)  # the first non-digit after the digits
+    at = np.minimum(end, width - 1)
+    stop = fields[np.arange(n), at]
+    ok = (start < width) & ((end == width) | (stop == 0) | (stop == 0x20))
+    ok &= ((fields == 0x20) | (col >= start[:, None])).all(axis=1)  # only spaces before the digits
+    power = end[:, None] - 1 - col
+    take = digit & (col >= start[:, None]) & (power >= 0)
+    weights = np.where(take, np.left_shift(1, 3 * np.maximum(power, 0)), 0)
+    return ((fields.astype(np.int64) - 0x30) * weights).sum(axis=1), ok
 
 
 def _sizes(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -81,9 +84,12 @@ def _candidates(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     rows = blocks[at]
     stored, ok = _octal(rows[:, 148:156])
     field = rows[:, 148:156]
-    unsigned = rows.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 0x20
-    signed = rows.view(np.int8).sum(axis=1, dtype=np.int64) - field.view(np.int8).sum(axis=1, dtype=np.int64) + 8 * 0x20
-    good = ok & ((stored == unsigned) | (stored == signed))
+    good = ok & (rows.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 0x20 == stored)
+    retry = np.flatnonzero(ok & ~good)  # some old writers summed signed bytes
+    if len(retry):
+        signed = rows[retry].view(np.int8)
+        good[retry] = signed.sum(axis=1, dtype=np.int64) - signed[:, 148:156].sum(axis=1, dtype=np.int64) \
+            + 8 * 0x20 == stored[retry]
     return at[good], at[~good]
 
 
@@ -126,25 +132,28 @@ def _pax_path(data: bytes) -> bytes | None:
     return path
 
 
-def _names(data: np.ndarray, blocks: np.ndarray, heads: np.ndarray, override: dict[int, bytes],
-           width: int) -> np.ndarray:
+def _names(blocks: np.ndarray, heads: np.ndarray, override: dict[int, bytes], width: int) -> np.ndarray:
     """Full names of the members at header blocks ``heads`` as rows of ``width`` bytes (NUL
-    padded): ustar ``prefix/name``, or a long name from the member's meta headers."""
-    rows = blocks[heads]
-    name, prefix = rows[:, :100], rows[:, 345:500]
-    posix = rows[:, 262] == 0  # "ustar\0" (POSIX, has a prefix) vs "ustar  \0" (GNU)
-    nlen = np.where((name == 0).any(axis=1), (name == 0).argmax(axis=1), 100)
-    plen = np.where(posix, np.where((prefix == 0).any(axis=1), (prefix == 0).argmax(axis=1), 155), 0)
-    j = np.arange(width, dtype=np.int64)[None, :]
-    p = plen[:, None]
-    k = j - np.where(p > 0, p + 1, 0)  # where the name starts after "prefix/"
-    out = np.where(j < p, np.take_along_axis(prefix, np.minimum(j, 154), axis=1), 0).astype(np.uint8)
-    out[(j == p) & (p > 0)] = 0x2F
-    take_name = (k >= 0) & (k < nlen[:, None])
-    out[take_name] = np.take_along_axis(name, np.clip(k, 0, 99), axis=1)[take_name]
-    for i, full in override.items():
+    padded): the name field, ``prefix/name`` where a POSIX header has a prefix (rare: names over
+    100 bytes that split at a slash), or a long name from the member's meta headers."""
+    out = np.zeros((len(heads), width), np.uint8)
+    out[:, :100] = blocks[heads, :100]
+    out[:, :100][_first(out[:, :100] == 0, 100)[:, None] <= np.arange(100)] = 0  # bytes after the NUL
+    has_prefix = np.flatnonzero((blocks[heads, 262] == 0) & (blocks[heads, 345] != 0))
+    if len(has_prefix):  # "ustar\0" headers (POSIX) with a prefix field in use
+        rows = blocks[heads[has_prefix]]
+        name, prefix = rows[:, :100], rows[:, 345:500]
+        nlen, plen = _first(name == 0, 100), _first(prefix == 0, 155)
+        j = np.arange(width)[None, :]
+        k = j - (plen + 1)[:, None]  # where the name starts after "prefix/"
+        full = np.where(j < plen[:, None], np.take_along_axis(prefix, np.minimum(j, 154), axis=1), 0)
+        full[j == plen[:, None]] = 0x2F
+        take = (k >= 0) & (k < nlen[:, None])
+        full[take] = np.take_along_axis(name, np.clip(k, 0, 99), axis=1)[take]
+        out[has_prefix] = full
+    for i, long in override.items():
         out[i] = 0
-        out[i, :len(full)] = np.frombuffer(full[:width], np.uint8)
+        out[i, :len(long)] = np.frombuffer(long[:width], np.uint8)
     return out
 
 
@@ -154,17 +163,14 @@ def _keys(names: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     basename; none for a name that ends in a slash)."""
     n, width = names.shape
     col = np.arange(width)[None, :]
-    length = np.where((names == 0).any(axis=1), (names == 0).argmax(axis=1), width)
-    slash = np.where(names == 0x2F, col, -1).max(axis=1)
-    base = slash + 1
-    dot_after = (names == 0x2E) & (col > base[:, None]) & (col < length[:, None])
-    has_dot = dot_after.any(axis=1)
-    dot = np.where(has_dot, dot_after.argmax(axis=1), length)
-    # the basename must not start with a dot (`[^.]+` before the first dot)
+    length = _first(names == 0, width)
+    slash = names == 0x2F
+    base = np.where(slash.any(axis=1), width - slash[:, ::-1].argmax(axis=1), 0)  # after the last slash
+    dots = (names == 0x2E) & (col > base[:, None])
+    dot = _first(dots, width)
     first = names[np.arange(n), np.minimum(base, width - 1)]
-    keyed = has_dot & (base < length) & (first != 0x2E)
-    keys = np.where(col < dot[:, None], names, 0).astype(np.uint8)
-    return keys, keyed
+    keyed = (dot < length) & (base < length) & (first != 0x2E)
+    return np.where(col < dot[:, None], names, 0).astype(np.uint8), keyed
 
 
 class TarFormat(Format):
@@ -240,13 +246,14 @@ class TarFormat(Format):
                 long = _pax_path(body)
                 if long is not None:
                     override[owner] = long
-        width = max([100 + 1 + 155] + [len(v) for v in override.values()])
+        prefixed = ((blocks[heads[members], 262] == 0) & (blocks[heads[members], 345] != 0)).any()
+        width = max([256 if prefixed else 100] + [len(v) for v in override.values()])
         head_rows = heads[members]
         keys = np.zeros((len(members), width), np.uint8)
         keyed = np.zeros(len(members), bool)
         for lo in range(0, len(members), NAME_ROWS):
             part = {i - lo: v for i, v in override.items() if lo <= i < lo + NAME_ROWS}
-            names = _names(data, blocks, head_rows[lo: lo + NAME_ROWS], part, width)
+            names = _names(blocks, head_rows[lo: lo + NAME_ROWS], part, width)
             keys[lo: lo + NAME_ROWS], keyed[lo: lo + NAME_ROWS] = _keys(names)
         keyed &= np.isin(typeflag[members], np.frombuffer(bytes(REGULAR), np.uint8))
         starts = heads[first] * BLOCK  # byte offset where each member's headers begin
