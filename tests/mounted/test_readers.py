@@ -1,14 +1,17 @@
 """Level: mounted (real FUSE mounts, real readers).
 
 Mounted: the readers people train with see each epoch's order, including readers that cache
-by path, size and mtime (Hugging Face ``datasets`` with a persistent cache)."""
+by path, size and mtime (Hugging Face ``datasets`` with a persistent cache, for JSON Lines, CSV
+and WebDataset shards), and the dataframe libraries' JSON and CSV readers."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -16,12 +19,15 @@ N = 3000
 DATA = b"".join(json.dumps({"id": i, "text": "x" * (i % 17)}).encode() + b"\n" for i in range(N))
 ARGS = ["--block-size", "4KiB", "--buffer", "16KiB"]
 
+CSV = b"id,text\n" + b"".join(b'%d,"x%s"\n' % (i, b"y" * (i % 13)) for i in range(N))
+
 LOAD = """
 import json, sys
 import datasets
 datasets.disable_progress_bars()
-ds = datasets.load_dataset("json", data_files=sys.argv[1], cache_dir=sys.argv[2], split="train")
-print(json.dumps(list(ds["id"])))
+builder, files, cache, column = sys.argv[1], sys.argv[2].split(","), sys.argv[3], sys.argv[4]
+ds = datasets.load_dataset(builder, data_files={"train": files}, cache_dir=cache, split="train")
+print(json.dumps([str(v) for v in ds[column]]))
 """
 
 
@@ -29,22 +35,51 @@ def ids_of(data: bytes) -> list[int]:
     return [json.loads(line)["id"] for line in data.splitlines()]
 
 
-def test_datasets_with_a_persistent_cache_sees_every_epoch(mount, tmp_path):
+def tar_shard(first: int, n: int) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as t:
+        for i in range(first, first + n):
+            for suffix, data in (("json", json.dumps({"id": i}).encode()), ("cls", b"%d" % (i % 5))):
+                info = tarfile.TarInfo(f"{i:05d}.{suffix}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def tar_keys(path) -> list[str]:
+    with tarfile.open(path) as t:
+        return list(dict.fromkeys(m.name.split(".")[0] for m in t.getmembers()))
+
+
+BUILDERS = {
+    # builder: files, the column compared, that column in the order the views hold it
+    "json": ({"train.jsonl": DATA}, "id", lambda m: [str(i) for i in ids_of(m.path("train.jsonl").read_bytes())]),
+    "csv": ({"train.csv": CSV}, "id", lambda m: [line.split(b",")[0].decode()
+                                                  for line in m.path("train.csv").read_bytes().splitlines()[1:]]),
+    "webdataset": ({f"shard-{k:06d}.tar": tar_shard(k * 500, 500) for k in range(3)}, "__key__",
+                   lambda m: [key for k in range(3) for key in tar_keys(m.path(f"shard-{k:06d}.tar"))]),
+}
+
+
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+def test_datasets_with_a_persistent_cache_sees_every_epoch(mount, tmp_path, builder):
     pytest.importorskip("datasets")
-    m = mount({"train.jsonl": DATA}, *ARGS)
+    files, column, in_view = BUILDERS[builder]
+    m = mount(files, *ARGS)
     cache = tmp_path / "hf-cache"
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf-home"))
+    paths = ",".join(str(m.path(name)) for name in sorted(files))
     seen = []
     for epoch in (0, 1, 2):
         m.set_epoch(epoch)
-        direct = ids_of(open(m.path("train.jsonl"), "rb").read())
-        r = subprocess.run([sys.executable, "-c", LOAD, str(m.path("train.jsonl")), str(cache)], env=env,
+        direct = in_view(m)
+        r = subprocess.run([sys.executable, "-c", LOAD, builder, paths, str(cache), column], env=env,
                            capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-3000:]
         loaded = json.loads(r.stdout.strip().splitlines()[-1])
         assert loaded == direct, f"epoch {epoch}: datasets served another order (its cache?)"
         seen.append(loaded)
-    assert seen[0] != seen[1] != seen[2] and sorted(seen[0]) == list(range(N))
+    assert seen[0] != seen[1] != seen[2] and len(seen[0]) == len(set(seen[0])) in (N, 1500)
 
 
 def test_a_views_mtime_moves_with_the_epoch_and_agrees_across_mounts(mount):
@@ -59,6 +94,24 @@ def test_a_views_mtime_moves_with_the_epoch_and_agrees_across_mounts(mount):
         assert ta == tb
         times.append(ta)
     assert times[0] == src_mtime and len(set(times)) == 3
+
+
+@pytest.mark.parametrize("library", ["pandas", "pyarrow", "polars"])
+def test_dataframe_csv_readers_read_the_views_order(mount, library):
+    lib = pytest.importorskip(library)
+    m = mount({"train.csv": CSV}, *ARGS)
+    m.set_epoch(2)
+    path = str(m.path("train.csv"))
+    direct = [int(line.split(b",")[0]) for line in open(path, "rb").read().splitlines()[1:]]
+    if library == "pandas":
+        got = lib.read_csv(path)["id"].tolist()
+    elif library == "pyarrow":
+        import pyarrow.csv as pc
+
+        got = pc.read_csv(path).column("id").to_pylist()
+    else:
+        got = lib.read_csv(path)["id"].to_list()
+    assert got == direct and sorted(got) == list(range(N)) and got != list(range(N))
 
 
 @pytest.mark.parametrize("library", ["pandas", "pyarrow", "polars"])
