@@ -76,20 +76,23 @@ def _sizes(sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _candidates(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Block numbers that hold a ustar header with a valid checksum, and which fail only the
-    checksum (for a precise error)."""
+    """Block numbers that hold a ustar header with a valid checksum, and those that fail only
+    the checksum (for a precise error); `NAME_ROWS` headers at a time (bounded memory)."""
     magic = (blocks[:, 257] == 0x75) & (blocks[:, 258] == 0x73) & (blocks[:, 259] == 0x74) \
         & (blocks[:, 260] == 0x61) & (blocks[:, 261] == 0x72)
     at = np.flatnonzero(magic)
-    rows = blocks[at]
-    stored, ok = _octal(rows[:, 148:156])
-    field = rows[:, 148:156]
-    good = ok & (rows.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 0x20 == stored)
-    retry = np.flatnonzero(ok & ~good)  # some old writers summed signed bytes
-    if len(retry):
-        signed = rows[retry].view(np.int8)
-        good[retry] = signed.sum(axis=1, dtype=np.int64) - signed[:, 148:156].sum(axis=1, dtype=np.int64) \
-            + 8 * 0x20 == stored[retry]
+    good = np.zeros(len(at), bool)
+    for lo in range(0, len(at), NAME_ROWS):
+        rows = blocks[at[lo: lo + NAME_ROWS]]
+        field = rows[:, 148:156]
+        stored, ok = _octal(field)
+        fine = ok & (rows.sum(axis=1, dtype=np.int64) - field.sum(axis=1, dtype=np.int64) + 8 * 0x20 == stored)
+        retry = np.flatnonzero(ok & ~fine)  # some old writers summed signed bytes
+        if len(retry):
+            signed = rows[retry].view(np.int8)
+            fine[retry] = signed.sum(axis=1, dtype=np.int64) - signed[:, 148:156].sum(axis=1, dtype=np.int64) \
+                + 8 * 0x20 == stored[retry]
+        good[lo: lo + NAME_ROWS] = fine
     return at[good], at[~good]
 
 
@@ -196,9 +199,8 @@ class TarFormat(Format):
             if not blocks[0].any():  # an empty archive: end-of-archive blocks only
                 return RecordIndex(size, np.zeros(1, np.int64))
             self._no_header(path, 0, bad_sum)
-        rows = blocks[cand]
-        typeflag = rows[:, 156]
-        sizes, ok = _sizes(rows[:, 124:136])
+        typeflag = blocks[cand, 156]
+        sizes, ok = _sizes(blocks[cand, 124:136])
         if not ok.all():
             i = int(np.flatnonzero(~ok)[0])
             raise FormatError(path, int(cand[i]) * BLOCK, "member size field is not a number")

@@ -120,6 +120,19 @@ def test_parts_and_a_dataloader_with_two_workers_split_without_overlap(mount) ->
     assert len(keys) == len(set(keys)) == SHARDS * PER_SHARD
 
 
+def test_ranks_read_disjoint_samples_that_cover_every_shard(mount) -> None:
+    ranks = [mount(files(), *ARGS, "--rank", "0", "--world-size", "2", name="r")]
+    ranks.append(mount(None, *ARGS, "--rank", "1", "--world-size", "2", src=ranks[0].src, name="r"))
+    for epoch in (0, 5):
+        got = []
+        for m in ranks:
+            m.set_epoch(epoch)
+            got.append([s["__key__"] for s in wds_samples([str(m.path(f"shard-{k:06d}.tar")) for k in range(SHARDS)])])
+        assert not set(got[0]) & set(got[1])
+        assert sorted(got[0] + got[1]) == sorted(f"s{i}/{i * 1000 + j:06d}" for i in range(SHARDS) for j in range(PER_SHARD))
+        assert abs(len(got[0]) - len(got[1])) <= 1
+
+
 def test_a_damaged_shard_is_eio_naming_file_and_offset(mount) -> None:
     good = shard(1, 10)
     bad = bytearray(good)
