@@ -96,37 +96,33 @@ def test_a_views_mtime_moves_with_the_epoch_and_agrees_across_mounts(mount):
     assert times[0] == src_mtime and len(set(times)) == 3
 
 
-@pytest.mark.parametrize("library", ["pandas", "pyarrow", "polars"])
-def test_dataframe_csv_readers_read_the_views_order(mount, library):
+def read_ids(library: str, kind: str, path: str) -> list[int]:
+    """The ``id`` column as the library's JSON Lines or CSV reader returns it."""
     lib = pytest.importorskip(library)
-    m = mount({"train.csv": CSV}, *ARGS)
-    m.set_epoch(2)
-    path = str(m.path("train.csv"))
-    direct = [int(line.split(b",")[0]) for line in open(path, "rb").read().splitlines()[1:]]
     if library == "pandas":
-        got = lib.read_csv(path)["id"].tolist()
-    elif library == "pyarrow":
+        frame = lib.read_json(path, lines=True) if kind == "json" else lib.read_csv(path)
+        return frame["id"].tolist()
+    if library == "pyarrow":
         import pyarrow.csv as pc
-
-        got = pc.read_csv(path).column("id").to_pylist()
-    else:
-        got = lib.read_csv(path)["id"].to_list()
-    assert got == direct and sorted(got) == list(range(N)) and got != list(range(N))
-
-
-@pytest.mark.parametrize("library", ["pandas", "pyarrow", "polars"])
-def test_dataframe_json_readers_read_the_views_order(mount, library):
-    lib = pytest.importorskip(library)
-    m = mount({"train.jsonl": DATA}, *ARGS)
-    m.set_epoch(3)
-    path = str(m.path("train.jsonl"))
-    direct = ids_of(open(path, "rb").read())
-    if library == "pandas":
-        got = lib.read_json(path, lines=True)["id"].tolist()
-    elif library == "pyarrow":
         import pyarrow.json as pj
 
-        got = pj.read_json(path).column("id").to_pylist()
-    else:
-        got = lib.read_ndjson(path)["id"].to_list()
-    assert got == direct and sorted(got) == list(range(N)) and got != list(range(N))
+        return (pj.read_json(path) if kind == "json" else pc.read_csv(path)).column("id").to_pylist()
+    return (lib.read_ndjson(path) if kind == "json" else lib.read_csv(path))["id"].to_list()
+
+
+@pytest.mark.parametrize("kind", ["json", "csv"])
+@pytest.mark.parametrize("library", ["pandas", "pyarrow", "polars"])
+def test_dataframe_readers_read_each_epochs_order(mount, library, kind):
+    pytest.importorskip(library)
+    name = "train.jsonl" if kind == "json" else "train.csv"
+    m = mount({name: DATA if kind == "json" else CSV}, *ARGS)
+    path = str(m.path(name))
+    seen = []
+    for epoch in (0, 3):
+        m.set_epoch(epoch)
+        view = open(path, "rb").read()
+        direct = ids_of(view) if kind == "json" else [int(line.split(b",")[0]) for line in view.splitlines()[1:]]
+        got = read_ids(library, kind, path)
+        assert got == direct and sorted(got) == list(range(N)) and got != list(range(N))
+        seen.append(got)
+    assert seen[0] != seen[1]

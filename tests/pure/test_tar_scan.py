@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shufflefs.errors import FormatError
-from shufflefs.formats import resolve_format
+from shufflefs.formats import parse_format_option, resolve_format
 from shufflefs.formats.tar import TarFormat
 from shufflefs.layout import render
 from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan
@@ -178,5 +178,8 @@ def test_damaged_archives_name_the_offset() -> None:
     assert bad(split, "split").offset == 2048
 
 
-def test_the_format_is_chosen_by_extension() -> None:
+def test_the_format_is_chosen_by_extension_or_declared_by_glob() -> None:
     assert isinstance(resolve_format("shards/shard-000000.tar", [], {}), TarFormat)
+    rules = [parse_format_option("*.wds=tar")]
+    assert isinstance(resolve_format("d/train-0.wds", rules, {}), TarFormat)
+    assert resolve_format("d/x.tar", [parse_format_option("*.tar=none")], {}) is None
