@@ -45,6 +45,14 @@ else
   PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -e .
 fi
 
+# The compiled gather builds every window several times faster than the numpy fallback; the
+# build is optional for pip, but not here: fail loudly rather than serve slowly.
+if ! (py="$PWD/.venv/bin/python"; cd / && "$py" -c 'import shufflefs._gather') 2>/dev/null; then
+  echo "setup.sh: the compiled gather module (shufflefs/_gather.c) was not built; install gcc and the" \
+       "Python headers (python3-dev) and run setup.sh again" >&2
+  exit 1
+fi
+
 case "${1:-}" in
   demo) shift; exec $SUDO .venv/bin/shufflefs demo "$@" ;;
   test) shift; exec $SUDO .venv/bin/python -m pytest "$@" ;;

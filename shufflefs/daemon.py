@@ -210,6 +210,13 @@ def fix_mmap_threshold() -> None:
 
 def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
     fix_mmap_threshold()
+    from .view import GATHER
+
+    if GATHER != "compiled":
+        log.warning("the compiled gather module (shufflefs/_gather.c) is missing in %s: windows are built "
+                    "by the numpy fallback, several times slower; reinstall shufflefs (pip install -e . "
+                    "or bash setup.sh) with a C compiler and the Python headers",
+                    os.path.dirname(os.path.abspath(__file__)))
     try:
         fs = ShuffleFS(config)
     except (OSError, ValueError) as e:

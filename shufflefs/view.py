@@ -33,6 +33,10 @@ except ImportError:  # pragma: no cover - depends on the build (or an older buil
     _build_window = None
 from .strategies.base import Plan
 
+GATHER = "compiled" if _build_window is not None else "numpy"
+"""Which window build serves: ``numpy`` (several times slower) means the compiled module
+``shufflefs/_gather.c`` was not built or not found (shown by ``shufflefs stat``, warned at mount)."""
+
 READ_CHUNK = 1 << 20
 """Scratch bytes read at once while building a window (a chunk ends at a record boundary).
 Measured on a 2-core EPYC VM (1 MiB L2 per core) building 64 MiB corgipile windows of ~1 KiB

@@ -55,6 +55,7 @@ from bench import alternatives, data, proc, reads  # noqa: E402
 from bench.reads import Reading  # noqa: E402
 from bench.report import MiB, Report, Row, verdict  # noqa: E402
 from shufflefs.config import format_size, parse_size  # noqa: E402
+from shufflefs.cli.mount import daemon_python  # noqa: E402
 from shufflefs.daemon import raise_readahead  # noqa: E402
 from shufflefs.formats import load_or_build_index, make_format, scan_file  # noqa: E402
 from shufflefs.index import IndexCache, RecordIndex  # noqa: E402
@@ -160,7 +161,7 @@ class Bench:
         self.report.add(Row(name, what, reader, cache, skipped=why))
 
     def shufflefs_cmd(self, src: Path, mnt: Path, strategy: str, *extra: str) -> list[str]:
-        return [sys.executable, "-m", "shufflefs", "mount", "-f", str(src), str(mnt), "--cache-dir", str(self.cache_dir),
+        return [*daemon_python(), "mount", "-f", str(src), str(mnt), "--cache-dir", str(self.cache_dir),
                 "--strategy", strategy, "--block-size", self.args.block_size, "--buffer", self.args.buffer,
                 "--record-size", str(data.FIXED_RECORD), *extra, *shlex.split(self.args.mount_args)]
 
@@ -397,7 +398,7 @@ class Bench:
         path = src / data.SHORT_NAME
         data.ensure(path, data.make_short_lines, n, width)
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "shufflefs", "index", str(src), "--cache-dir", str(self.cache_dir)],
+        subprocess.run([*daemon_python(), "index", str(src), "--cache-dir", str(self.cache_dir)],
                        check=True, env=self.env, capture_output=True)
         built = time.perf_counter() - t0
         mnt = self.work / "mnt-remount"
@@ -453,7 +454,7 @@ class Bench:
                 setx.append(time.perf_counter() - t0)
                 e += 1
                 t0 = time.perf_counter()
-                subprocess.run([sys.executable, "-m", "shufflefs", "epoch", str(mnt), str(e)], check=True, env=self.env)
+                subprocess.run([*daemon_python(), "epoch", str(mnt), str(e)], check=True, env=self.env)
                 first_byte(target)
                 cli.append(time.perf_counter() - t0)
                 e += 1

@@ -159,11 +159,24 @@ def _relay_ready(parent_fd: int, log_file: str | None) -> int:
     return w
 
 
+_RUN_MODULE = ("import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+               "runpy.run_module('shufflefs', run_name='__main__', alter_sys=True)")
+
+
+def daemon_python() -> list[str]:
+    """``python -m shufflefs`` without the working directory on ``sys.path``: started from a
+    folder holding a checkout (a ``shufflefs/`` package in the cwd), ``-m`` would import that
+    folder's code instead of this one (without its compiled gather).  ``-P`` from Python 3.11."""
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", "shufflefs"]
+    return [sys.executable, "-c", _RUN_MODULE]
+
+
 def start_background(argv: list[str], config: MountConfig, verbosity: int) -> int:
     """Run ``shufflefs mount -f ...`` in a new session and return once it has mounted."""
     i = argv.index("mount")
     r, w = os.pipe()
-    cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", "--ready-fd", str(w), *argv[i + 1:]]
+    cmd = [*daemon_python(), "mount", "-f", "--ready-fd", str(w), *argv[i + 1:]]
     env = dict(os.environ)
     pkg_root = Path(__file__).resolve().parent.parent
     if pkg_root.name not in ("site-packages", "dist-packages"):  # a source checkout

@@ -37,6 +37,11 @@ def format_stats(stats: dict) -> str:
     lines.append(("mount", f"{take('mountpoint', '?')}" + (f"  ({about})" if about else "")))
     if "source" in s:
         lines.append(("source", str(take("source"))))
+    gather, code = take("gather", None), take("code", None)
+    if gather is not None:
+        lines.append(("gather", gather + (f"  (code in {code})" if code else "")
+                      + ("" if gather == "compiled" else "  WARNING: the compiled module is missing, "
+                         "windows are built several times slower; reinstall shufflefs")))
     params = [f"{k}={_param(k, take(k))}" for k in ("seed", "block_size", "buffer", "page_size") if k in s]
     lines.append(("strategy", "  ".join([str(take("strategy", "?")), *params])))
     rank, world, even = take("rank", None), take("world", None), take("even", "none")

@@ -13,6 +13,7 @@ from typing import Any
 from ..config import EPOCH_XATTR, PID_XATTR, STATS_XATTR, XATTR_PREFIX, format_buffer
 from ..errors import ShuffleError
 from ..stats import fit as fit_stats
+from ..view import GATHER
 from .catalog import Catalog
 from .nodes import DIR, ROOT, VIEW, Node, Reply, parse_epoch
 
@@ -133,6 +134,8 @@ def describe(cat: Catalog) -> dict[str, Any]:
         cache_dir=str(cat.planner.index_cache.dir),
         memory={**cat.windows.describe(), **cat.planner.describe()},
         epoch_prefetches=cat.epoch_prefetches,
+        gather=GATHER,
+        code=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         read_bytes=views.read_bytes.snapshot(),
         **({"staging": views.stages.describe()} if views.stages is not None else {}),
     )
