@@ -667,7 +667,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--remount-records", help="records of the remount test (default 10M; 1M with --quick)")
     ap.add_argument("--epochs", type=int, default=5, help="epoch changes timed per kind (default 5)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--update-docs", action="store_true",
+                    help="a full run (no --quick, --only or --size): rewrite docs/benchmark.md and the README's excerpt")
     args = ap.parse_args(argv)
+    if args.update_docs and (args.quick or args.only or args.size or args.no_cold):
+        ap.error("--update-docs records a full run: drop --quick, --only, --size and --no-cold")
     args.size = args.size or ("256MiB" if args.quick else "2GiB")
     args.max_seconds = args.max_seconds or (5.0 if args.quick else 20.0)
     args.remount_records = args.remount_records or ("1M" if args.quick else "10M")
@@ -688,6 +692,12 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         args.out.write_text(text)
+    if args.update_docs:
+        from bench import docs
+
+        machine = f"{_cpu()} ({os.cpu_count()} CPUs, {_mem_gib():.0f} GiB RAM)"
+        for path in docs.update(report, text, REPO, machine):
+            print(f"bench: wrote {path}", file=sys.stderr)
     return 0
 
 

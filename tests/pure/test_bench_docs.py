@@ -1,0 +1,48 @@
+"""Level: pure (no mount, no daemon).
+
+``tools/bench.py --update-docs``: the README excerpt is rebuilt from the run's rows (ratios to
+the `none` view and to the raw read of that run) and its targets, only between the markers, and
+docs/benchmark.md is the run's report."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from bench import docs  # noqa: E402
+from bench.reads import Reading  # noqa: E402
+from bench.report import Report, Row  # noqa: E402
+
+
+def row(what: str, cache: str, gbps: float) -> Row:
+    return Row("lines", what, "1MiB", cache, Reading(int(gbps * 1e9), None, 1.0, 0.01, True), file_bytes=10**9)
+
+
+def test_the_excerpt_is_rebuilt_between_the_markers(tmp_path: Path) -> None:
+    rep = Report()
+    for what, warm, cold in (("raw source", 20.0, 2.0), ("view none", 3.0, 1.5), ("view corgipile", 2.7, 1.8)):
+        rep.add(row(what, "warm", warm))
+        rep.add(row(what, "cold", cold))
+    rep.section("Targets", ["| target | measured | verdict |", "|---|---|---|", "| x | 0.90x | met |"])
+    (tmp_path / "docs").mkdir()
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# t\n\nbefore\n{docs.START}\nold table\n{docs.END}\nafter\n")
+    written = docs.update(rep, "the report\n", tmp_path, "a test machine")
+    text = readme.read_text()
+    assert written == [tmp_path / "docs" / "benchmark.md", readme]
+    assert (tmp_path / "docs" / "benchmark.md").read_text() == "the report\n"
+    assert text.startswith("# t\n\nbefore\n") and text.endswith("after\n") and "old table" not in text
+    assert "| view `corgipile` | 2.70 | 1.80 | 0.90 | 0.90 |" in text
+    assert "| view `full` | - | - | - | - |" in text
+    assert "| x | 0.90x | met |" in text and "a test machine" in text
+
+
+def test_no_markers_no_rewrite(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("no markers\n")
+    with pytest.raises(SystemExit):
+        docs.update(Report(), "r", tmp_path, "m")
+    assert (tmp_path / "README.md").read_text() == "no markers\n"
