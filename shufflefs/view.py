@@ -64,7 +64,20 @@ HINT_RUN = 2 * READ_CHUNK
 ones.  Measured on the same VM, cold page cache, 512 MiB of corgipile windows (4 MiB blocks)
 loaded back to back, median of six rounds: hinting the next window after each load 1.26 GB/s,
 hinting each window's own blocks before reading them 1.13, no hint 1.14: on that virtual disk a
-deeper queue alone gained nothing, overlapping disk time with the copying did."""
+deeper queue alone gained nothing, overlapping disk time with the copying did.
+
+Measured again (2026-11-25, same VM, virtio disk with 8 MiB readahead; `tools/cold_io.py`, 2 GiB
+file, page cache dropped, median of 2 rounds) for reading a block shuffle's windows at a deeper
+queue: 4 MiB blocks, windows of 64 MiB: 1 MiB preads one at a time 1.63 GB/s, WILLNEED on the
+next window after each 2.12, WILLNEED on each window's own blocks first 2.08, 1/2/4/8 threads
+preading whole blocks (this window's and the next's) 1.51/1.87/1.91/1.97, against a sequential
+read of the file at 1.78 (rounds of 2.54 and 1.03; `dd` cold 0.69-3.2 GB/s in three runs);
+16 MiB blocks: hint-next 2.46, 4 threads 2.31, sequential 2.04 (2.77 and 1.31).  Loading every
+window of a 2 GiB corgipile view in one process: warm 4.0-4.1 GB/s, cold with the next-window hint
+1.6-1.9, with hints two windows ahead 1.6-1.7, with POSIX_FADV_RANDOM and exact hints 1.4-1.9.
+So the kernel's readahead fed by hints reaches the disk's rate for random blocks, and threads add
+nothing but memory; a window's own blocks are hinted too, so that window 0 (and a reader who
+jumps) is not read one request at a time."""
 
 
 def build_runs(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, ids: np.ndarray, runs: Runs,
@@ -159,6 +172,7 @@ class View:
         """
         self.source.check()
         plan = self.plan if plan is None else plan
+        self.hint(k, plan)  # this window's blocks all in flight at once (only window 0 is not yet)
         size = self.layout.window_size(k) if plan is self.plan else int(plan.window_sizes[k])
         ids = plan.window(k)
         if out is None or len(out) < size:
