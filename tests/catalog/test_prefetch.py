@@ -128,7 +128,10 @@ def test_a_failed_load_frees_its_buffer_without_waiting_for_the_garbage_collecto
         for k in range(3):
             with pytest.raises(OSError, match="disk error"):
                 await cache.acquire(("v", k), W, failing)
-        assert len(buffers) == 3 and all(ref() is None for ref in buffers)
+        # gone, or back in the free list for the next load (buffers faulted in ahead are reused)
+        pooled = {id(b) for b in cache._free}
+        assert len(buffers) == 3 and all(ref() is None or id(ref()) in pooled for ref in buffers)
+        assert sum(ref() is not None for ref in buffers) <= len(cache._free)
 
     gc.disable()
     try:
@@ -195,5 +198,27 @@ def test_a_load_counts_its_working_memory_until_it_ends():
             assert cache.resident == W + W // 2  # the window and its load's work
             finish.set()
         assert cache.resident == W  # the work is given back when the load ends
+
+    run(test)
+
+
+def test_buffers_are_faulted_in_ahead_and_used_by_the_first_loads():
+    """A view's first windows load into buffers touched on a worker thread while the mount waited
+    for its first read (fresh memory costs more to write than a window build), within the limit."""
+    async def test(cache: WindowCache) -> None:
+        for _ in range(50):
+            if len(cache._free) == WINDOWS:
+                break
+            await trio.sleep(0.01)
+        assert len(cache._free) == WINDOWS and all(b.nbytes == W for b in cache._free) and within(cache)
+        pooled = {b.__array_interface__["data"][0] for b in cache._free}
+        loads = Loads()
+        for k in range(WINDOWS):
+            await read(cache, k, loads)
+        assert loads.buffers and loads.buffers <= pooled and within(cache)
+        cache.register("big", 2 * W)  # a larger view: new buffers of its size, still within the limit
+        await trio.sleep(0.2)
+        assert cache.limit == WINDOWS * 2 * W and cache.resident + cache.pooled <= cache.limit
+        assert any(b.nbytes == 2 * W for b in cache._free)
 
     run(test)
