@@ -1,0 +1,155 @@
+"""The LIRS penalty when the dataset does not fit in memory: `corgipile` against `full` with the
+daemon and the reader in a memory cgroup well below the dataset's size, so that the page cache
+cannot hold the file and `full`'s record reads go to the disk.
+
+    sudo python tools/lirs_penalty.py [--size 2GiB] [--memory 640MiB] [--max-seconds 30] [--dir DIR]
+
+Needs root and a cgroup v1 memory controller (/sys/fs/cgroup/memory) or cgroup v2 with the memory
+controller.  Generates JSON lines of ~1 KiB (tools/bench/data.py), prebuilds the index, then for
+each strategy: drops the page cache, mounts inside the cgroup and reads the view with 1 MiB reads
+from a process in the same cgroup (cut after ``--max-seconds``, the rate taken from what was
+read).  Prints GB/s, the ratio corgipile / full, and `shufflefs advise`'s random-read table for the
+same storage.  The cgroup, the mounts and the daemons are removed in ``finally`` blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+REPO = TOOLS.parent
+sys.path[:0] = [str(TOOLS), str(REPO)]
+from bench import data  # noqa: E402
+from shufflefs.cli.mount import daemon_python  # noqa: E402
+from shufflefs.config import parse_size  # noqa: E402
+
+READER = """
+import os, sys, time
+path, limit = sys.argv[1], float(sys.argv[2])
+buf = bytearray(1 << 20); fd = os.open(path, os.O_RDONLY); n = 0; t0 = time.perf_counter()
+while time.perf_counter() - t0 < limit:
+    k = os.readv(fd, [buf])
+    if not k:
+        break
+    n += k
+print(n, time.perf_counter() - t0)
+"""
+
+
+class Cgroup:
+    """A memory cgroup (v1 or v2) that processes join with `wrap`."""
+
+    def __init__(self, limit: int) -> None:
+        v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
+        name = f"shufflefs-lirs-{os.getpid()}"
+        if (v1 / "memory.limit_in_bytes").exists():
+            self.path = v1 / name
+            self.path.mkdir()
+            (self.path / "memory.limit_in_bytes").write_text(str(limit))
+        elif "memory" in (v2 / "cgroup.controllers").read_text():
+            self.path = v2 / name
+            self.path.mkdir()
+            (self.path / "memory.max").write_text(str(limit))
+        else:
+            raise SystemExit("lirs_penalty: no memory cgroup controller here")
+
+    def wrap(self, cmd: list[str]) -> list[str]:
+        """``cmd`` run as a member of the cgroup (it joins, then execs)."""
+        return ["sh", "-c", f'echo $$ > {self.path}/cgroup.procs && exec "$@"', "sh", *cmd]
+
+    def remove(self) -> None:
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def measure(strategy: str, src: Path, work: Path, cg: Cgroup, max_seconds: float, block: str, buffer: str) -> tuple[float, int, float]:
+    mnt = work / f"mnt-{strategy}"
+    mnt.mkdir()
+    cmd = cg.wrap([*daemon_python(), "mount", "-f", str(src), str(mnt), "--cache-dir", str(work / "cache"),
+                   "--strategy", strategy, "--block-size", block, "--buffer", buffer])
+    drop_caches()
+    daemon = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=open(work / f"{strategy}.log", "wb"))
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.ismount(mnt):
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"lirs_penalty: {strategy} mount failed: {(work / f'{strategy}.log').read_text()}")
+            time.sleep(0.05)
+        r = subprocess.run(cg.wrap([sys.executable, "-c", READER, str(mnt / "lines.jsonl"),
+                                    str(max_seconds)]), capture_output=True, text=True, check=True)
+        nbytes, seconds = r.stdout.split()
+        stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
+        return int(nbytes) / float(seconds) / 1e9, int(nbytes), float(stats.get("uptime_s", 0))
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
+        try:
+            daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            daemon.wait()
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", default="2GiB")
+    p.add_argument("--memory", default="640MiB", help="memory limit of the cgroup (daemon + reader + their page cache)")
+    p.add_argument("--max-seconds", type=float, default=30.0)
+    p.add_argument("--block-size", default="4MiB")
+    p.add_argument("--buffer", default="64MiB")
+    p.add_argument("--strategies", default="corgipile,full,lirs-page")
+    p.add_argument("--dir", default=None)
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("lirs_penalty: needs root (cgroups, dropping caches, mounts)")
+    size, limit = parse_size(args.size), parse_size(args.memory)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        work = Path(tmp)
+        src = work / "src"
+        src.mkdir()
+        data.make_lines(src / "lines.jsonl", size)
+        subprocess.run([*daemon_python(), "index", str(src), "--cache-dir", str(work / "cache")], check=True,
+                       capture_output=True)
+        cg = Cgroup(limit)
+        rows = []
+        try:
+            for strategy in args.strategies.split(","):
+                rows.append((strategy, *measure(strategy, src, work, cg, args.max_seconds, args.block_size, args.buffer)))
+        finally:
+            cg.remove()
+        advise = subprocess.run([*daemon_python(), "advise", str(src), "--budget", "256MiB"], capture_output=True,
+                                text=True)
+    print(f"cold reads of a {size / 2**30:.1f} GiB JSON lines file (~1 KiB records) through a mount, daemon and "
+          f"reader in a memory cgroup of {args.memory}; 1 MiB reads, cut after {args.max_seconds:g} s; "
+          f"--block-size {args.block_size} --buffer {args.buffer}\n")
+    print("| strategy | GB/s | bytes read | corgipile / this |")
+    print("|---|---:|---:|---:|")
+    corgi = next((g for s, g, _, _ in rows if s == "corgipile"), None)
+    for strategy, gbps, nbytes, _ in rows:
+        ratio = f"{corgi / gbps:.1f}" if corgi and gbps else "-"
+        print(f"| {strategy} | {gbps:.3f} | {nbytes / 1e6:,.0f} MB | {ratio} |")
+    print("\n`shufflefs advise` on the same storage:\n")
+    print(advise.stdout.strip() or advise.stderr.strip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
