@@ -33,10 +33,14 @@ One design for every strategy and reader:
   before and 11-13 ms into 4 KiB pages written before.  Served through the mount, huge pages
   gave 1.7-2.2 GB/s once their buffers were reused against 1.55-1.75 GB/s for 4 KiB pages, so
   buffers are plain numpy arrays (huge pages), kept while any view is open or idle.  When a view
-  registers, the buffers its windows will need are faulted in ahead on a worker thread of their
-  own (`touched_buffer`, within the limit) while its first window loads: reading a 2 GiB JSON
-  lines file through a fresh mount (1 MiB reads, warm source, 64 MiB windows), the first epoch of
-  `corgipile` went from 1.43-1.69 GB/s (0.75-0.83x the second epoch) to 2.09-2.24 GB/s (1.06-1.08x).
+  registers, the buffers of its next windows are faulted in ahead on a worker thread of their
+  own (`touched_buffer`, within the limit) while its first window loads into a buffer of its own.
+  Measured (2 GiB of JSON lines, warm source, 64 MiB windows, 1 MiB reads of a fresh mount): in
+  `tools/bench.py` the first pass of `none`/`corgipile`/`block` read 0.78/0.88/0.90x their later
+  passes, against 0.61/0.56/0.56x in the run before; reading epochs 0 and 1 of a fresh mount in
+  four alternating rounds each, epoch 0 / epoch 1 of `corgipile` was 0.81-1.06x without it and
+  0.81-1.01x with it (the first-touch cost varies with the huge pages the kernel has at hand).
+  The daemon's peak RSS is unchanged (VmHWM 188-194 MB either way over three epochs).
 
 Everything here except the loader callables runs in the trio thread.
 """
@@ -167,9 +171,9 @@ class WindowCache:
             return
         size = max(self._largest.values(), default=0)
         have = sum(b.nbytes >= size for b in self._free) + sum(s.nbytes >= size for s in self._slots.values())
-        if size and have < self.windows:
+        if size and have < self.windows - 1:  # the first load makes its own
             self._warming = True
-            self.nursery.start_soon(self._warm_buffers, size, self.windows - have)
+            self.nursery.start_soon(self._warm_buffers, size, self.windows - 1 - have)
 
     async def _warm_buffers(self, size: int, count: int) -> None:
         try:
@@ -181,6 +185,7 @@ class WindowCache:
                 if size != max(self._largest.values(), default=0) or self.resident + self.pooled + size > self.limit:
                     return  # loads took the room meanwhile: they make their own
                 self._free.append(buf)
+                del buf  # a buffer the free list lets go of must not live on here
                 self._notify()
         finally:
             self._warming = False
