@@ -169,8 +169,7 @@ class ShuffleFS(pyfuse3.Operations):
             if node is None:
                 continue
             if not pyfuse3.readdir_reply(token, os.fsencode(probe.name), attributes(node), i + 1):
-                if node.lookups == 0:
-                    self.catalog.views.drop(node)
+                self.catalog.unlisted(node)
                 return
             node.lookups += 1
 

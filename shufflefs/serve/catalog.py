@@ -220,6 +220,11 @@ class Catalog:
         except (ShuffleError, OSError):
             return None
 
+    def unlisted(self, node: Node) -> None:
+        """A listed entry the kernel did not take (its buffer was full): gone unless looked up."""
+        if node.lookups == 0:
+            self.views.drop(node)
+
     async def statvfs(self) -> os.statvfs_result:
         return await self.workers.run(self.store.statvfs)
 
