@@ -156,6 +156,7 @@ class View:
             raise
         self.header, self.trailer = frame
         self.layout = Layout(index, plan, len(self.header), len(self.trailer))
+        self._runs_memo: tuple[Plan, int, tuple[np.ndarray, np.ndarray] | None] | None = None
 
     @property
     def size(self) -> int:
@@ -172,7 +173,8 @@ class View:
         """
         self.source.check()
         plan = self.plan if plan is None else plan
-        self.hint(k, plan)  # this window's blocks all in flight at once (only window 0 is not yet)
+        runs = self._runs(plan, k)
+        self._advise(runs)  # this window's blocks all in flight at once (only window 0 is not yet)
         size = self.layout.window_size(k) if plan is self.plan else int(plan.window_sizes[k])
         ids = plan.window(k)
         if out is None or len(out) < size:
@@ -187,7 +189,6 @@ class View:
             return window, scratch
         if scratch is None:
             scratch = np.empty(READ_CHUNK, np.uint8)
-        runs = plan.window_runs(k)
         step = RECORD_CHUNK if runs is None and _sparse(plan, len(ids)) else max(len(ids), 1)
         passes = [(ids[lo: lo + step], runs) for lo in range(0, max(len(ids), 1), step)]
         pos, remote, local_bytes = 0, 0, 0
@@ -211,12 +212,26 @@ class View:
 
     def hint(self, k: int, plan: Plan | None = None) -> None:
         """Ask the kernel to read window k's long runs into the page cache (returns at once)."""
-        runs = (self.plan if plan is None else plan).window_runs(k)
+        self._advise(self._runs(self.plan if plan is None else plan, k))
+
+    def _runs(self, plan: Plan, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """``plan.window_runs(k)``, computed once for the hint of window k and its load (a page
+        order's runs take an argsort per window).  One entry, replaced whole: loads of other
+        windows on other threads only miss it."""
+        memo = self._runs_memo
+        if memo is not None and memo[0] is plan and memo[1] == k:
+            return memo[2]
+        runs = plan.window_runs(k)
+        self._runs_memo = (plan, k, runs)
+        return runs
+
+    def _advise(self, runs: tuple[np.ndarray, np.ndarray] | None) -> None:
         if runs is None:  # a record-level order: runs of a record or two, nothing to hint
             return
         b = self.index.bounds
         long = np.flatnonzero(b[runs[0] + runs[1]] - b[runs[0]] >= HINT_RUN)
-        self.source.advise(self.index, runs[0][long], runs[1][long])
+        if len(long):
+            self.source.advise(self.index, runs[0][long], runs[1][long])
 
     def close(self) -> None:
         self.source.close()
