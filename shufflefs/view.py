@@ -157,6 +157,8 @@ class View:
         self.header, self.trailer = frame
         self.layout = Layout(index, plan, len(self.header), len(self.trailer))
         self._runs_memo: tuple[Plan, int, tuple[np.ndarray, np.ndarray] | None] | None = None
+        none = np.zeros(0, np.int64)  # a source without descriptors places nothing (`Source.place`)
+        self._gathered = _build_window is not None and source.place(index, none, none) is not None
 
     @property
     def size(self) -> int:
@@ -179,7 +181,7 @@ class View:
         ids = plan.window(k)
         if out is None or len(out) < size:
             out = np.empty(size, np.uint8)
-        if _build_window is None or self.source.place(self.index, ids[:0], ids[:0]) is None:
+        if not self._gathered:
             # no compiled gather, or a source without descriptors: all runs in one call
             window = assemble(self.index, ids, self.source.read_runs, out)
             if self.check is not None:
