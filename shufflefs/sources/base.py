@@ -44,6 +44,9 @@ class Reader(Protocol):
 
     def verify_read(self, offset: int | None) -> None: ...
 
+    # optional: ``mapping() -> mmap.mmap | None``, a read-only mapping of the file, which the
+    # gather copies short runs from (`view.MAP_RUN`); a reader without it is always read by pread
+
 
 class Source(Protocol):
     """One version of a source file (or of a pool's files) that a view reads records from.

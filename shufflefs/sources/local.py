@@ -6,7 +6,9 @@ no symbolic links), so a directory swapped for a link while mounted never leads 
 
 from __future__ import annotations
 
+import mmap
 import os
+import threading
 
 import numpy as np
 
@@ -25,6 +27,8 @@ class SourceFile:
     def __init__(self, path: str, stamp: SourceStamp) -> None:
         self.path = path
         self.stamp = stamp
+        self._map: mmap.mmap | None = None
+        self._map_lock = threading.Lock()
         try:
             self.fd = resolve.open_path(path)
         except FileNotFoundError:
@@ -111,7 +115,28 @@ class SourceFile:
     def read_range(self, start: int, end: int) -> bytes:
         return self.read_runs(np.array([start]), np.array([end])).tobytes()
 
+    def mapping(self) -> mmap.mmap | None:
+        """A read-only mapping of the whole file, made on first use and kept until `close`, for
+        windows of short runs (`view.MAP_RUN`); None for an empty or closed file.  The compiled
+        gather guards its copies from it against SIGBUS (a file that shrank), and every window is
+        verified against the stamp afterwards, as with preads."""
+        with self._map_lock:
+            if self._map is None and self.fd >= 0 and self.stamp.size > 0:
+                try:
+                    self._map = mmap.mmap(self.fd, self.stamp.size, prot=mmap.PROT_READ)
+                except (ValueError, OSError):  # shorter than its stamp (raises), or not mappable
+                    self.verify_read(None)
+                    return None
+            return self._map
+
     def close(self) -> None:
+        with self._map_lock:
+            mapped, self._map = self._map, None
+        if mapped is not None:
+            try:
+                mapped.close()
+            except BufferError:  # a window load still copies from it: unmapped when it lets go
+                pass
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

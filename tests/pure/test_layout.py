@@ -164,19 +164,22 @@ def _stamped(data: bytes, index: RecordIndex) -> tuple[str, RecordIndex]:
     return path, RecordIndex(index.size, index.bounds, index.add_newline, stamp)
 
 
-@pytest.mark.parametrize("compiled,passes", [(True, 1), (True, 3), (False, 1)])
+@pytest.mark.parametrize("compiled,passes,mapped", [(True, 1, False), (True, 3, False), (True, 1, True),
+                                                    (True, 3, True), (False, 1, False)])
 @settings(max_examples=150, deadline=None)
 @given(case=indexed_files(), scratch=st.integers(1, 120))
-def test_view_windows_match_the_reference(compiled, passes, case, scratch):
-    """`View.load_window` (the compiled chunked read, or its numpy fallback) builds the same
-    bytes as `assemble`, for scratch buffers smaller than records and windows; ``passes`` 3: a
-    record-level window is built a few records at a time (as sparse windows are)."""
+def test_view_windows_match_the_reference(compiled, passes, mapped, case, scratch):
+    """`View.load_window` (the compiled chunked read, its copy from a mapping, or the numpy
+    fallback) builds the same bytes as `assemble`, for scratch buffers smaller than records and
+    windows; ``passes`` 3: a record-level window is built a few records at a time (as sparse
+    windows are)."""
     if compiled and view._build_window is None:
         pytest.skip("compiled window build not built")
     data, index, order, cuts = case
     path, index = _stamped(data, index)
-    saved = view._build_window, view.RECORD_CHUNK, view.SPARSE
+    saved = view._build_window, view.RECORD_CHUNK, view.SPARSE, view.MAP_RUN
     try:
+        view.MAP_RUN = 1 << 62 if mapped else 0
         if not compiled:
             view._build_window = None
         if passes > 1:
@@ -194,7 +197,7 @@ def test_view_windows_match_the_reference(compiled, passes, case, scratch):
         finally:
             v.close()
     finally:
-        view._build_window, view.RECORD_CHUNK, view.SPARSE = saved
+        view._build_window, view.RECORD_CHUNK, view.SPARSE, view.MAP_RUN = saved
         os.unlink(path)
 
 
