@@ -27,8 +27,19 @@
        the faulting copy on that thread only), and it returns ``(run, file offset)`` like a
        short read.  A SIGBUS outside a guarded copy goes to whatever handler was there before.
 
-   Every id, run and position is checked before any byte is read or copied; bad input raises
-   ValueError or IndexError. */
+   gather_mapped(out, maps, bounds, ids, member_first, member_map, member_shift, newline_ids)
+       Copies records ``ids`` in view order from mappings of their files to the front of
+       ``out``, one after the other: record x lies in the member m whose ``member_first[m]`` is
+       the last <= x (sorted, starting at 0), at offset ``bounds[x] + member_shift[m]`` of the
+       buffer ``maps[member_map[m]]``.  No sort, no runs, writes in order; for record-level
+       orders, whose records are scattered anyway.  A record in ``newline_ids`` gets a newline
+       after it.  Returns the bytes written, or ``(i, file offset)`` when the mapping of ids[i]
+       faulted (SIGBUS: its file shrank).  Each record is checked (inside the bounds, the
+       mapping and ``out``) just before it is copied; bad input raises with ``out`` partly
+       written, which the caller discards.
+
+   Except in gather_mapped, every id, run and position is checked before any byte is read or
+   copied; bad input raises ValueError or IndexError. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <errno.h>
@@ -289,9 +300,127 @@ done:
     return ret;
 }
 
+
+/* the records of gather_mapped; 0, -1 when a mapping faulted (*fault = i), or 1 for bad input
+   (*fault = i) */
+static int copy_view_order(char *ob, Py_ssize_t olen, Py_buffer *mb, Py_ssize_t M, const int64_t *b, Py_ssize_t nrec,
+                           const int64_t *ids, Py_ssize_t n, const int64_t *mf, const int64_t *mm, const int64_t *ms,
+                           Py_ssize_t NM, const int64_t *nl, Py_ssize_t NL, int64_t *written, Py_ssize_t *fault) {
+    sigjmp_buf jb;
+    volatile Py_ssize_t i = 0;
+    volatile int64_t pos = 0;
+    if (sigsetjmp(jb, 0)) {
+        sigset_t bus;
+        bus_guard = NULL;
+        sigemptyset(&bus);
+        sigaddset(&bus, SIGBUS);
+        pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
+        *fault = i;
+        return -1;
+    }
+    bus_guard = &jb;
+    for (; i < n; i++) {
+        int64_t x = ids[i];
+        if (i + 2 * PREFETCH_RUNS < n && ids[i + 2 * PREFETCH_RUNS] >= 0 && ids[i + 2 * PREFETCH_RUNS] < nrec)
+            __builtin_prefetch(b + ids[i + 2 * PREFETCH_RUNS], 0, 0);
+        if (x < 0 || x >= nrec) break;
+        Py_ssize_t m = NM == 1 ? 0 : last_le(mf, NM, x);
+        if (m < 0 || mm[m] < 0 || mm[m] >= M) break;
+        int64_t off = b[x] + ms[m], len = b[x + 1] - b[x];
+        if (i + PREFETCH_RUNS < n) {
+            int64_t y = ids[i + PREFETCH_RUNS];
+            if (y >= 0 && y < nrec) {
+                Py_ssize_t q = NM == 1 ? 0 : last_le(mf, NM, y);
+                if (q >= 0 && mm[q] >= 0 && mm[q] < M && b[y] + ms[q] >= 0 && b[y] + ms[q] < mb[mm[q]].len)
+                    __builtin_prefetch((const char *)mb[mm[q]].buf + b[y] + ms[q], 0, 0);
+            }
+        }
+        if (len < 0 || off < 0 || off > mb[mm[m]].len - len || pos > olen - len) break;
+        memcpy(ob + pos, (const char *)mb[mm[m]].buf + off, (size_t)len);
+        pos += len;
+        if (NL) {
+            Py_ssize_t j = last_le(nl, NL, x);
+            if (j >= 0 && nl[j] == x) {
+                if (pos >= olen) break;
+                ob[pos++] = '\n';
+            }
+        }
+    }
+    bus_guard = NULL;
+    *written = pos;
+    *fault = i;
+    return i < n ? 1 : 0;
+}
+
+static PyObject *gather_mapped(PyObject *self, PyObject *args) {
+    Py_buffer out, bounds, idsb, mfirst, mmap_, mshift, nlb;
+    PyObject *maps;
+    if (!PyArg_ParseTuple(args, "w*O!y*y*y*y*y*y*", &out, &PyTuple_Type, &maps, &bounds, &idsb, &mfirst, &mmap_,
+                          &mshift, &nlb))
+        return NULL;
+    PyObject *ret = NULL;
+    Py_ssize_t M = PyTuple_GET_SIZE(maps), got_maps = 0;
+    Py_buffer *mb = calloc((size_t)(M ? M : 1), sizeof(Py_buffer));
+    if (!mb) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got_maps < M; got_maps++)
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(maps, got_maps), &mb[got_maps], PyBUF_SIMPLE) < 0) goto done;
+    Py_ssize_t n = idsb.len / 8, NM = mfirst.len / 8, nrec = bounds.len / 8 - 1, NL = nlb.len / 8;
+    if (check_i64(&bounds, -1, "bounds") || check_i64(&idsb, -1, "ids") || check_i64(&mfirst, -1, "member_first")
+        || check_i64(&mmap_, NM, "member_map") || check_i64(&mshift, NM, "member_shift")
+        || check_i64(&nlb, -1, "newline_ids"))
+        goto done;
+    const int64_t *mf = mfirst.buf, *nl = nlb.buf;
+    if (nrec < 0 || NM < 1 || mf[0] != 0) {
+        PyErr_SetString(PyExc_ValueError, "need bounds and members starting at record 0");
+        goto done;
+    }
+    for (Py_ssize_t m = 1; m < NM; m++)
+        if (mf[m] < mf[m - 1]) {
+            PyErr_SetString(PyExc_ValueError, "member_first must be sorted");
+            goto done;
+        }
+    for (Py_ssize_t j = 1; j < NL; j++)
+        if (nl[j] <= nl[j - 1]) {
+            PyErr_SetString(PyExc_ValueError, "newline_ids must be sorted and distinct");
+            goto done;
+        }
+    int64_t written = 0;
+    Py_ssize_t at = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = copy_view_order(out.buf, out.len, mb, M, bounds.buf, nrec, idsb.buf, n, mf, mmap_.buf, mshift.buf, NM, nl, NL,
+                         &written, &at);
+    Py_END_ALLOW_THREADS
+    if (rc > 0) {
+        PyErr_Format(PyExc_IndexError, "record %zd (id %lld) is outside its bounds, mapping or the output", at,
+                     (long long)((const int64_t *)idsb.buf)[at]);
+        goto done;
+    }
+    if (rc < 0) {
+        const int64_t *ids = idsb.buf, *b = bounds.buf, *ms = mshift.buf;
+        int64_t x = ids[at];
+        Py_ssize_t m = NM == 1 ? 0 : last_le(mf, NM, x);
+        ret = Py_BuildValue("nL", at, (long long)(b[x] + ms[m]));
+        goto done;
+    }
+    ret = PyLong_FromLongLong(written);
+done:
+    if (mb) {
+        for (Py_ssize_t i = 0; i < got_maps; i++) PyBuffer_Release(&mb[i]);
+        free(mb);
+    }
+    PyBuffer_Release(&out); PyBuffer_Release(&bounds); PyBuffer_Release(&idsb); PyBuffer_Release(&mfirst);
+    PyBuffer_Release(&mmap_); PyBuffer_Release(&mshift); PyBuffer_Release(&nlb);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS, "Copy byte ranges between buffers."},
     {"build_window", build_window, METH_VARARGS, "Read a window's records from a file into their view positions."},
+    {"gather_mapped", gather_mapped, METH_VARARGS, "Copy records in view order from mappings of their files."},
     {NULL, NULL, 0, NULL},
 };
 static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_gather", NULL, -1, methods};

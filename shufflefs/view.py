@@ -5,10 +5,13 @@ the result.  Every load checks the source against the stamp its index was built 
 and after reading), so a file changed or removed while mounted yields `StaleSourceError`
 instead of bytes that mix two versions.
 
-A window load (`View.load_window`) is one compiled call (`_gather.build_window`) that holds
-no GIL: one pass over the window's runs in ascending source order, reading `READ_CHUNK` bytes at
-a time into a small scratch buffer and copying each record of the chunk to its place in the
-window while the chunk is still in the CPU cache.  Without the compiled module,
+A window load (`View.load_window`) is one compiled call that holds no GIL.  A window of long
+runs (block orders, `none`) is built by `_gather.build_window`: one pass over the window's runs
+in ascending source order, reading `READ_CHUNK` bytes at a time into a small scratch buffer and
+copying each record of the chunk to its place in the window while the chunk is still in the CPU
+cache.  A window of short runs (record-level and page orders, `MAP_RUN`) is copied record by
+record in view order from a read-only mapping of the source (`_gather.gather_mapped`): no
+system call, sort or run per record.  Without the compiled module,
 `layout.assemble` does the same work (all runs into a window-sized scratch, then a numpy
 gather), several times slower.  For a sequential reader the load then asks the kernel to read
 the next window's blocks into the page cache (``POSIX_FADV_WILLNEED``), so that a cold disk
@@ -17,9 +20,7 @@ works on them while this window is served and the next load starts.
 
 from __future__ import annotations
 
-import concurrent.futures
 import errno
-import threading
 from typing import Callable
 
 import numpy as np
@@ -27,12 +28,13 @@ import numpy as np
 from .formats.base import WindowCheck
 from .index import RecordIndex
 from .layout import Layout, assemble, id_runs
-from .sources.base import Reader, Runs, Source
+from .sources.base import Members, Reader, Runs, Source
 
 try:
     from ._gather import build_window as _build_window  # compiled at install time; optional
+    from ._gather import gather_mapped as _gather_mapped
 except ImportError:  # pragma: no cover - depends on the build (or an older build of it)
-    _build_window = None
+    _build_window = _gather_mapped = None
 from .strategies.base import Plan
 
 GATHER = "compiled" if _build_window is not None else "numpy"
@@ -55,15 +57,20 @@ reads its records in ascending order.  A dense window is built in one pass, whos
 merge into long runs: on a 2-core VM (64 MiB window of 50-byte records, 91% of the file's
 records) one pass took 0.5-0.6 s, passes of 2**17 records 1.4-1.6 s (a pread per record)."""
 MAP_RUN = 64 << 10
-"""Windows whose runs average fewer bytes than this are copied from a read-only mapping of the
-source (`SourceFile.mapping`) instead of read by one pread per run: record-level orders
-(``full``, ``once``, ``window``, ``lirs``) and page orders (``lirs-page``).  Block orders keep
-large preads, which the kernel's readahead serves best cold."""
-SPLIT_RECORDS = 1 << 13
-"""A mapped record-level pass of at least twice this many records is built in two halves at
-once, the second on a helper thread (`_build_halves`): copying records from random places of a
-mapping waits on memory, not on a core.  Measured on the 2-core VM (2 GiB of ~1 KiB JSON lines,
-warm, 64 MiB windows, every window of a view loaded in one process): ..."""
+"""Windows whose runs average fewer bytes than this are copied in view order from read-only
+mappings of the source files (`Source.mapped_members`) instead of read by one pread per run:
+record-level orders (``full``, ``once``, ``window``, ``lirs``) and page orders (``lirs-page``).
+Block orders keep large preads, which the kernel's readahead serves best cold.
+
+Measured on the 2-core VM (2 GiB of ~1 KiB JSON lines, warm, 64 MiB windows, 1 MiB reads of the
+mounted view, median of three epochs, two alternating rounds; ``none`` read 2.2-3.4 GB/s in the
+same runs): ``full`` 0.57-0.59 GB/s with a pread per run, 1.0-1.3 copying runs from a mapping
+in source order (prefetching a later run's lines), 1.76-1.82 copying in view order; ``window``
+0.80 -> 1.3 -> 1.7-2.4; ``lirs-page`` 1.0 -> 1.2-1.4 -> 1.7-1.8.  Building the halves of a
+window on two threads at once gained 10-30% in one process but lost 10-15% through the mount,
+where the FUSE thread and the reader need the second core.  Copying with cache-bypassing
+(streaming) stores made every load 1.5-3x slower on this VM.  A ``corgipile`` window copied from
+a mapping loaded no faster than by preads (3.3-3.6 GB/s both, in one process)."""
 SPARSE = 0.25
 """Windows holding less than this share of their index's records are built in passes."""
 LOAD_WORK_RUNS, LOAD_WORK_RECORDS = 24, 56
@@ -128,26 +135,33 @@ def build_runs(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, ids: np
     return out[:got]
 
 
-_helper_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_helper_lock = threading.Lock()
-_helper_local = threading.local()
+def added_newlines(newline_ids: np.ndarray, ids: np.ndarray) -> int:
+    """How many of ``ids`` gain a newline in the view (``newline_ids`` sorted; a repeated id
+    counts each time): the window bytes that did not come from the source.  Works in slices of
+    `RECORD_CHUNK` ids, so that a window of tiny records needs no array as long as its ids."""
+    if not len(newline_ids) or not len(ids):
+        return 0
+    added = 0
+    for lo in range(0, len(ids), RECORD_CHUNK):
+        part = ids[lo: lo + RECORD_CHUNK]
+        at = np.minimum(np.searchsorted(newline_ids, part), len(newline_ids) - 1)
+        added += int(np.count_nonzero(newline_ids[at] == part))
+    return added
 
 
-def _helper() -> concurrent.futures.ThreadPoolExecutor:
-    global _helper_pool
-    with _helper_lock:
-        if _helper_pool is None:
-            _helper_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="shufflefs-build")
-        return _helper_pool
-
-
-def _on_helper(build: Callable, out: np.ndarray, part: np.ndarray) -> tuple[int, int, int]:
-    """``build`` on the helper thread, with a scratch buffer of its own (a run without a mapping
-    is read through it)."""
-    scratch = getattr(_helper_local, "scratch", None)
-    if scratch is None:
-        scratch = _helper_local.scratch = np.empty(READ_CHUNK, np.uint8)
-    return build(out, scratch, part, None, True)
+def gather_members(out: np.ndarray, index: RecordIndex, ids: np.ndarray, members: Members,
+                   source: Source) -> np.ndarray:
+    """Records ``ids`` copied in view order from the mappings of their files into ``out``
+    (`_gather.gather_mapped`); a file that shrank under its mapping is reported by the source
+    (`Reader.ended`), and every file is verified afterwards, as after preads."""
+    got = _gather_mapped(out, members.maps, index.bounds, np.ascontiguousarray(ids, np.int64), members.first,
+                         members.slot, members.shift, index.newline_ids)
+    if isinstance(got, tuple):  # (position in ids, file offset): that file ended early
+        m = int(np.searchsorted(members.first, ids[got[0]], "right")) - 1
+        source.file_of(int(members.fd[m])).ended(got[1])
+        raise OSError(errno.EIO, "a file ended early")  # ended() raises; never serve a short window
+    source.verify_open()
+    return out[:got]
 
 
 Meter = Callable[[int, int], None]
@@ -207,6 +221,7 @@ class View:
         self.header, self.trailer = frame
         self.layout = Layout(index, plan, len(self.header), len(self.trailer))
         self._runs_memo: tuple[Plan, int, tuple[np.ndarray, np.ndarray] | None] | None = None
+        self._members: Members | None | bool = False  # False: not asked yet
         none = np.zeros(0, np.int64)  # a source without descriptors places nothing (`Source.place`)
         self._gathered = _build_window is not None and source.place(index, none, none) is not None
 
@@ -243,14 +258,15 @@ class View:
             scratch = np.empty(READ_CHUNK, np.uint8)
         # short runs on average (a window's bytes are about its size): copied from a mapping
         mapped = size < MAP_RUN * (len(runs[0]) if runs is not None else max(len(ids), 1))
-        step = RECORD_CHUNK if runs is None and _sparse(plan, len(ids)) else max(len(ids), 1)
+        members = self._mapped_members() if mapped else None
+        # copied in view order from mappings: no working arrays, one pass; else runs, in passes
+        sparse = runs is None and members is None and _sparse(plan, len(ids))
+        step = RECORD_CHUNK if sparse else max(len(ids), 1)
         pos, remote, local_bytes = 0, 0, 0
         for lo in range(0, max(len(ids), 1), step):
             part = ids[lo: lo + step]
-            if mapped and len(part) >= 2 * SPLIT_RECORDS:
-                built, r, loc = self._build_halves(out[pos:], scratch, part)
-            else:
-                built, r, loc = self._build_part(out[pos:], scratch, part, runs if step >= len(ids) else None, mapped)
+            part_runs = runs if step >= len(ids) else None
+            built, r, loc = self._build_part(out[pos:], scratch, part, part_runs, mapped, members)
             pos, remote, local_bytes = pos + built, remote + r, local_bytes + loc
         window = out[:pos]
         if self.check is not None:
@@ -261,36 +277,33 @@ class View:
             self.hint(k + 1, plan)
         return window, scratch
 
+    def _mapped_members(self) -> Members | None:
+        """The source's files as mappings (`Source.mapped_members`), asked once per view; None
+        if it has none (a stage, a remote store, no compiled module)."""
+        if self._members is False:
+            ask = getattr(self.source, "mapped_members", None)
+            self._members = ask() if ask is not None and _gather_mapped is not None else None
+        return self._members
+
     def _build_part(self, out: np.ndarray, scratch: np.ndarray, part: np.ndarray,
-                    runs: tuple[np.ndarray, np.ndarray] | None, mapped: bool) -> tuple[int, int, int]:
+                    runs: tuple[np.ndarray, np.ndarray] | None, mapped: bool,
+                    members: Members | None = None) -> tuple[int, int, int]:
         """Records ``part`` (view order; ``runs``: the same as ascending runs, if known) built at
-        the start of ``out``: ``(bytes built, of them from the source, from a local stage)``."""
+        the start of ``out``: ``(bytes built, of them from the source, from a local stage)``.
+        With ``members``, copied in view order from the mappings (`gather_members`)."""
+        newlines = self.index.newline_ids
+        if members is not None:
+            built = len(gather_members(out, self.index, part, members, self.source))
+            return built, built - added_newlines(newlines, part), 0
         first, count = runs if runs is not None else id_runs(part)
         placed = self.source.place(self.index, first, count)
-        newlines = self.index.newline_ids
         built = len(build_runs(out, scratch, self.index, part, placed, newlines, self.source.file_of, mapped))
         if self.meter is None:
             return built, 0, 0
         if self.source.local_fd < 0:  # all from the source: what was built, less added newlines
-            return built, built - int(np.isin(newlines, part).sum()), 0
+            return built, built - added_newlines(newlines, part), 0
         nbytes, local = placed.nbytes(self.index.bounds), placed.fd == self.source.local_fd
         return built, int(nbytes[~local].sum()), int(nbytes[local].sum())
-
-    def _build_halves(self, out: np.ndarray, scratch: np.ndarray, part: np.ndarray) -> tuple[int, int, int]:
-        """`_build_part` of a mapped record-level part, its second half on the helper thread
-        (`SPLIT_RECORDS`).  Never returns (or raises) while the helper still writes to ``out``."""
-        half = len(part) // 2
-        first, second = part[:half], part[half:]
-        at = int(self.index.out_lengths(first).sum())
-        later = _helper().submit(_on_helper, self._build_part, out[at:], second)
-        try:
-            a = self._build_part(out[:at], scratch, first, None, True)
-        finally:
-            concurrent.futures.wait([later])
-        b = later.result()
-        if a[0] != at:
-            raise RuntimeError(f"{self.path}: first half built {a[0]} bytes, expected {at}")
-        return a[0] + b[0], a[1] + b[1], a[2] + b[2]
 
     def hint(self, k: int, plan: Plan | None = None) -> None:
         """Ask the kernel to read window k's long runs into the page cache (returns at once)."""

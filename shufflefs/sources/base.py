@@ -37,6 +37,19 @@ class Runs(NamedTuple):
         return bounds[self.first + self.count] - bounds[self.first]
 
 
+class Members(NamedTuple):
+    """A source's files as read-only mappings, for copying records in view order
+    (`_gather.gather_mapped`): record x lies in member m, the last whose ``first[m] <= x``, at
+    offset ``bounds[x] + shift[m]`` of ``maps[slot[m]]`` (slot -1: an empty member, never read);
+    ``fd[m]`` names the member's file for `Source.file_of`."""
+
+    maps: tuple
+    first: np.ndarray
+    slot: np.ndarray
+    shift: np.ndarray
+    fd: np.ndarray
+
+
 class Reader(Protocol):
     """A file a run can lie in (a source file, or a stage file): reports its own failures."""
 
@@ -46,6 +59,8 @@ class Reader(Protocol):
 
     # optional: ``mapping() -> mmap.mmap | None``, a read-only mapping of the file, which the
     # gather copies short runs from (`view.MAP_RUN`); a reader without it is always read by pread
+    # optional on a `Source`: ``mapped_members() -> Members | None``, all of its files mapped, for
+    # record-level windows copied in view order; a source without it is read by runs
 
 
 class Source(Protocol):

@@ -16,7 +16,7 @@ from .. import resolve
 from ..errors import StaleSourceError
 from ..formats.base import Format
 from ..index import RecordIndex, SourceStamp
-from .base import Runs
+from .base import Members, Runs
 
 
 class SourceFile:
@@ -128,6 +128,14 @@ class SourceFile:
                     self.verify_read(None)
                     return None
             return self._map
+
+    def mapped_members(self) -> Members | None:
+        """This file as the only member (`Members`), or None if it cannot be mapped."""
+        mapped = self.mapping()
+        if mapped is None:
+            return None
+        zero = np.zeros(1, np.int64)
+        return Members((mapped,), zero, zero, zero, np.array([self.fd], np.int64))
 
     def close(self) -> None:
         with self._map_lock:

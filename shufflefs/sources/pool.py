@@ -11,7 +11,7 @@ import numpy as np
 
 from ..index import SourceStamp
 from ..pooled import PooledIndex, split_runs
-from .base import Runs, Source
+from .base import Members, Runs, Source
 
 
 class PoolSource:
@@ -63,6 +63,23 @@ class PoolSource:
             return None
         first, count, member = index.split_runs(first, count)
         return Runs(first, count, self.fds[member], index.shifts[member])
+
+    def mapped_members(self) -> Members | None:
+        """Every member's mapping (`Members`); None unless each member with records has one."""
+        if not self._placed:
+            return None
+        index, maps, slot = self.index, [], np.full(len(self.files), -1, np.int64)
+        counts = np.diff(index.member_firsts)
+        for m, f in enumerate(self.files):
+            ask = getattr(f, "mapping", None)
+            mapped = ask() if ask is not None else None
+            if mapped is not None:
+                slot[m] = len(maps)
+                maps.append(mapped)
+            elif counts[m]:
+                return None
+        return Members(tuple(maps), np.asarray(index.member_firsts[:-1], np.int64), slot,
+                       np.asarray(index.shifts, np.int64), self.fds)
 
     def file_of(self, fd: int) -> Source:
         return self.files[self._by_fd[fd]]

@@ -165,7 +165,7 @@ def _stamped(data: bytes, index: RecordIndex) -> tuple[str, RecordIndex]:
 
 
 @pytest.mark.parametrize("compiled,passes,mapped", [(True, 1, False), (True, 3, False), (True, 1, True),
-                                                    (True, 3, True), (False, 1, False)])
+                                                    (False, 1, False)])
 @settings(max_examples=150, deadline=None)
 @given(case=indexed_files(), scratch=st.integers(1, 120))
 def test_view_windows_match_the_reference(compiled, passes, mapped, case, scratch):

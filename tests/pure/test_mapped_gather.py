@@ -154,3 +154,70 @@ def test_an_empty_or_already_shorter_file_has_no_mapping(tmp_path):
     with pytest.raises(StaleSourceError):
         f.mapping()
     f.close()
+
+
+def test_a_pool_member_that_shrinks_is_named(tmp_path):
+    """Records copied in view order from a pool's members: the member cut short is the one the
+    stale-source error names, and its offset."""
+    from shufflefs.pooled import PooledIndex
+    from shufflefs.sources.pool import PoolSource
+
+    paths, members = [], []
+    for m in range(3):
+        path = tmp_path / f"part-{m}.bin"
+        path.write_bytes(bytes([m]) * (RECORDS // 3) * SIZE)
+        bounds = np.arange(0, (RECORDS // 3) * SIZE + 1, SIZE, dtype=np.int64)
+        members.append(RecordIndex((RECORDS // 3) * SIZE, bounds, False, SourceStamp.of(os.stat(path))))
+        paths.append(str(path))
+    pool = PooledIndex(members)
+    source = PoolSource(paths, pool, SourceFile)
+    plan = OrderPlan(pool, 2)
+    v = view.View(paths[0], pool, plan, source, frame=(b"", b""))
+    try:
+        window, _ = v.load_window(0)
+        b = pool.bounds
+        assert window.tobytes() == b"".join(bytes([int(np.searchsorted(pool.member_firsts, i, "right")) - 1]) * SIZE
+                                            for i in plan.window(0).tolist())
+        os.truncate(paths[1], 10 * SIZE)
+        v.source.check = lambda: None  # reach the copy itself
+        with pytest.raises(StaleSourceError, match="part-1"):
+            v.load_window(1)
+        assert b[-1] == 3 * (RECORDS // 3) * SIZE
+    finally:
+        v.close()
+
+
+def test_the_compiled_copies_refuse_what_lies_outside(source):
+    """Direct calls: ids, runs or records outside the bounds, the mapping or the output raise
+    before touching memory outside them; a truncated mapping reports where."""
+    from shufflefs import _gather
+
+    path, index, data = source
+    f = SourceFile(path, index.stamp)
+    try:
+        m = f.mapping()
+        i64 = lambda *v: np.array(v, np.int64)  # noqa: E731
+        zero, nl = i64(0), np.zeros(0, np.int64)
+        out = np.zeros(10 * SIZE, np.uint8)
+        assert _gather.gather_mapped(out, (m,), index.bounds, i64(5, 2), zero, zero, zero, nl) == 2 * SIZE
+        assert out[:2 * SIZE].tobytes() == data[5 * SIZE: 6 * SIZE].tobytes() + data[2 * SIZE: 3 * SIZE].tobytes()
+        for bad in (i64(RECORDS), i64(-1)):
+            with pytest.raises(IndexError):
+                _gather.gather_mapped(out, (m,), index.bounds, bad, zero, zero, zero, nl)
+        with pytest.raises(IndexError):  # the output is too small
+            _gather.gather_mapped(out[:SIZE - 1], (m,), index.bounds, i64(1), zero, zero, zero, nl)
+        with pytest.raises(IndexError):  # a shift past the mapping
+            _gather.gather_mapped(out, (m,), index.bounds, i64(RECORDS - 1), zero, zero, i64(SIZE), nl)
+        with pytest.raises(IndexError):  # a member without a mapping
+            _gather.gather_mapped(out, (m,), index.bounds, i64(1), zero, i64(-1), zero, nl)
+        with pytest.raises(IndexError):  # a run past the end of its mapping
+            _gather.build_window(out, np.zeros(16, np.uint8), index.bounds, i64(1), i64(1), i64(1), i64(f.fd),
+                                 i64(len(data)), nl, (m,), zero)
+        os.truncate(path, 3 * SIZE)
+        got = _gather.gather_mapped(out, (m,), index.bounds, i64(1, RECORDS - 1), zero, zero, zero, nl)
+        assert got == (1, (RECORDS - 1) * SIZE)
+        got = _gather.build_window(out, np.zeros(16, np.uint8), index.bounds, i64(RECORDS - 1), i64(RECORDS - 1),
+                                   i64(1), i64(f.fd), zero, nl, (m,), zero)
+        assert got == (0, (RECORDS - 1) * SIZE)
+    finally:
+        f.close()

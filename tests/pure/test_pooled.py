@@ -168,7 +168,7 @@ def test_pool_source_reads_pooled_ranges_from_its_members(files, header, cuts, s
         edges = sorted({int(c * len(data)) for c in cuts} | {0, len(data)})
         starts, ends = np.array(edges[:-1][::2], np.int64), np.array(edges[1:][::2], np.int64)
         source = PoolSource(paths, pool, SourceFile)
-        saved = view._build_window
+        saved = view._build_window, view.MAP_RUN
         try:
             got = source.read_runs(starts, ends).tobytes()
             assert got == b"".join(data[s:e] for s, e in zip(starts.tolist(), ends.tolist()))
@@ -179,6 +179,16 @@ def test_pool_source_reads_pooled_ranges_from_its_members(files, header, cuts, s
             for k in range(plan.n_windows):
                 assert v.load_window(k)[0].tobytes() == assemble(pool, plan.window(k), fetch).tobytes()
             v.close()
+            view._build_window = saved[0]
+            # compiled: preads of runs, then copies in view order from the members' mappings
+            for map_run in (0, 1 << 62):
+                view.MAP_RUN = map_run
+                if view._build_window is None:
+                    break
+                v = view.View(paths[0], pool, plan, source.share(), frame=(b"", b""))
+                for k in range(plan.n_windows):
+                    assert v.load_window(k)[0].tobytes() == assemble(pool, plan.window(k), fetch).tobytes()
+                v.close()
         finally:
-            view._build_window = saved
+            view._build_window, view.MAP_RUN = saved
             source.close()
