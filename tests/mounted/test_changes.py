@@ -154,3 +154,58 @@ def test_a_remount_with_the_same_cache_indexes_the_new_version(mount, change):
     got = read_all(again.path("a.jsonl"))
     assert isinstance(got, bytes), f"errno {got}"
     assert records(got) == records(new)
+
+
+def test_a_file_cut_and_rewritten_under_record_level_copies_never_ends_the_daemon(mount):
+    """``full`` windows are copied from a mapping of the source: a file cut short while a window
+    copies from it faults (SIGBUS) in the daemon.  Readers read epoch after epoch while another
+    thread cuts the file and writes it back, again and again: every read gives records of one
+    version or an errno, the daemon lives on, and once the churn stops the view serves the file
+    exactly."""
+    import threading
+    import time
+
+    pad = b"x" * 150
+    old = b"".join(b'{"id": %06d, "v": "old", "p": "%s"}\n' % (i, pad) for i in range(30000))
+    new = old.replace(b'"old"', b'"new"')
+    m = mount({"a.jsonl": old}, "--strategy", "full", "--block-size", "16KiB", "--buffer", "256KiB", name="cut")
+    src = m.src / "a.jsonl"
+    stop = threading.Event()
+    cuts = 0
+
+    def churn() -> None:
+        nonlocal cuts
+        version = old
+        while not stop.is_set():
+            os.truncate(src, len(version) // 9)
+            time.sleep(0.002)
+            version = new if version is old else old
+            with open(src, "r+b") as f:
+                f.write(version)
+            cuts += 1
+            time.sleep(0.01)
+
+    t = threading.Thread(target=churn)
+    t.start()
+    outcomes: collections.Counter = collections.Counter()
+    try:
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            got = read_all(m.path("a.jsonl"))
+            if isinstance(got, int):
+                outcomes[errno.errorcode.get(got, got)] += 1
+                continue
+            lines = got.splitlines(keepends=True)
+            assert all(line.endswith(b"}\n") and len(line) == len(lines[0]) for line in lines), "a damaged record"
+            versions = {line[15:20] for line in lines}
+            assert len(versions) <= 1, f"records of two versions in one read: {versions}"
+            assert len(set(lines)) == len(lines), "a record twice"
+            outcomes["whole" if len(lines) == 30000 else "part"] += 1
+    finally:
+        stop.set()
+        t.join()
+    assert cuts > 20
+    assert m.stats()["errors"] >= 1  # the daemon answers, and saw the changes
+    final = src.read_bytes()
+    got = read_all(m.path("a.jsonl"))
+    assert isinstance(got, bytes) and records(got) == records(final), outcomes
