@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,25 @@ def current_rss(pid: int) -> int:
     return 0
 
 
+def own_rss(pid: int) -> int:
+    """The daemon's own memory: anonymous and shared-memory resident pages (RssAnon + RssShmem),
+    without the file pages it maps (the source files that record-level views are copied from
+    are page cache, shared with every reader of those files, and counted in VmRSS); 0 once gone."""
+    total = 0
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(("RssAnon:", "RssShmem:")):
+                    total += int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return total
+
+
+SAMPLE_S = 0.005
+"""Seconds between samples of `own_rss` (the kernel keeps no peak of it)."""
+
+
 def reset_peak_rss(pid: int) -> bool:
     """Restart VmHWM from the current RSS (``clear_refs`` 5); False if not permitted."""
     try:
@@ -58,10 +78,11 @@ def reset_peak_rss(pid: int) -> bool:
 
 @dataclass
 class Usage:
-    """CPU seconds and peak RSS of one process over one measurement."""
+    """CPU seconds and peak memory of one process over one measurement."""
 
     cpu_s: float
-    peak_rss: int
+    peak_rss: int  # VmHWM: with the file pages it maps
+    peak_own: int  # the largest `own_rss` sampled every `SAMPLE_S`
     peak_since_start: bool  # VmHWM could not be reset: the peak covers the process's whole life
 
 
@@ -71,16 +92,31 @@ class Sampler:
     def __init__(self, pid: int | None) -> None:
         self.pid = pid
         self.usage: Usage | None = None
+        self._stop = threading.Event()
+        self._own = 0
+
+    def _sample(self) -> None:
+        while True:
+            self._own = max(self._own, own_rss(self.pid))
+            if self._stop.wait(SAMPLE_S):
+                return
 
     def __enter__(self) -> "Sampler":
         if self.pid is not None:
             self._reset = reset_peak_rss(self.pid)
             self._cpu0 = cpu_seconds(self.pid)
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.pid is not None and exc[0] is None:
-            self.usage = Usage(cpu_seconds(self.pid) - self._cpu0, peak_rss(self.pid), not self._reset)
+        if self.pid is None:
+            return
+        self._stop.set()
+        self._thread.join()
+        if exc[0] is None:
+            self._own = max(self._own, own_rss(self.pid))
+            self.usage = Usage(cpu_seconds(self.pid) - self._cpu0, peak_rss(self.pid), self._own, not self._reset)
 
 
 def drop_caches() -> None:

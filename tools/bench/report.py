@@ -21,6 +21,8 @@ class Row:
     file_records: int = 0
     cpu_s: float | None = None
     rss: int | None = None
+    own: int | None = None
+    """Peak of the daemon's own memory (anonymous + shared, sampled), without mapped file pages."""
     note: str = ""
     base: str = ""
     ratio: float | None = None
@@ -114,11 +116,17 @@ class Report:
 
 
 COLUMNS = ("read", "reader", "cache", "GB/s", "records/s", "epoch s", "first ms", "x base", "base", "x none",
-           "daemon CPU s", "daemon peak RSS MiB", "note")
+           "daemon CPU s", "daemon peak MiB own / RSS", "note")
 
 
 def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
+
+
+def _peaks(r: Row) -> str:
+    if r.rss is None:
+        return "-"
+    return f"{_num(None if r.own is None else r.own / MiB, '.0f')} / {r.rss / MiB:.0f}"
 
 
 def table(rows: Iterable[Row]) -> list[str]:
@@ -135,7 +143,7 @@ def table(rows: Iterable[Row]) -> list[str]:
             cells = [
                 r.what, r.reader, r.cache, _num(r.gbps, ".3f"), _num(r.records_per_s, ",.0f"), epoch,
                 _num(None if r.first_s is None else r.first_s * 1e3, ".1f"), _num(r.ratio, ".2f"), r.base or "-",
-                _num(r.ratio_none, ".2f"), _num(r.cpu_s, ".2f"), _num(None if r.rss is None else r.rss / MiB, ".0f"), note,
+                _num(r.ratio_none, ".2f"), _num(r.cpu_s, ".2f"), _peaks(r), note,
             ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
