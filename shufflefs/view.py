@@ -21,6 +21,7 @@ works on them while this window is served and the next load starts.
 from __future__ import annotations
 
 import errno
+import mmap
 from typing import Callable
 
 import numpy as np
@@ -32,15 +33,17 @@ from .sources.base import Members, Reader, Runs, Source
 
 try:
     from ._gather import build_window as _build_window  # compiled at install time; optional
+    from ._gather import cached_pages as _cached_pages
     from ._gather import gather_mapped as _gather_mapped
 except ImportError:  # pragma: no cover - depends on the build (or an older build of it)
-    _build_window = _gather_mapped = None
+    _build_window = _gather_mapped = _cached_pages = None
 from .strategies.base import Plan
 
 GATHER = "compiled" if _build_window is not None else "numpy"
 """Which window build serves: ``numpy`` (several times slower) means the compiled module
 ``shufflefs/_gather.c`` was not built or not found (shown by ``shufflefs stat``, warned at mount)."""
 
+PAGE = mmap.PAGESIZE
 READ_CHUNK = 1 << 20
 """Scratch bytes read at once while building a window (a chunk ends at a record boundary).
 Measured on a 2-core EPYC VM (1 MiB L2 per core) building 64 MiB corgipile windows of ~1 KiB
@@ -71,6 +74,14 @@ window on two threads at once gained 10-30% in one process but lost 10-15% throu
 where the FUSE thread and the reader need the second core.  Copying with cache-bypassing
 (streaming) stores made every load 1.5-3x slower on this VM.  A ``corgipile`` window copied from
 a mapping loaded no faster than by preads (3.3-3.6 GB/s both, in one process)."""
+CACHED = 0.95
+"""A window is copied from mappings only while at least this share of the source's pages is in
+the page cache (`_cached`: one cachestat(2) per file and window); otherwise it is read by
+preads, as cold windows always were.  Faults on a mapping read one page each (``MADV_RANDOM``:
+the kernel's read-around of megabytes per fault made it worse still) and mapped pages are slow
+to reclaim: with the daemon and reader in a 640 MiB memory cgroup over a 2 GiB file
+(`tools/lirs_penalty.py`), ``full`` read 0.011 GB/s and ``lirs-page`` 0.029 copying from the
+mapping, against 0.077 and 0.062 by preads (without ``MADV_RANDOM``: 1 MB in 20 s)."""
 SPARSE = 0.25
 """Windows holding less than this share of their index's records are built in passes."""
 LOAD_WORK_RUNS, LOAD_WORK_RECORDS = 24, 56
@@ -147,6 +158,16 @@ def added_newlines(newline_ids: np.ndarray, ids: np.ndarray) -> int:
         at = np.minimum(np.searchsorted(newline_ids, part), len(newline_ids) - 1)
         added += int(np.count_nonzero(newline_ids[at] == part))
     return added
+
+
+def _cached(members: Members) -> bool:
+    """Whether at least `CACHED` of the mapped files' pages are in the page cache."""
+    cached = total = 0
+    for m in np.flatnonzero(members.slot >= 0).tolist():
+        mapped = members.maps[int(members.slot[m])]
+        cached += _cached_pages(int(members.fd[m]), mapped)
+        total += -(-len(mapped) // PAGE)
+    return cached >= CACHED * total
 
 
 def gather_members(out: np.ndarray, index: RecordIndex, ids: np.ndarray, members: Members,
@@ -259,6 +280,8 @@ class View:
         # short runs on average (a window's bytes are about its size): copied from a mapping
         mapped = size < MAP_RUN * (len(runs[0]) if runs is not None else max(len(ids), 1))
         members = self._mapped_members() if mapped else None
+        if members is not None and not _cached(members):
+            members = None  # a cold source: preads (see `CACHED`)
         # copied in view order from mappings: no working arrays, one pass; else runs, in passes
         sparse = runs is None and members is None and _sparse(plan, len(ids))
         step = RECORD_CHUNK if sparse else max(len(ids), 1)

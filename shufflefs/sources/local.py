@@ -127,6 +127,9 @@ class SourceFile:
                 except (ValueError, OSError):  # shorter than its stamp (raises), or not mappable
                     self.verify_read(None)
                     return None
+                # a fault reads its own page only: the kernel's read-around (megabytes per fault)
+                # made a record-level order over a file larger than memory thrash without end
+                self._map.madvise(mmap.MADV_RANDOM)
             return self._map
 
     def mapped_members(self) -> Members | None:

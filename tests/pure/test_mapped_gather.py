@@ -221,3 +221,30 @@ def test_the_compiled_copies_refuse_what_lies_outside(source):
         assert got == (0, (RECORDS - 1) * SIZE)
     finally:
         f.close()
+
+
+def test_a_cold_source_is_read_by_preads_and_a_cached_one_from_its_mapping(source, monkeypatch):
+    """Faults on a mapping read a page at a time and its pages are slow to reclaim: windows of a
+    source mostly outside the page cache are read by preads (`view.CACHED`)."""
+    path, index, data = source
+    calls = []
+    real = view._gather_mapped
+    monkeypatch.setattr(view, "_gather_mapped", lambda *a: calls.append(1) or real(*a))
+    plan = OrderPlan(index, 4)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages leave the cache
+        v = view.View(path, index, plan)
+        try:
+            window, _ = v.load_window(0)
+            assert window.tobytes() == _expected(data, index, plan.window(0))
+            assert not calls, "a cold source was copied from its mapping"
+            os.pread(fd, len(data), 0)  # now cached
+            window, _ = v.load_window(1)
+            assert window.tobytes() == _expected(data, index, plan.window(1))
+            assert calls
+        finally:
+            v.close()
+    finally:
+        os.close(fd)
