@@ -18,15 +18,6 @@
        window size, or ``(run, file offset)`` if the file of that run ended early at that offset
        (it shrank: the caller reports it).
 
-       Optional ``maps`` (a tuple of read-only buffers: mappings of source files) and ``run_map``
-       (per run, an index into ``maps`` or -1): a mapped run's records are copied straight from
-       the mapping at offset ``bounds[x] + shift`` (one copy per byte and no system call per
-       record, which is what record-level orders need) instead of being read.  Every mapped run
-       must lie inside its buffer.  A mapping of a file that shrank raises SIGBUS on the pages
-       past its new end; the copy is guarded (a handler installed at import jumps back out of
-       the faulting copy on that thread only), and it returns ``(run, file offset)`` like a
-       short read.  A SIGBUS outside a guarded copy goes to whatever handler was there before.
-
    gather_mapped(out, maps, bounds, ids, member_first, member_map, member_shift, newline_ids)
        Copies records ``ids`` in view order from mappings of their files to the front of
        ``out``, one after the other: record x lies in the member m whose ``member_first[m]`` is
@@ -119,27 +110,6 @@ static void on_bus(int sig, siginfo_t *info, void *ctx) {
     (void)sig; (void)info; (void)ctx;
 }
 
-/* copy the records of run [a, end) from a mapping to their view positions; 0, or -1 when the
-   mapping faulted (*at = the file offset of the record being copied) */
-static int copy_mapped(char *ob, const char *base, const int64_t *b, const int64_t *d, int64_t a, int64_t end,
-                       int64_t sh, int64_t *at) {
-    sigjmp_buf jb;
-    volatile int64_t y = a;
-    if (sigsetjmp(jb, 0)) {  /* no mask saved (a system call per run); unblocked here instead */
-        sigset_t bus;
-        bus_guard = NULL;
-        sigemptyset(&bus);
-        sigaddset(&bus, SIGBUS);
-        pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
-        *at = b[y] + sh;
-        return -1;
-    }
-    bus_guard = &jb;
-    for (; y < end; y++) memcpy(ob + d[y], base + b[y] + sh, (size_t)(b[y + 1] - b[y]));
-    bus_guard = NULL;
-    return 0;
-}
-
 #define PREFETCH_RUNS 8
 
 /* index of the last element of sorted a[0..n) that is <= x, or -1 */
@@ -153,36 +123,23 @@ static Py_ssize_t last_le(const int64_t *a, Py_ssize_t n, int64_t x) {
 }
 
 static PyObject *build_window(PyObject *self, PyObject *args) {
-    Py_buffer out, scratch, bounds, idsb, rfirst, rcount, rfd, rshift, nlb, rmap = {0};
-    PyObject *maps = NULL;
-    if (!PyArg_ParseTuple(args, "w*w*y*y*y*y*y*y*y*|O!y*", &out, &scratch, &bounds, &idsb, &rfirst, &rcount, &rfd,
-                          &rshift, &nlb, &PyTuple_Type, &maps, &rmap))
+    Py_buffer out, scratch, bounds, idsb, rfirst, rcount, rfd, rshift, nlb;
+    if (!PyArg_ParseTuple(args, "w*w*y*y*y*y*y*y*y*", &out, &scratch, &bounds, &idsb, &rfirst, &rcount, &rfd,
+                          &rshift, &nlb))
         return NULL;
     PyObject *ret = NULL;
     int64_t *dst = NULL, *rrank = NULL;
-    Py_ssize_t M = maps ? PyTuple_GET_SIZE(maps) : 0, got_maps = 0;
-    Py_buffer *mb = calloc((size_t)(M ? M : 1), sizeof(Py_buffer));
-    if (!mb) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    for (; got_maps < M; got_maps++)
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(maps, got_maps), &mb[got_maps], PyBUF_SIMPLE) < 0) goto done;
-    if (maps && !rmap.buf) {
-        PyErr_SetString(PyExc_ValueError, "maps need run_map");
-        goto done;
-    }
     Py_ssize_t n = idsb.len / 8, R = rfirst.len / 8, nrec = bounds.len / 8 - 1, NL = nlb.len / 8;
     if (check_i64(&bounds, -1, "bounds") || check_i64(&idsb, -1, "ids") || check_i64(&rfirst, -1, "run_first")
         || check_i64(&rcount, R, "run_count") || check_i64(&rfd, R, "run_fd") || check_i64(&rshift, R, "run_shift")
-        || check_i64(&nlb, -1, "newline_ids") || (rmap.buf && check_i64(&rmap, R, "run_map")))
+        || check_i64(&nlb, -1, "newline_ids"))
         goto done;
     if (nrec < 0 || scratch.len < 1) {
         PyErr_SetString(PyExc_ValueError, "need bounds of at least one element and a scratch buffer");
         goto done;
     }
     const int64_t *b = bounds.buf, *ids = idsb.buf, *rf = rfirst.buf, *rc = rcount.buf, *fds = rfd.buf,
-                  *shift = rshift.buf, *nl = nlb.buf, *rm = rmap.buf;
+                  *shift = rshift.buf, *nl = nlb.buf;
     for (Py_ssize_t i = 1; i < NL; i++) {
         if (nl[i] <= nl[i - 1]) {
             PyErr_SetString(PyExc_ValueError, "newline_ids must be sorted and distinct");
@@ -202,10 +159,6 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
         if (rc[r] < 1 || rf[r] < prev_end || rf[r] > nrec - rc[r] || fds[r] < 0 || fds[r] > INT32_MAX
             || b[rf[r]] + shift[r] < 0) {
             PyErr_Format(PyExc_IndexError, "run %zd out of order or out of bounds", r);
-            goto done;
-        }
-        if (rm && (rm[r] < -1 || rm[r] >= M || (rm[r] >= 0 && b[rf[r] + rc[r]] + shift[r] > mb[rm[r]].len))) {
-            PyErr_Format(PyExc_IndexError, "run %zd is not inside its mapping", r);
             goto done;
         }
         rrank[r] = acc;
@@ -254,15 +207,6 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
         int fd = (int)fds[r];
         const int64_t *d = dst + rrank[r] - rf[r];  /* d[y] = view position of record y */
         short_run = r;
-        if (rm && rm[r] >= 0) {
-            if (r + PREFETCH_RUNS < R && rm[r + PREFETCH_RUNS] >= 0) {  /* start the misses of a later run */
-                Py_ssize_t q = r + PREFETCH_RUNS;
-                __builtin_prefetch((const char *)mb[rm[q]].buf + b[rf[q]] + shift[q], 0, 0);
-                __builtin_prefetch(ob + dst[rrank[q]], 1, 0);
-            }
-            err = copy_mapped(ob, mb[rm[r]].buf, b, d, x, end, sh, &short_at);
-            continue;
-        }
         while (x < end && !err) {
             int64_t a = x, size = 0;
             while (x < end && size + (b[x + 1] - b[x]) <= cap) {
@@ -297,9 +241,6 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
 done:
     free(dst);
     free(rrank);
-    for (Py_ssize_t i = 0; i < got_maps; i++) PyBuffer_Release(&mb[i]);
-    free(mb);
-    if (rmap.buf) PyBuffer_Release(&rmap);
     PyBuffer_Release(&out); PyBuffer_Release(&scratch); PyBuffer_Release(&bounds); PyBuffer_Release(&idsb);
     PyBuffer_Release(&rfirst); PyBuffer_Release(&rcount); PyBuffer_Release(&rfd); PyBuffer_Release(&rshift);
     PyBuffer_Release(&nlb);

@@ -77,11 +77,11 @@ a mapping loaded no faster than by preads (3.3-3.6 GB/s both, in one process).""
 CACHED = 0.95
 """A window is copied from mappings only while at least this share of the source's pages is in
 the page cache (`_cached`: one cachestat(2) per file and window); otherwise it is read by
-preads, as cold windows always were.  Faults on a mapping read one page each (``MADV_RANDOM``:
-the kernel's read-around of megabytes per fault made it worse still) and mapped pages are slow
-to reclaim: with the daemon and reader in a 640 MiB memory cgroup over a 2 GiB file
-(`tools/lirs_penalty.py`), ``full`` read 0.011 GB/s and ``lirs-page`` 0.029 copying from the
-mapping, against 0.077 and 0.062 by preads (without ``MADV_RANDOM``: 1 MB in 20 s)."""
+preads, as cold windows always were.  Faults on a mapping read one page each (``MADV_RANDOM``;
+without it the kernel's read-around of megabytes per fault was worse still) and mapped pages are
+slow to reclaim: with the daemon and reader in a 640 MiB memory cgroup over a 2 GiB file
+(`tools/lirs_penalty.py`), ``full`` read 0.011-0.012 GB/s and ``lirs-page`` 0.029-0.032 copying
+from the mapping, against 0.071 and 0.058 by preads (without ``MADV_RANDOM``: 1 MB in 20 s)."""
 SPARSE = 0.25
 """Windows holding less than this share of their index's records are built in passes."""
 LOAD_WORK_RUNS, LOAD_WORK_RECORDS = 24, 56
@@ -110,31 +110,15 @@ nothing but memory; a window's own blocks are hinted too, so that window 0 (and 
 jumps) is not read one request at a time."""
 
 
-def mappings(runs: Runs, file_of: Callable[[int], Reader]) -> tuple[tuple, np.ndarray]:
-    """``(maps, run_map)`` for `_gather.build_window`: the mapping of every file the runs lie in
-    that offers one (`Reader.mapping`), and per run its index in ``maps`` (-1: read by pread)."""
-    used, inverse = np.unique(runs.fd, return_inverse=True)
-    maps, slot = [], np.full(len(used), -1, np.int64)
-    for i, fd in enumerate(used.tolist()):
-        mapping = getattr(file_of(fd), "mapping", None)
-        mapped = mapping() if mapping is not None else None
-        if mapped is not None:
-            slot[i] = len(maps)
-            maps.append(mapped)
-    return tuple(maps), slot[inverse.reshape(-1)]
-
-
 def build_runs(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, ids: np.ndarray, runs: Runs,
-               newline_ids: np.ndarray, file_of: Callable[[int], Reader], mapped: bool = False) -> np.ndarray:
+               newline_ids: np.ndarray, file_of: Callable[[int], Reader]) -> np.ndarray:
     """Records ``ids`` (view order; the same records as ``runs``) read into ``out`` in one pass
-    (see the module docstring); ``file_of(fd)`` names the file behind a descriptor.  ``mapped``:
-    copy from the files' mappings where they offer one (`MAP_RUN`).  Every file read is verified
-    afterwards, so bytes of a file that changed meanwhile are never returned."""
+    (see the module docstring); ``file_of(fd)`` names the file behind a descriptor.  Every file
+    read is verified afterwards, so bytes of a file that changed meanwhile are never returned."""
     c = np.ascontiguousarray
     fds = c(runs.fd, np.int64)
-    extra = mappings(runs, file_of) if mapped else ()
     got = _build_window(out, scratch, index.bounds, c(ids, np.int64), c(runs.first, np.int64),
-                        c(runs.count, np.int64), fds, c(runs.shift, np.int64), newline_ids, *extra)
+                        c(runs.count, np.int64), fds, c(runs.shift, np.int64), newline_ids)
     if isinstance(got, tuple):  # (run, file offset): that file ended early
         file_of(int(fds[got[0]])).ended(got[1])
         raise OSError(errno.EIO, "a file ended early")  # ended() raises; never serve a short window
@@ -289,7 +273,7 @@ class View:
         for lo in range(0, max(len(ids), 1), step):
             part = ids[lo: lo + step]
             part_runs = runs if step >= len(ids) else None
-            built, r, loc = self._build_part(out[pos:], scratch, part, part_runs, mapped, members)
+            built, r, loc = self._build_part(out[pos:], scratch, part, part_runs, members)
             pos, remote, local_bytes = pos + built, remote + r, local_bytes + loc
         window = out[:pos]
         if self.check is not None:
@@ -309,8 +293,7 @@ class View:
         return self._members
 
     def _build_part(self, out: np.ndarray, scratch: np.ndarray, part: np.ndarray,
-                    runs: tuple[np.ndarray, np.ndarray] | None, mapped: bool,
-                    members: Members | None = None) -> tuple[int, int, int]:
+                    runs: tuple[np.ndarray, np.ndarray] | None, members: Members | None) -> tuple[int, int, int]:
         """Records ``part`` (view order; ``runs``: the same as ascending runs, if known) built at
         the start of ``out``: ``(bytes built, of them from the source, from a local stage)``.
         With ``members``, copied in view order from the mappings (`gather_members`)."""
@@ -320,7 +303,7 @@ class View:
             return built, built - added_newlines(newlines, part), 0
         first, count = runs if runs is not None else id_runs(part)
         placed = self.source.place(self.index, first, count)
-        built = len(build_runs(out, scratch, self.index, part, placed, newlines, self.source.file_of, mapped))
+        built = len(build_runs(out, scratch, self.index, part, placed, newlines, self.source.file_of))
         if self.meter is None:
             return built, 0, 0
         if self.source.local_fd < 0:  # all from the source: what was built, less added newlines
