@@ -5,22 +5,22 @@ One design for every strategy and reader:
 * A window is loaded once, by a worker thread (`View.load_window`: one pass over its source
   runs in ascending order), into an LRU shared by all handles of its view, so concurrent readers
   of a file cost one load per window.
-* One window ahead: when a sequential reader enters window k, window k+1 starts loading
-  (`prefetch`, called by fs.py), so window k+1 is built while k is served.  Measured on the
-  2-core VM this was tuned on (warm page cache, 64 MiB corgipile windows of ~1 KiB records,
-  1 MiB reads): a load takes 14-17 ms of CPU (20-35 ms of wall time next to the FUSE thread and
-  other work), serving a window takes about as long (the `none` view, whose loads are nearly
-  free, reads at 2.6-3.3 GB/s), and a trace showed each load starting within a millisecond of
-  the previous one's end while the reader waited 0-10 ms per window.  So one loader one window
-  ahead keeps both cores busy; a second window ahead would cost a fourth window of memory and
-  shorten no wait, and two loads at once would take the FUSE thread's core.
+* Two windows ahead: when a sequential reader enters window k, windows k+1 and k+2 start
+  loading (`prefetch`, called by fs.py) if they fit, so that window k+1 is built while k is
+  served and two loads can run at once.  Measured on the 2-core VM this was tuned on (warm page
+  cache, 2 GiB of ~1 KiB JSON lines, 64 MiB windows, 1 MiB reads): a `corgipile` load took
+  33-52 ms next to the FUSE thread and the reader, serving a window about 20 ms, the reader
+  waited for nearly every window, and 40% of the CPU time was idle.  One window ahead read
+  corgipile/full/lirs-page/block at 2.0-2.1/2.2-2.5/2.1-2.3/2.7-2.8 GB/s, two ahead at
+  2.2-2.5/2.8-3.0/2.4-2.6/2.8-2.9 (medians of three epochs, two alternating rounds; `none`
+  2.6-3.0 either way).
 * Memory: all windows together, with the working memory of the loads running (ids, runs and
   view positions: `view.window_work`), are held to ``limit`` = `WINDOWS` x the largest window of
-  the views in memory (the window being read, the next one loading, one spare for a read across
-  a window boundary, a second reader or the load's working memory; the limit grows by what that
-  memory needs beyond a window, for records of a few bytes).  With the work added on top instead,
-  32 readers of 32 epochs peaked at 360 MiB against 247 MiB this way, at the same throughput.  A
-  window that a read is copying from (pinned) or that an open handle is reading (held) is never
+  the views in memory (the window being read and the two ahead; or one ahead and one spare for
+  a read across a window boundary, a second reader or a load's working memory), plus the
+  working memory of two loads when that is under a quarter of a window, else of one load beyond
+  a window (records of a few bytes).  With the work added on top instead, 32 readers of 32
+  epochs peaked at 360 MiB against 247 MiB this way, at the same throughput.  A window that a read is copying from (pinned) or that an open handle is reading (held) is never
   evicted.  Windows already read go first; a window prefetched but not read yet is given up only
   to a read that needs room, never to another prefetch.  When more handles read different
   windows at once than fit, reads wait for room (`WindowCache.room`): a handle lets go of its
@@ -60,6 +60,10 @@ log = logging.getLogger("shufflefs")
 
 WINDOWS = 3
 """Windows of the largest view that all windows together may take (see the module docstring)."""
+AHEAD = 2
+"""Windows a sequential reader has loaded ahead of the one it reads (entering window k asks for
+k+1 .. k+AHEAD), so that two loads can run at once; each only if it fits (see the module
+docstring)."""
 HOLD_IDLE = 0.25
 """Seconds a held window must go unread before a waiting read may take its memory."""
 ROOM_WAIT = 5.0
@@ -157,7 +161,10 @@ class WindowCache:
     def _set_limit(self) -> None:
         # a load's working memory fits in the spare window, unless it is larger (tiny records)
         largest = max(self._largest.values(), default=0)
-        self.limit = self.windows * largest + max(0, max(self._work.values(), default=0) - largest)
+        work = max(self._work.values(), default=0)
+        # two loads at once (`AHEAD`) when their working memory is small next to a window
+        extra = AHEAD * work if AHEAD * work <= largest // 4 else max(0, work - largest)
+        self.limit = self.windows * largest + extra
         self._trim()
         if not self._largest:
             self._free.clear()

@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from ..layout import HEADER, TRAILER
-from ..prefetch import Slot, WindowCache
+from ..prefetch import AHEAD, Slot, WindowCache
 from .nodes import Handle, Node
 from .views import Views
 
@@ -67,7 +67,8 @@ class Reads:
                 out[pos: pos + len(data)] = data
             pos += p.hi - p.lo
         if entered and sequential and h.slot is not None:
-            self._prefetch(node, h.k + 1)
+            for ahead in range(1, AHEAD + 1):
+                self._prefetch(node, h.k + ahead)
         return data if out is None else out
 
     def _hold(self, h: Handle, k: int, slot: Slot, shift: int = 0) -> bool:
