@@ -35,18 +35,6 @@ def peak_rss(pid: int) -> int:
     raise RuntimeError(f"no VmHWM in /proc/{pid}/status")
 
 
-def current_rss(pid: int) -> int:
-    """Resident set (VmRSS) of ``pid`` in bytes (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def own_rss(pid: int) -> int:
     """The daemon's own memory: anonymous and shared-memory resident pages (RssAnon + RssShmem),
     without the file pages it maps (the source files that record-level views are copied from
