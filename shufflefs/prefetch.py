@@ -13,7 +13,7 @@ One design for every strategy and reader:
   waited for nearly every window, and 40% of the CPU time was idle.  One window ahead read
   corgipile/full/lirs-page/block at 2.0-2.1/2.2-2.5/2.1-2.3/2.7-2.8 GB/s, two ahead at
   2.2-2.5/2.8-3.0/2.4-2.6/2.8-2.9 (medians of three epochs, two alternating rounds; `none`
-  2.6-3.0 either way).
+  2.6-3.0 either way); cold (cache dropped before each epoch) corgipile 1.13-1.18 -> 1.43-1.56.
 * Memory: all windows together, with the working memory of the loads running (ids, runs and
   view positions: `view.window_work`), are held to ``limit`` = `WINDOWS` x the largest window of
   the views in memory (the window being read and the two ahead; or one ahead and one spare for
