@@ -29,6 +29,10 @@
        mapping and ``out``) just before it is copied; bad input raises with ``out`` partly
        written, which the caller discards.
 
+   Mapping(fd, length)
+       A read-only mapping of a file (MADV_RANDOM), a buffer, unmapped when last referenced;
+       unlike mmap.mmap it holds no duplicate descriptor.
+
    cached_pages(fd, mapping)
        How many pages of the file open as ``fd`` (mapped whole as ``mapping``) are in the page
        cache: cachestat(2), or mincore(2) over the mapping on kernels without it.
@@ -409,6 +413,68 @@ static PyObject *cached_pages(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong(cached);
 }
 
+
+/* Mapping(fd, length): a read-only shared mapping of a file, read with MADV_RANDOM (a fault
+   reads its own page, not megabytes around it), exposed as a read-only buffer and unmapped when
+   the last reference goes (a buffer export holds one).  Unlike Python's mmap it keeps no
+   duplicate of the descriptor: a pool of thousands of members would otherwise hold two each. */
+typedef struct {
+    PyObject_HEAD
+    char *addr;
+    Py_ssize_t len;
+} MappingObject;
+
+static PyObject *mapping_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    int fd;
+    Py_ssize_t len;
+    if (kwds && PyDict_Size(kwds)) {
+        PyErr_SetString(PyExc_TypeError, "Mapping(fd, length) takes no keywords");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "in", &fd, &len)) return NULL;
+    if (len <= 0) {
+        PyErr_SetString(PyExc_ValueError, "cannot map an empty file");
+        return NULL;
+    }
+    void *addr = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, fd, 0);
+    if (addr == MAP_FAILED) return PyErr_SetFromErrno(PyExc_OSError);
+    (void)madvise(addr, (size_t)len, MADV_RANDOM);
+    MappingObject *m = (MappingObject *)type->tp_alloc(type, 0);
+    if (!m) {
+        munmap(addr, (size_t)len);
+        return NULL;
+    }
+    m->addr = addr;
+    m->len = len;
+    return (PyObject *)m;
+}
+
+static void mapping_dealloc(MappingObject *m) {
+    if (m->addr) munmap(m->addr, (size_t)m->len);
+    Py_TYPE(m)->tp_free((PyObject *)m);
+}
+
+static int mapping_getbuffer(MappingObject *m, Py_buffer *view, int flags) {
+    return PyBuffer_FillInfo(view, (PyObject *)m, m->addr, m->len, 1, flags);
+}
+
+static Py_ssize_t mapping_length(MappingObject *m) { return m->len; }
+
+static PyBufferProcs mapping_as_buffer = {(getbufferproc)mapping_getbuffer, NULL};
+static PyMappingMethods mapping_as_mapping = {(lenfunc)mapping_length, NULL, NULL};
+
+static PyTypeObject MappingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "shufflefs._gather.Mapping",
+    .tp_basicsize = sizeof(MappingObject),
+    .tp_dealloc = (destructor)mapping_dealloc,
+    .tp_as_mapping = &mapping_as_mapping,
+    .tp_as_buffer = &mapping_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Mapping(fd, length): a read-only mapping of a file (buffer protocol, len()).",
+    .tp_new = mapping_new,
+};
+
 static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS, "Copy byte ranges between buffers."},
     {"build_window", build_window, METH_VARARGS, "Read a window's records from a file into their view positions."},
@@ -428,5 +494,14 @@ PyMODINIT_FUNC PyInit__gather(void) {
         if (sigaction(SIGBUS, &sa, &bus_previous)) return PyErr_SetFromErrno(PyExc_OSError);
         installed = 1;
     }
-    return PyModule_Create(&mod);
+    if (PyType_Ready(&MappingType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&mod);
+    if (!m) return NULL;
+    Py_INCREF(&MappingType);
+    if (PyModule_AddObject(m, "Mapping", (PyObject *)&MappingType) < 0) {
+        Py_DECREF(&MappingType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

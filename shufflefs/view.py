@@ -335,4 +335,5 @@ class View:
             self.source.advise(self.index, runs[0][long], runs[1][long])
 
     def close(self) -> None:
+        self._members = None  # the mappings go with the source's last reference
         self.source.close()

@@ -57,7 +57,7 @@ class Reader(Protocol):
 
     def verify_read(self, offset: int | None) -> None: ...
 
-    # optional: ``mapping() -> mmap.mmap | None``, a read-only mapping of the file, from which a
+    # optional: ``mapping() -> buffer | None``, a read-only mapping of the file, from which a
     # pool's `Source.mapped_members` is made
     # optional on a `Source`: ``mapped_members() -> Members | None``, all of its files mapped, for
     # record-level windows copied in view order (`view.MAP_RUN`); a source without it is read by runs

@@ -6,7 +6,6 @@ no symbolic links), so a directory swapped for a link while mounted never leads 
 
 from __future__ import annotations
 
-import mmap
 import os
 import threading
 
@@ -18,6 +17,11 @@ from ..formats.base import Format
 from ..index import RecordIndex, SourceStamp
 from .base import Members, Runs
 
+try:
+    from .._gather import Mapping as _Mapping  # compiled at install time; optional
+except ImportError:  # pragma: no cover - depends on the build
+    _Mapping = None
+
 
 class SourceFile:
     """An open source file pinned to the stamp of its index."""
@@ -27,7 +31,7 @@ class SourceFile:
     def __init__(self, path: str, stamp: SourceStamp) -> None:
         self.path = path
         self.stamp = stamp
-        self._map: mmap.mmap | None = None
+        self._map: object | None = None
         self._map_lock = threading.Lock()
         try:
             self.fd = resolve.open_path(path)
@@ -115,21 +119,19 @@ class SourceFile:
     def read_range(self, start: int, end: int) -> bytes:
         return self.read_runs(np.array([start]), np.array([end])).tobytes()
 
-    def mapping(self) -> mmap.mmap | None:
-        """A read-only mapping of the whole file, made on first use and kept until `close`, for
-        windows of short runs (`view.MAP_RUN`); None for an empty or closed file.  The compiled
-        gather guards its copies from it against SIGBUS (a file that shrank), and every window is
-        verified against the stamp afterwards, as with preads."""
+    def mapping(self) -> object | None:
+        """A read-only mapping of the whole file (`_gather.Mapping`: a buffer, no second
+        descriptor), made on first use and held until `close`, for windows of short runs
+        (`view.MAP_RUN`); None for an empty or closed file, or without the compiled module.  The
+        compiled gather guards its copies from it against SIGBUS (a file that shrank), and every
+        window is verified against the stamp afterwards, as with preads."""
         with self._map_lock:
-            if self._map is None and self.fd >= 0 and self.stamp.size > 0:
+            if self._map is None and self.fd >= 0 and self.stamp.size > 0 and _Mapping is not None:
+                self.verify_read(None)  # still the indexed version (a shorter file would fault)
                 try:
-                    self._map = mmap.mmap(self.fd, self.stamp.size, prot=mmap.PROT_READ)
-                except (ValueError, OSError):  # shorter than its stamp (raises), or not mappable
-                    self.verify_read(None)
+                    self._map = _Mapping(self.fd, self.stamp.size)
+                except OSError:  # not mappable (a filesystem without mmap, too many mappings)
                     return None
-                # a fault reads its own page only: the kernel's read-around (megabytes per fault)
-                # made a record-level order over a file larger than memory thrash without end
-                self._map.madvise(mmap.MADV_RANDOM)
             return self._map
 
     def mapped_members(self) -> Members | None:
@@ -142,12 +144,7 @@ class SourceFile:
 
     def close(self) -> None:
         with self._map_lock:
-            mapped, self._map = self._map, None
-        if mapped is not None:
-            try:
-                mapped.close()
-            except BufferError:  # a window load still copies from it: unmapped when it lets go
-                pass
+            self._map = None  # unmapped when the last user (a window load's buffer) lets go
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

@@ -242,3 +242,20 @@ def test_a_cold_source_is_read_by_preads_and_a_cached_one_from_its_mapping(sourc
             v.close()
     finally:
         os.close(fd)
+
+
+def test_a_mapping_holds_no_second_descriptor(source):
+    """A pool of thousands of members maps each: a mapping that kept a duplicate descriptor
+    (as Python's mmap does) would double the daemon's open files."""
+    path, index, data = source
+    before = len(os.listdir("/proc/self/fd"))
+    files = [SourceFile(path, index.stamp) for _ in range(20)]
+    try:
+        maps = [f.mapping() for f in files]
+        assert all(len(m) == len(data) for m in maps)
+        assert len(os.listdir("/proc/self/fd")) == before + 20  # the files' own descriptors only
+        assert not np.frombuffer(maps[0], np.uint8).flags.writeable
+    finally:
+        for f in files:
+            f.close()
+    assert len(os.listdir("/proc/self/fd")) == before
