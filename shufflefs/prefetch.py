@@ -12,20 +12,21 @@ One design for every strategy and reader:
   33-52 ms next to the FUSE thread and the reader, serving a window about 20 ms, the reader
   waited for nearly every window, and 40% of the CPU time was idle.  One window ahead read
   corgipile/full/lirs-page/block at 2.0-2.1/2.2-2.5/2.1-2.3/2.7-2.8 GB/s, two ahead at
-  2.2-2.5/2.8-3.0/2.4-2.6/2.8-2.9 (medians of three epochs, two alternating rounds; `none`
-  2.6-3.0 either way); cold (cache dropped before each epoch) corgipile 1.13-1.18 -> 1.43-1.56.
-* Memory: all windows together, with the working memory of the loads running (ids, runs and
-  view positions: `view.window_work`), are held to ``limit`` = `WINDOWS` x the largest window of
-  the views in memory (the window being read and the two ahead; or one ahead and one spare for
-  a read across a window boundary, a second reader or a load's working memory), plus the
-  working memory of two loads when that is under a quarter of a window, else of one load beyond
-  a window (records of a few bytes).  With the work added on top instead, 32 readers of 32
-  epochs peaked at 360 MiB against 247 MiB this way, at the same throughput.  A window that a read is copying from (pinned) or that an open handle is reading (held) is never
-  evicted.  Windows already read go first; a window prefetched but not read yet is given up only
-  to a read that needs room, never to another prefetch.  When more handles read different
-  windows at once than fit, reads wait for room (`WindowCache.room`): a handle lets go of its
-  window before it asks for the next, held windows unread for `HOLD_IDLE` give way, and readers
-  take turns; the limit is exceeded only if nothing changes for `ROOM_WAIT` seconds.
+  2.2-2.5/2.8-3.0/2.4-2.6/2.8-2.9 (medians of three epochs, two alternating rounds; `none` 2.6-3.0
+  either way); cold (cache dropped before each epoch) corgipile 1.13-1.18 -> 1.43-1.56.
+* Memory: all windows together, with the working memory of the loads running (ids, runs and view
+  positions: `view.window_work`), are held to ``limit`` = `WINDOWS` x the largest window of the
+  views in memory (the window being read and the two ahead; or one ahead and one spare for a read
+  across a window boundary, a second reader or a load's working memory), plus the working memory
+  of two loads when that is under a quarter of a window, else of one load beyond a window (records
+  of a few bytes).  With the work added on top instead, 32 readers of 32 epochs peaked at 360 MiB
+  against 247 MiB this way, at the same throughput.  A window that a read is copying from (pinned)
+  or that an open handle is reading (held) is never evicted.  Windows already read go first; a
+  window prefetched but not read yet is given up only to a read that needs room, never to another
+  prefetch.  When more handles read different windows at once than fit, reads wait for room
+  (`WindowCache.room`): a handle lets go of its window before it asks for the next, held windows
+  unread for `HOLD_IDLE` give way, and readers take turns; the limit is exceeded only if nothing
+  changes for `ROOM_WAIT` seconds.
 * Buffers are reused: an evicted window's buffer joins a free list and the next load writes
   into it.  On that VM the first writes to fresh memory cost more than building the window:
   scattering 64 MiB of 1 KiB records took 150 ms into fresh numpy memory (transparent huge
@@ -49,7 +50,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Any, Awaitable, Callable, Hashable
+from typing import Any, Callable, Hashable
 
 import numpy as np
 import trio
@@ -462,40 +463,3 @@ class WindowCache:
             "revoked": self.revoked,
             "over_limit": self.over_limit,
         }
-
-
-class SharedTasks:
-    """Run one computation per key at a time; concurrent callers await the same result.
-
-    Used so that the index of a file is built once even when many processes open it at once.
-    Results are not kept here (callers cache what they want); failures reach every waiter.
-    """
-
-    def __init__(self) -> None:
-        self._running: dict[Hashable, tuple[trio.Event, list]] = {}
-
-    def running(self, key: Hashable) -> bool:
-        return key in self._running
-
-    async def run(self, key: Hashable, fn: Callable[[], Awaitable[Any]]) -> Any:
-        entry = self._running.get(key)
-        if entry is not None:
-            event, box = entry
-            await event.wait()
-        else:
-            event, box = trio.Event(), []
-            self._running[key] = (event, box)
-            try:
-                box.append(("ok", await fn()))
-            except trio.Cancelled:
-                box.append(("err", OSError("shutting down")))
-                raise
-            except BaseException as e:
-                box.append(("err", e))
-            finally:
-                del self._running[key]
-                event.set()
-        kind, value = box[0] if box else ("err", OSError("shut down"))
-        if kind == "err":
-            raise value
-        return value

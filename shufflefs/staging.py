@@ -33,7 +33,7 @@ import trio
 
 from .errors import ShuffleError
 from .index import RecordIndex
-from .prefetch import SharedTasks
+from .shared_tasks import SharedTasks
 from .stage import Stage, StageCancelled, write_stage
 from .sources.base import Source
 from .view import Meter

@@ -300,13 +300,13 @@ class View:
         newlines = self.index.newline_ids
         if members is not None:
             built = len(gather_members(out, self.index, part, members, self.source))
-            return built, built - added_newlines(newlines, part), 0
-        first, count = runs if runs is not None else id_runs(part)
-        placed = self.source.place(self.index, first, count)
-        built = len(build_runs(out, scratch, self.index, part, placed, newlines, self.source.file_of))
+        else:
+            first, count = runs if runs is not None else id_runs(part)
+            placed = self.source.place(self.index, first, count)
+            built = len(build_runs(out, scratch, self.index, part, placed, newlines, self.source.file_of))
         if self.meter is None:
             return built, 0, 0
-        if self.source.local_fd < 0:  # all from the source: what was built, less added newlines
+        if members is not None or self.source.local_fd < 0:  # all from the source, less added newlines
             return built, built - added_newlines(newlines, part), 0
         nbytes, local = placed.nbytes(self.index.bounds), placed.fd == self.source.local_fd
         return built, int(nbytes[~local].sum()), int(nbytes[local].sum())

@@ -22,7 +22,8 @@ import trio
 from ..config import PARTS_DIR, MountConfig
 from ..errors import ShuffleError, StaleSourceError
 from ..pool_table import PoolTable
-from ..prefetch import SharedTasks, WindowCache
+from ..prefetch import WindowCache
+from ..shared_tasks import SharedTasks
 from ..index import SourceStamp
 from ..sources import Store, open_store
 from ..stats import Stats

@@ -22,7 +22,7 @@ from ..layout import Layout
 from ..plan_memory import PlanMemory, plan_estimate, plan_nbytes
 from ..pool_table import PoolEntry
 from ..pooled import PooledIndex
-from ..prefetch import SharedTasks
+from ..shared_tasks import SharedTasks
 from ..sources.base import Store
 from ..strategies import Plan, make_plan
 from ..strategies.base import FEW_BLOCKS

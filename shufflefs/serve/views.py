@@ -22,7 +22,8 @@ from typing import Callable, Hashable, NamedTuple
 import numpy as np
 
 from ..config import MountConfig
-from ..prefetch import SharedTasks, WindowCache
+from ..prefetch import WindowCache
+from ..shared_tasks import SharedTasks
 from ..sources.base import Source, Store
 from ..sources.pool import PoolSource
 from ..stage import Stage, StagedSource
