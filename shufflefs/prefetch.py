@@ -160,10 +160,10 @@ class WindowCache:
         self._set_limit()
 
     def _set_limit(self) -> None:
-        # a load's working memory fits in the spare window, unless it is larger (tiny records)
+        # room for two loads' working memory (`AHEAD`) when it is small next to a window; else a
+        # load's work fits in the spare window, unless it is larger (records of a few bytes)
         largest = max(self._largest.values(), default=0)
         work = max(self._work.values(), default=0)
-        # two loads at once (`AHEAD`) when their working memory is small next to a window
         extra = AHEAD * work if AHEAD * work <= largest // 4 else max(0, work - largest)
         self.limit = self.windows * largest + extra
         self._trim()

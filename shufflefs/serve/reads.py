@@ -1,6 +1,6 @@
 """Reads of an open view: a handle remembers the window it is reading, so a read inside it is one
 slice of the window's buffer (no lookup, no await).  Entering a window holds it for the handle
-and, for a sequential reader, starts loading the next one."""
+and, for a sequential reader, starts loading the next two (`prefetch.AHEAD`)."""
 
 from __future__ import annotations
 

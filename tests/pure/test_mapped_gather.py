@@ -18,29 +18,17 @@ from shufflefs import view
 from shufflefs.errors import StaleSourceError
 from shufflefs.index import RecordIndex, SourceStamp
 from shufflefs.sources.local import SourceFile
-from shufflefs.strategies.base import Plan, ShuffleSpec
+from test_layout import FixedOrderPlan
 
 pytestmark = pytest.mark.skipif(view._build_window is None, reason="compiled window build not built")
 
 RECORDS, SIZE = 20_000, 100
 
 
-class OrderPlan(Plan):
+def order_plan(index: RecordIndex, windows: int) -> FixedOrderPlan:
     """A random record order cut into equal windows (record-level, like ``full``)."""
-
-    name = "test"
-
-    def __init__(self, index: RecordIndex, windows: int) -> None:
-        super().__init__(index, ShuffleSpec(), 0, 0, 1)
-        self.parts = np.array_split(np.random.default_rng(1).permutation(index.n).astype(np.int64), windows)
-        self._sizes = np.array([index.out_lengths(p).sum() for p in self.parts], np.int64)
-
-    @property
-    def window_sizes(self) -> np.ndarray:
-        return self._sizes
-
-    def window(self, k: int) -> np.ndarray:
-        return self.parts[k]
+    order = np.random.default_rng(1).permutation(index.n)
+    return FixedOrderPlan(index, order, [index.n * w // windows for w in range(1, windows)])
 
 
 @pytest.fixture
@@ -60,7 +48,7 @@ def _expected(data: np.ndarray, index: RecordIndex, ids: np.ndarray) -> bytes:
 
 def test_record_windows_come_from_the_mapping_and_match_preads(source, monkeypatch):
     path, index, data = source
-    plan = OrderPlan(index, 8)
+    plan = order_plan(index, 8)
     v = view.View(path, index, plan)
     try:
         for k in range(plan.n_windows):
@@ -85,7 +73,7 @@ def test_a_file_that_shrinks_under_the_mapping_is_stale_on_every_loading_thread(
     new end raise SIGBUS inside the copy, which the guard turns into StaleSourceError on each
     thread, again and again; the process lives on."""
     path, index, data = source
-    plan = OrderPlan(index, 4)
+    plan = order_plan(index, 4)
     v = view.View(path, index, plan)
     try:
         v.load_window(0)
@@ -171,7 +159,7 @@ def test_a_pool_member_that_shrinks_is_named(tmp_path):
         paths.append(str(path))
     pool = PooledIndex(members)
     source = PoolSource(paths, pool, SourceFile)
-    plan = OrderPlan(pool, 2)
+    plan = order_plan(pool, 2)
     v = view.View(paths[0], pool, plan, source, frame=(b"", b""))
     try:
         window, _ = v.load_window(0)
@@ -224,7 +212,7 @@ def test_a_cold_source_is_read_by_preads_and_a_cached_one_from_its_mapping(sourc
     calls = []
     real = view._gather_mapped
     monkeypatch.setattr(view, "_gather_mapped", lambda *a: calls.append(1) or real(*a))
-    plan = OrderPlan(index, 4)
+    plan = order_plan(index, 4)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
