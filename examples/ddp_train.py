@@ -126,6 +126,9 @@ def train(args: argparse.Namespace) -> None:
                 total = torch.stack(per_rank).sum(0)
                 say(f"epoch {epoch}: loss {total[0].item() / max(total[1].item(), 1):.4f} over "
                     f"{int(total[1].item())} records; batches per rank {[int(t[2].item()) for t in per_rank]}")
+        # every rank done before any closes its connections: gloo aborts a rank (SIGABRT,
+        # "terminate called without an active exception") whose peer tore down first
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
