@@ -18,6 +18,7 @@ from shufflefs import view
 from shufflefs.errors import StaleSourceError
 from shufflefs.index import RecordIndex, SourceStamp
 from shufflefs.sources.local import SourceFile
+from shufflefs.strategies import ShuffleSpec, make_plan
 from test_layout import FixedOrderPlan
 
 pytestmark = pytest.mark.skipif(view._build_window is None, reason="compiled window build not built")
@@ -247,3 +248,27 @@ def test_a_mapping_holds_no_second_descriptor(source):
         for f in files:
             f.close()
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_cold_page_order_has_every_run_hinted_and_a_cached_one_only_its_long_runs(source, monkeypatch):
+    """Cold page orders read a page per run: hinting every run of the window (and the next) puts
+    them all in flight at once (`view.HINT_RUN`); warm, the hints would only cost time."""
+    path, index, data = source
+    plan = make_plan(index, ShuffleSpec(strategy="lirs-page", seed=0, buffer=0.2), 0)
+    assert plan.n_windows >= 2
+    v = view.View(path, index, plan)
+    try:
+        hinted = []
+        real = v.source.advise
+        monkeypatch.setattr(v.source, "advise", lambda idx, first, count: hinted.append(len(first)) or real(idx, first, count))
+        monkeypatch.setattr(view, "_cached", lambda members: False)
+        window, _ = v.load_window(0, ahead=True)
+        assert window.tobytes() == _expected(data, index, plan.window(0))
+        assert hinted == [len(plan.window_runs(0)[0]), len(plan.window_runs(1)[0])]
+        hinted.clear()
+        monkeypatch.setattr(view, "_cached", lambda members: True)
+        window, _ = v.load_window(1, ahead=True)
+        assert window.tobytes() == _expected(data, index, plan.window(1))
+        assert hinted == []  # page runs are far below HINT_RUN
+    finally:
+        v.close()
