@@ -10,6 +10,9 @@ Generates (or takes, ``--data DIR``) two datasets, JSON Lines of ~1 KiB records 
   passthrough  a C libfuse passthrough of the same files (compiled here; direct_io and page cache)
   views        every strategy's view, read with 1 MiB reads, 128 KiB reads (cat's size) and a
                Python loop over records
+  paired       the speed targets' measurements: contenders mounted at once and read in rotating
+               order for several rounds (median of per-round ratios), first pass vs later passes
+               on fresh mounts, and a dataset larger than memory (a memory cgroup; see paired.py)
   torch        a PyTorch map-style Dataset + RandomSampler, one pread per record (DataLoader)
   streaming    MosaicML Streaming: MDS conversion, then a local StreamingDataset epoch (py1e)
   once-copy    Shuffle Once: a shuffled copy written once, then read front to back
@@ -52,8 +55,10 @@ REPO = TOOLS.parent
 sys.path[:0] = [str(TOOLS), str(REPO)]
 
 from bench import alternatives, data, proc, reads  # noqa: E402
+from bench.paired import Paired  # noqa: E402
 from bench.reads import Reading  # noqa: E402
-from bench.report import MiB, Report, Row, verdict  # noqa: E402
+from bench.report import MiB, Report, Row  # noqa: E402
+from bench.targets import targets  # noqa: E402
 from shufflefs.config import format_size, parse_size  # noqa: E402
 from shufflefs.cli.mount import daemon_python  # noqa: E402
 from shufflefs.daemon import raise_readahead  # noqa: E402
@@ -64,7 +69,7 @@ from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan  # noqa: E40
 REMOUNT_WIDTHS = (100, 9)
 """Bytes per line of the remount datasets (the first is the one the target is judged on)."""
 STRATEGY_ORDER = ("none", "corgipile", "block", "full", "lirs-page", "window", "once")
-SECTIONS = ("raw", "passthrough", "views", "torch", "streaming", "once-copy", "index", "remount", "epoch")
+SECTIONS = ("raw", "passthrough", "views", "paired", "torch", "streaming", "once-copy", "index", "remount", "epoch")
 DATASETS = ("lines", "fixed")
 PT_MODES = ("direct_io", "page cache")
 RAW = "raw source"
@@ -129,6 +134,7 @@ class Bench:
         self.index_gbps: float | None = None  # results that the targets table reads
         self.remount_s: float | None = None
         self.epoch_first_s: float | None = None
+        self.paired: Paired | None = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -276,6 +282,11 @@ class Bench:
                                                      lambda: fn(target, self.args.max_seconds), pid=d.pid, warm=(ds.path,)))
                     memory.append(self._memory_line(strategy, ds, rows))
         self.report.section("Daemon memory against 16 bytes/record + 3 windows + 100 MiB", memory)
+
+    def run_paired(self) -> None:
+        self.paired = Paired(self, self.args.rounds)
+        self.paired.run()
+        self.report.section("Paired rounds (what the speed targets are judged on)", self.paired.lines)
 
     def _memory_line(self, strategy: str, ds: Dataset, rows: list[Row]) -> str:
         sizes = make_plan(ds.index, self.spec(strategy), 0).window_sizes
@@ -503,68 +514,7 @@ class Bench:
                 same = rd if rd in reads.READERS else "loop"
                 base = rep.find(ds, view_name("corgipile"), same, cache)
                 rep.compare(row, base, f"corgipile {same} {cache}", by="records_per_s")
-        rep.section("Targets", self.targets())
-
-    def targets(self) -> list[str]:
-        rep = self.report
-        out = ["| target | measured | verdict |", "|---|---|---|"]
-
-        def rate(ds: str, what: str, rd: str, cache: str, by: str = "gbps") -> float | None:
-            r = rep.find(ds, what, rd, cache)
-            return None if r is None else getattr(r, by)
-
-        def ratio(a: float | None, b: float | None) -> float | None:
-            return a / b if a is not None and b else None
-
-        def line(text: str, value: float | None, ok: Callable[[float], bool] | None, fmt: str = "{:.2f}x") -> None:
-            shown = "-" if value is None else fmt.format(value)
-            out.append(f"| {text} | {shown} | {verdict(value, None if value is None or ok is None else bool(ok(value)))} |")
-
-        for ds in [d.name for d in self.datasets]:
-            mode = "page cache" if ds == "fixed" else "direct_io"
-            cp = view_name("corgipile")
-            line(f"{ds}: warm corgipile 1 MiB reads >= 0.7x C passthrough ({mode})",
-                 ratio(rate(ds, cp, "1MiB", "warm"), rate(ds, pt_name(mode), "1MiB", "warm")), lambda v: v >= 0.7)
-            line(f"{ds}: warm corgipile 1 MiB reads >= 0.9x none view",
-                 ratio(rate(ds, cp, "1MiB", "warm"), rate(ds, view_name("none"), "1MiB", "warm")), lambda v: v >= 0.9)
-            line(f"{ds}: warm corgipile 128 KiB reads vs C passthrough ({mode}) (report the gap)",
-                 ratio(rate(ds, cp, "128KiB", "warm"), rate(ds, pt_name(mode), "128KiB", "warm")), None)
-            line(f"{ds}: cold corgipile 1 MiB reads >= 0.9x raw sequential read (cold)",
-                 ratio(rate(ds, cp, "1MiB", "cold"), rate(ds, RAW, "1MiB", "cold")), lambda v: v >= 0.9)
-            full = rate(ds, view_name("full"), "1MiB", "cold")
-            corgi = rate(ds, cp, "1MiB", "cold")
-            line(f"{ds}: cold corgipile / full, 1 MiB reads (expect >= 10x on ~1 KiB records)", ratio(corgi, full),
-                 (lambda v: v >= 10) if ds == "lines" else None)
-            page = rate(ds, view_name("lirs-page"), "1MiB", "cold")
-            between = None if None in (page, full, corgi) else float(full <= page <= corgi)
-            line(f"{ds}: cold lirs-page between full and corgipile (1 = yes)", between, lambda v: v == 1.0, fmt="{:.0f}")
-            loop = rate(ds, cp, "loop", "cold", "records_per_s")
-            line(f"{ds}: cold corgipile Python loop >= 5x records/s of the pread Dataset (0 workers)",
-                 ratio(loop, rate(ds, "pread Dataset, 0 workers", "random", "cold", "records_per_s")), lambda v: v >= 5)
-            for cache in self.caches:
-                mds = rep.find(ds, "MosaicML epoch 1 incl. conversion", "py1e", cache)
-                cpl = rep.find(ds, cp, "loop", cache)
-                value = None if mds is None or cpl is None else mds.epoch_s / cpl.epoch_s
-                line(f"{ds}: {cache} epoch, corgipile Python loop >= 1x MosaicML Streaming with conversion "
-                     "(MosaicML epoch 1 time / corgipile epoch time)", value, lambda v: v >= 1)
-        line("index build, newline scanning, warm >= 1 GB/s", self.index_gbps, lambda v: v >= 1, fmt="{:.2f} GB/s")
-        line("remount with a cached index < 1 s (median of warm runs)", self.remount_s, lambda v: v < 1, fmt="{:.3f} s")
-        line("daemon's own memory <= 16 B/record + 3 windows + 100 MiB (worst view row, see the memory table)",
-             self._worst_memory(), lambda v: v <= 1.0, fmt="{:.2f} of the bound")
-        line("epoch change -> first byte of corgipile < 100 ms (setxattr, median)",
-             None if self.epoch_first_s is None else self.epoch_first_s * 1e3, lambda v: v < 100,
-             fmt="{:.1f} ms")
-        return out
-
-    def _worst_memory(self) -> float | None:
-        worst = None
-        for title, lines in self.report.sections:
-            if title.startswith("Daemon memory"):
-                for ln in lines[2:]:
-                    cell = ln.strip("|").split("|")[-1].strip()
-                    if cell not in ("-", ""):
-                        worst = max(worst or 0.0, float(cell))
-        return worst
+        rep.section("Targets", targets(self))
 
     # ------------------------------------------------------------------ run
 
@@ -572,6 +522,7 @@ class Bench:
         self.prepare()
         self.report.header = self.header()
         steps = [("raw", self.run_raw), ("passthrough", self.run_passthrough), ("views", self.run_views),
+                 ("paired", self.run_paired),
                  ("torch", self.run_torch), ("streaming", self.run_streaming), ("once-copy", self.run_once_copy),
                  ("index", self.run_index), ("remount", self.run_remount), ("epoch", self.run_epoch)]
         for name, step in steps:
@@ -671,6 +622,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--mount-args", default="", help="extra `shufflefs mount` options, quoted as one argument")
     ap.add_argument("--remount-records", help="records of the remount test (default 10M; 1M with --quick)")
     ap.add_argument("--epochs", type=int, default=5, help="epoch changes timed per kind (default 5)")
+    ap.add_argument("--rounds", type=int, help="rounds of the paired section (default 5; 2 with --quick)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--update-docs", action="store_true",
                     help="a full run (no --quick, --only or --size): rewrite docs/benchmark.md and the README's excerpt")
@@ -679,6 +631,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--update-docs records a full run: drop --quick, --only, --size and --no-cold")
     args.size = args.size or ("256MiB" if args.quick else "2GiB")
     args.max_seconds = args.max_seconds or (5.0 if args.quick else 20.0)
+    args.rounds = args.rounds or (2 if args.quick else 5)
     args.remount_records = args.remount_records or ("1M" if args.quick else "10M")
     return args
 

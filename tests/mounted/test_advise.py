@@ -184,11 +184,15 @@ def test_benchmark_runs_end_to_end_and_prints_every_row(tmp_path: Path) -> None:
                              ("Shuffle Once epoch 1 incl. rewrite", "loop")]:
             assert (what, reader, cache) in have, (what, reader, cache)
     assert text.count("### lines") == 1 and text.count("### fixed") == 1
-    for title in ("Daemon memory", "Index build", "Remount with a cached index", "Epoch change", "Targets"):
+    for title in ("Daemon memory", "Paired rounds", "Index build", "Remount with a cached index", "Epoch change",
+                  "Targets"):
         assert f"### {title}" in text
     targets = text.split("### Targets")[1].splitlines()
     measured = [t for t in targets if "warm corgipile 1 MiB reads >= 0.7x" in t or "remount with a cached index" in t]
     assert len(measured) == 3 and not any(t.endswith("not measured |") for t in measured)
+    paired = [t for t in targets if "(paired)" in t]  # warm and cold ratios, first passes of none and corgipile
+    assert len(paired) == 8 and not any(t.endswith("not measured |") for t in paired), paired
+    assert "Larger than memory: not run" in text  # 3 MiB is no larger than any memory
     assert os.listdir(work) == []  # the work directory is gone
     with open("/proc/mounts") as f:
         assert str(work) not in f.read()
