@@ -106,6 +106,8 @@ class MountConfig:
     """Declared sets: each glob pools the data files it matches (`pools.find_sets`)."""
     stage_dir: Path | None = None
     """pls: keep the rank's partition of every file in stage files here (`shufflefs.staging`)."""
+    store_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the source's store (an object store's endpoint, region, requests)."""
     verify: str = "frames"
     """``frames``: check every record's checksums (TFRecord) in every window as it is gathered;
     ``index``: only when the index is built."""

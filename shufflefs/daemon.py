@@ -22,6 +22,7 @@ import trio
 
 from . import control, indexer, scratch
 from .config import MountConfig, check_paths
+from .errors import ShuffleError
 from .fs import VIEW_BLKSIZE, ShuffleFS
 from .sources import scheme_of
 
@@ -219,7 +220,7 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
                     os.path.dirname(os.path.abspath(__file__)))
     try:
         fs = ShuffleFS(config)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, ImportError, ShuffleError) as e:
         log.error("cannot start: %s", e)
         return EXIT_FAILED
     own_tmp = scratch.claim(fs.index_cache.dir)

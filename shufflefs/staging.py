@@ -42,7 +42,8 @@ log = logging.getLogger("shufflefs")
 
 
 class EpochBytes:
-    """Record bytes read per epoch from the shared source and from local stages (thread-safe).
+    """Record bytes read per epoch from the shared source and from local stages, and requests
+    made to a remote source (thread-safe).
 
     Only the `KEPT` epochs touched last are kept one by one (a long run sets thousands of epochs,
     and the stats must fit in one extended attribute); older ones add to ``earlier``."""
@@ -52,21 +53,21 @@ class EpochBytes:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by: OrderedDict[int, list[int]] = OrderedDict()
-        self._earlier = [0, 0]
+        self._earlier = [0, 0, 0]
 
-    def add(self, epoch: int, source: int, stage: int) -> None:
+    def add(self, epoch: int, source: int, stage: int, requests: int = 0) -> None:
         with self._lock:
             got = self._by.get(epoch)
             if got is None:
-                got = self._by[epoch] = [0, 0]
+                got = self._by[epoch] = [0, 0, 0]
                 while len(self._by) > self.KEPT:
                     _, old = self._by.popitem(last=False)
-                    self._earlier[0] += old[0]
-                    self._earlier[1] += old[1]
+                    self._earlier = [a + b for a, b in zip(self._earlier, old)]
             else:
                 self._by.move_to_end(epoch)
             got[0] += source
             got[1] += stage
+            got[2] += requests
 
     def meter(self, epoch: int) -> Meter:
         return functools.partial(self.add, epoch)
@@ -74,10 +75,14 @@ class EpochBytes:
     def snapshot(self) -> dict[str, dict[str, int]]:
         """The kept epochs by number; older ones summed under ``earlier`` once there are any."""
         with self._lock:
-            out = {str(e): {"source_bytes": s, "stage_bytes": t} for e, (s, t) in sorted(self._by.items())}
+            out = {str(e): _counts(got) for e, got in sorted(self._by.items())}
             if any(self._earlier):
-                out["earlier"] = {"source_bytes": self._earlier[0], "stage_bytes": self._earlier[1]}
+                out["earlier"] = _counts(self._earlier)
             return out
+
+
+def _counts(got: list[int]) -> dict[str, int]:
+    return {"source_bytes": got[0], "stage_bytes": got[1], "source_requests": got[2]}
 
 
 @dataclass(frozen=True)

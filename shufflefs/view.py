@@ -29,7 +29,7 @@ import numpy as np
 from .formats.base import WindowCheck
 from .index import RecordIndex
 from .layout import Layout, assemble, id_runs
-from .sources.base import Members, Reader, Runs, Source
+from .sources.base import Members, Reader, Runs, Source, take_requests
 
 try:
     from ._gather import build_window as _build_window  # compiled at install time; optional
@@ -178,7 +178,9 @@ def gather_members(out: np.ndarray, index: RecordIndex, ids: np.ndarray, members
     return out[:got]
 
 
-Meter = Callable[[int, int], None]
+Meter = Callable[[int, int, int], None]
+"""Told ``(bytes from the source, bytes from a local stage, requests to a remote source)`` of
+each window built."""
 """Told the record bytes of every window load: ``(from the source, from a local stage)``."""
 
 
@@ -263,11 +265,12 @@ class View:
         if not self._gathered:
             # no compiled gather, or a source without descriptors: all runs in one call
             self._advise(runs)
+            take_requests()
             window = assemble(self.index, ids, self.source.read_runs, out)
             if self.check is not None:
                 self.check(window, ids, self.index, self.path)
             if self.meter is not None:
-                self.meter(len(window), 0)
+                self.meter(len(window), 0, take_requests())
             return window, scratch
         if scratch is None:
             scratch = np.empty(READ_CHUNK, np.uint8)
@@ -292,7 +295,7 @@ class View:
         if self.check is not None:
             self.check(window, ids, self.index, self.path)
         if self.meter is not None:
-            self.meter(remote, local_bytes)
+            self.meter(remote, local_bytes, 0)
         if ahead and k + 1 < plan.n_windows:
             self.hint(k + 1, plan)
         return window, scratch

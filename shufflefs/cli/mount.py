@@ -18,7 +18,15 @@ from ..index import default_cache_dir
 from ..sources import scheme_of
 from ..strategies.base import ShuffleSpec
 from .common import EXIT_FAIL, EXIT_OK, PROG, _inside
-from .options import MOUNT_KEYS, Resolved, resolve_options
+from .options import MOUNT_KEYS, STORE_KEYS, Resolved, resolve_options
+
+REMOTE_BLOCK = 8 << 20
+"""``--block-size`` of an object-store source when none is given: a ranged GET costs a round trip
+(tens of ms), so blocks are large enough that the transfer, not the latency, dominates."""
+
+
+def _cli(key: str) -> str:
+    return "--" + key.replace("_", "-")
 
 
 def _check_writable_dir(path: Path, what: str, parser: argparse.ArgumentParser) -> None:
@@ -78,6 +86,13 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     remote = bool(scheme_of(args.source))
     src = args.source if remote else Path(os.path.realpath(args.source))
     mnt = Path(os.path.realpath(args.mountpoint))
+    store_options = {kw: v[key] for key, kw in STORE_KEYS.items() if v[key] is not None} if remote else {}
+    if not remote:
+        given = [_cli(key) for key in STORE_KEYS if getattr(args, key, None) is not None]
+        if given:
+            parser.error(f"{', '.join(given)}: only for object-store sources (s3://BUCKET/PREFIX)")
+    if remote and v["block_size"] is None:
+        v["block_size"] = REMOTE_BLOCK
     if v["rank"] >= v["world_size"]:
         parser.error(f"--rank {v['rank']} must be smaller than --world-size {v['world_size']}")
     spec = ShuffleSpec(
@@ -107,6 +122,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         source=src, mountpoint=mnt, spec=spec, epoch=v["epoch"], rank=v["rank"], world=v["world_size"],
         rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
         pool=not v["no_pool"], pool_globs=opts.pools, stage_dir=stage_dir, verify=v["verify"],
+        store_options=store_options,
     )
     if v["no_pool"] and opts.pools:
         parser.error("--pool declares a set but --no-pool turns pooling off")

@@ -109,6 +109,24 @@ def _field(value: Any) -> str:
     return value
 
 
+def _url(value: Any) -> str:
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise ValueError(f"not an http(s) URL: {value!r}")
+    return value
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"not a number of seconds: {value!r}")
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"not a number of seconds: {value!r}") from None
+    if not 0.1 <= x <= 3600:
+        raise ValueError(f"must be between 0.1 and 3600 seconds: {value!r}")
+    return x
+
+
 def _strategy(value: Any) -> str:
     from ..strategies import STRATEGIES
 
@@ -172,6 +190,11 @@ OPTIONS: dict[str, _Option] = {
     "record_size": _Option(_size_in(1, MAX_BLOCK), None),
     "header_bytes": _Option(_size_or_zero, None),
     "log_file": _Option(_path, None),
+    "endpoint_url": _Option(_url, None, "AWS_ENDPOINT_URL"),
+    "region": _Option(_field, None),
+    "requests": _Option(_integer(1, 256), 16),
+    "request_timeout": _Option(_seconds, 30.0),
+    "retries": _Option(_integer(0, 20), 4),
     "verbose": _Option(_integer(0), 0),
     "foreground": _Option(_flag, False),
 }
@@ -181,6 +204,9 @@ FORMAT_KEYS = ("cache_dir", "record_size", "header_bytes")
 PATH_KEYS = ("cache_dir", "log_file", "stage_dir")
 """Relative paths in a config file are relative to the file's directory."""
 MOUNT_KEYS = tuple(OPTIONS)
+STORE_KEYS = {"endpoint_url": "endpoint_url", "region": "region", "requests": "in_flight",
+              "request_timeout": "timeout_s", "retries": "retries"}
+"""Options of object-store sources (s3://): option key -> keyword of the store's class."""
 
 
 def _cli_name(key: str) -> str:

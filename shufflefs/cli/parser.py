@@ -132,6 +132,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                         "tables with a glob key in --config")
     g.add_argument("--no-pool", action="store_true", default=None,
                    help="shuffle every file alone, shards of a set too")
+    g = p.add_argument_group(
+        "object storage",
+        "SRC may be s3://BUCKET/PREFIX (pip install 'shufflefs[s3]'): the objects under PREFIX are "
+        "the files. Credentials come from the standard AWS environment variables, else from the "
+        "shared config and credentials files (AWS_PROFILE). --block-size defaults to 8MiB there.")
+    g.add_argument("--endpoint-url", metavar="URL",
+                   help="S3-compatible server (default $AWS_ENDPOINT_URL, else AWS)")
+    g.add_argument("--region", metavar="NAME", help="bucket region (default $AWS_REGION, else the profile's)")
+    g.add_argument("--requests", metavar="N", help="ranged GETs in flight at once for the whole mount, 1 to 256 (default 16)")
+    g.add_argument("--request-timeout", metavar="S", help="seconds before a request is given up and retried (default 30)")
+    g.add_argument("--retries", metavar="N", help="retries of a failed request, with exponential backoff, "
+                   "before the read fails with EIO (default 4)")
     g = p.add_argument_group("daemon")
     g.add_argument("--log-file", metavar="FILE", help="append the daemon's log here")
     g.add_argument("-v", "--verbose", action="count", default=None, help="more output (repeatable)")

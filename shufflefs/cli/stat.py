@@ -62,7 +62,12 @@ def format_stats(stats: dict) -> str:
     staging = take("staging", None)
     for epoch, got in (take("read_bytes", None) or {}).items():
         stage = f", from stages {_human(got.get('stage_bytes', 0))}" if staging is not None else ""
-        lines.append(("read", f"epoch {epoch}: from the source {_human(got.get('source_bytes', 0))}{stage}"))
+        asked = f" in {got['source_requests']:,} requests" if got.get("source_requests") else ""
+        lines.append(("read", f"epoch {epoch}: from the source {_human(got.get('source_bytes', 0))}{asked}{stage}"))
+    store = take("store_requests", None)
+    if isinstance(store, dict):
+        lines.append(("requests", f"{store.get('requests', 0):,} to the store (all kinds), {_human(store.get('bytes', 0))} "
+                                  f"received, {store.get('failed', 0)} failed after retries"))
     if isinstance(staging, dict):
         lines.append(("stage dir", f"{staging.get('dir')}  ({staging.get('built', 0)} built, {staging.get('failed', 0)} failed)"))
         for st in staging.get("stages", []):

@@ -50,7 +50,7 @@ class Catalog:
         """``store``: the source tree (default: the store of ``config.source``'s scheme)."""
         self.config = config
         self.spec = config.spec
-        self.store = store if store is not None else open_store(os.fspath(config.source))
+        self.store = store if store is not None else open_store(os.fspath(config.source), config.store_options)
         self.source = self.store.root
         self.mountpoint = os.path.abspath(os.fspath(config.mountpoint))
         self.stats = Stats()

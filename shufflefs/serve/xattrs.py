@@ -137,5 +137,6 @@ def describe(cat: Catalog) -> dict[str, Any]:
         gather=GATHER,
         code=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         read_bytes=views.read_bytes.snapshot(),
+        **({"store_requests": cat.store.requests()} if hasattr(cat.store, "requests") else {}),
         **({"staging": views.stages.describe()} if views.stages is not None else {}),
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from typing import Any
 
 from .base import PlainFile, Reader, Runs, Source, Store, index_by_scan
 
@@ -15,6 +16,7 @@ __all__ = ["STORES", "PlainFile", "Reader", "Runs", "Source", "Store", "index_by
 
 STORES: dict[str, str] = {
     "": "shufflefs.sources.local:LocalStore",
+    "s3": "shufflefs.sources.s3:S3Store",
 }
 """URL scheme -> ``module:class`` of its store (imported when a mount uses it)."""
 
@@ -25,11 +27,16 @@ def scheme_of(location: str) -> str:
     return m.group(1) if m else ""
 
 
-def open_store(location: str) -> Store:
-    """The store of a mount's source; ValueError names an unknown scheme."""
+def open_store(location: str, options: dict[str, Any] | None = None) -> Store:
+    """The store of a mount's source, with the store's own ``options`` (keyword arguments of its
+    class, e.g. ``endpoint_url``); ValueError names an unknown scheme, ImportError a missing extra."""
     scheme = scheme_of(location)
     if scheme not in STORES:
         known = ", ".join(f"{s}://" for s in sorted(STORES) if s) or "none"
         raise ValueError(f"{location}: unknown source scheme {scheme!r} (known: local paths, {known})")
     module, name = STORES[scheme].split(":")
-    return getattr(importlib.import_module(module), name)(location)
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise ImportError(f"{location}: {scheme}:// sources need an extra: pip install 'shufflefs[{scheme}]' ({e})") from e
+    return cls(location, **(options or {}))

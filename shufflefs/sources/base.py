@@ -15,12 +15,28 @@ so a remote source can fetch them concurrently).
 from __future__ import annotations
 
 import os
+import threading
 from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from ..formats.base import Format
 from ..index import RecordIndex, SourceStamp
+
+
+_requests = threading.local()
+
+
+def count_requests(n: int) -> None:
+    """A remote source made ``n`` requests for the work of this thread (a window load)."""
+    _requests.n = getattr(_requests, "n", 0) + n
+
+
+def take_requests() -> int:
+    """Requests counted on this thread since the last call (0 for local sources)."""
+    n = getattr(_requests, "n", 0)
+    _requests.n = 0
+    return n
 
 
 class Runs(NamedTuple):

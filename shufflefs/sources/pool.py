@@ -35,7 +35,7 @@ class PoolSource:
         none = np.zeros(0, np.int64)
         self._placed = all(f.place(index, none, none) is not None for f in self.files)
         self.fds = np.array([f.fd if self._placed else -1 for f in self.files], np.int64)
-        self._by_fd = {f.fd: m for m, f in enumerate(self.files)}
+        self._by_fd = {f.fd: m for m, f in enumerate(self.files)} if self._placed else {}
 
     @property
     def closed(self) -> bool:
@@ -85,19 +85,33 @@ class PoolSource:
         return self.files[self._by_fd[fd]]
 
     def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Pooled byte ranges (ascending, perhaps across members), concatenated (the fallback
-        build without the compiled module): cut where members start, one read per member stretch."""
+        """Pooled byte ranges (ascending, perhaps across members), concatenated (remote members,
+        or the build without the compiled module): cut where members start, one read per member
+        stretch."""
         index = self.index
         first, count, member = split_runs(index.bounds[index.member_firsts], starts, np.asarray(ends) - starts)
         total = int(count.sum())
         buf = out[:total] if out is not None and len(out) >= total else np.empty(total, np.uint8)
-        pos = 0
+        pos, waits = 0, []
         for piece in np.split(np.arange(len(member)), np.flatnonzero(np.diff(member)) + 1):
             if len(piece):
                 m, size = int(member[piece[0]]), int(count[piece].sum())
                 at = first[piece] + index.shifts[m]
-                self.files[m].read_runs(at, at + count[piece], buf[pos: pos + size])
+                f, part = self.files[m], buf[pos: pos + size]
+                begin = getattr(f, "begin_runs", None)  # remote members: all in flight, then wait
+                if begin is not None:
+                    waits.append(begin(at, at + count[piece], part))
+                else:
+                    f.read_runs(at, at + count[piece], part)
                 pos += size
+        error: BaseException | None = None
+        for finish in waits:  # every one waited for: none may still write into ``buf`` after a raise
+            try:
+                finish()
+            except BaseException as e:  # noqa: BLE001 -- the first is raised below
+                error = error or e
+        if error is not None:
+            raise error
         return buf
 
     def read_range(self, start: int, end: int) -> bytes:

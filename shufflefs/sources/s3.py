@@ -1,0 +1,261 @@
+"""An S3 bucket prefix as a source tree (``shufflefs mount s3://BUCKET/PREFIX MNT``).
+
+Keys under the prefix are the files, ``/`` separates directories.  An object's version is its
+ETag (with size and last-modified time; `objects.ObjectInfo.ino`), so a rewritten object is
+detected like a rewritten file: indexes are cached by version, and every GET asks for the
+version the index describes (``If-Match``), so a changed object answers ESTALE, never bytes of
+two versions.  Listings are kept for `LIST_TTL` seconds, so that ``ls -l`` and every lookup do
+not each cost a request.
+
+Windows are built from ranged GETs of their runs, many in flight (`objects.ObjectClient`); the
+source has no file descriptors (``place`` returns None), so the views copy with the numpy gather
+and a node-local stage is written from ``read_runs``.  Needs ``pip install shufflefs[s3]``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as st_mod
+import tempfile
+import threading
+import time
+from typing import Callable
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from ..errors import StaleSourceError
+from ..formats.base import Format
+from ..index import RecordIndex, SourceStamp
+from .base import Runs, count_requests, index_by_scan
+from .objects import ClientOptions, ObjectClient, ObjectInfo
+
+LIST_TTL = 2.0
+"""Seconds a directory listing answers ``stat`` and ``list`` before it is asked for again."""
+PLAIN_CHUNK = 1 << 20
+"""A pass-through file is read in ranged GETs of at least this size (one chunk kept)."""
+DIR_MODE = st_mod.S_IFDIR | 0o555
+FILE_MODE = st_mod.S_IFREG | 0o444
+
+
+def parse_url(location: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix/`` -> ``("bucket", "some/prefix")``; ValueError if malformed."""
+    parts = urlsplit(location)
+    if parts.scheme != "s3" or not parts.netloc or parts.query or parts.fragment:
+        raise ValueError(f"{location}: expected s3://BUCKET[/PREFIX]")
+    return parts.netloc, parts.path.strip("/")
+
+
+def _stat(mode: int, size: int, mtime_ns: int, ino: int) -> os.stat_result:
+    s = mtime_ns // 10**9
+    return os.stat_result((mode, ino, 0, 1, os.getuid(), os.getgid(), size, s, s, s,
+                           s, s, s, mtime_ns, mtime_ns, mtime_ns))
+
+
+class S3Store:
+    """The objects under one bucket prefix, read-only."""
+
+    def __init__(self, location: str, endpoint_url: str | None = None, region: str | None = None,
+                 in_flight: int = 16, timeout_s: float = 30.0, retries: int = 4) -> None:
+        bucket, prefix = parse_url(location)
+        self.root = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        self.prefix = prefix
+        self.client = ObjectClient(bucket, ClientOptions(endpoint_url, region, in_flight, timeout_s, retries))
+        self._lock = threading.Lock()
+        self._listings: dict[str, tuple[float, list[str], dict[str, ObjectInfo]]] = {}
+        self._started = time.time_ns()
+        self._scan_dir = tempfile.gettempdir()  # where `map` downloads (the cache directory once known)
+        self.list("")  # fails now, with the reason, if the bucket cannot be listed
+
+    # ---------------------------------------------------------------- names
+
+    def key(self, relpath: str) -> str:
+        return "/".join(p for p in (self.prefix, relpath) if p)
+
+    def path(self, relpath: str) -> str:
+        return f"{self.root}/{relpath}" if relpath else self.root
+
+    def _listing(self, relpath: str) -> tuple[list[str], dict[str, ObjectInfo]]:
+        now = time.monotonic()
+        with self._lock:
+            got = self._listings.get(relpath)
+        if got is not None and now - got[0] < LIST_TTL:
+            return got[1], got[2]
+        prefix = self.key(relpath)
+        dirs, objects = self.client.list_dir(prefix)
+        cut = len(prefix) + 1 if prefix else 0
+        subdirs = [d[cut:] for d in dirs]
+        files = {o.key[cut:]: o for o in objects if o.key[cut:] and "/" not in o.key[cut:]}
+        with self._lock:
+            self._listings[relpath] = (now, subdirs, files)
+        return subdirs, files
+
+    def _info(self, relpath: str) -> ObjectInfo | None:
+        """The object at ``relpath`` from its directory's listing; None for a directory."""
+        parent, _, name = relpath.rpartition("/")
+        subdirs, files = self._listing(parent)
+        if name in files:
+            return files[name]
+        if name in subdirs:
+            return None
+        raise FileNotFoundError(2, "no such object or prefix", self.path(relpath))
+
+    # ---------------------------------------------------------------- Store
+
+    def stat(self, relpath: str, follow_last: bool = False) -> os.stat_result:
+        if not relpath:
+            return _stat(DIR_MODE, 0, self._started, 1)
+        info = self._info(relpath)
+        if info is None:
+            return _stat(DIR_MODE, 0, self._started, hash(relpath) & (2**62 - 1))
+        return _stat(FILE_MODE, info.size, info.mtime_ns, info.ino)
+
+    def list(self, relpath: str) -> list[str]:
+        subdirs, files = self._listing(relpath)
+        return sorted(set(subdirs) | set(files))
+
+    def link_target(self, relpath: str) -> str | None:
+        return None  # object stores have no links
+
+    def _current(self, relpath: str, stamp: SourceStamp) -> ObjectInfo:
+        """The object's current version, which must be ``stamp`` (one HEAD)."""
+        try:
+            info = self.client.head(self.key(relpath))
+        except FileNotFoundError:
+            raise StaleSourceError(self.path(relpath), None, "object was removed") from None
+        now = SourceStamp(info.size, info.mtime_ns, info.ino, info.mtime_ns)
+        if now != stamp:
+            raise StaleSourceError(self.path(relpath), None, f"object changed since it was indexed (size "
+                                   f"{stamp.size} -> {now.size}, ETag now {info.etag})")
+        return info
+
+    def open(self, relpath: str, stamp: SourceStamp) -> "ObjectSource":
+        return ObjectSource(self, self._current(relpath, stamp))
+
+    def open_file(self, relpath: str) -> "ObjectFile":
+        info = self._info(relpath)
+        if info is None:
+            raise IsADirectoryError(21, "a prefix, not an object", self.path(relpath))
+        return ObjectFile(self, info)
+
+    def map(self, relpath: str, stamp: SourceStamp) -> np.ndarray:
+        """The whole object, downloaded in parallel parts into an unlinked file of the cache
+        directory (so an object larger than memory is scanned through the page cache)."""
+        info = self._current(relpath, stamp)
+        if info.size == 0:
+            return np.zeros(0, np.uint8)
+        fd, name = tempfile.mkstemp(prefix=".s3-scan-", dir=self._scan_dir)
+        try:
+            os.unlink(name)
+            os.ftruncate(fd, info.size)
+            with os.fdopen(os.dup(fd), "r+b") as f:
+                data = np.memmap(f, np.uint8, "r+")
+            self.client.fetch_runs(info.key, info.etag, np.array([0]), np.array([info.size]), data)
+            return data
+        finally:
+            os.close(fd)
+
+    def index(self, relpath: str, fmt: Format, cache_dir: str | os.PathLike) -> RecordIndex:
+        self._scan_dir = os.fspath(cache_dir)
+        return index_by_scan(self, relpath, fmt, cache_dir)
+
+    def statvfs(self) -> os.statvfs_result:
+        return os.statvfs_result((4096, 4096, 0, 0, 0, 0, 0, 0, 0, 1024))
+
+    def requests(self) -> dict[str, int]:
+        """Counters of every request this mount made (`shufflefs stat`)."""
+        c = self.client
+        return {"requests": c.requests, "bytes": c.bytes, "failed": c.failures}
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class ObjectSource:
+    """One version of an object, as a view's `Source`: every GET is pinned to its ETag."""
+
+    local_fd = -1
+
+    def __init__(self, store: S3Store, info: ObjectInfo) -> None:
+        self.store, self.info = store, info
+        self.url = store.client.url(info.key)
+        self.stale: StaleSourceError | None = None
+
+    def _guard(self, fn, *args):  # noqa: ANN001, ANN202 -- remembers that the object changed
+        if self.stale is not None:
+            raise self.stale
+        try:
+            return fn(*args)
+        except StaleSourceError as e:
+            self.stale = e
+            raise
+
+    def check(self) -> None:
+        if self.stale is not None:
+            raise self.stale
+
+    def verify_open(self) -> None:
+        if self.stale is not None:
+            raise self.stale
+
+    def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> Runs | None:
+        return None  # no descriptors: windows come from `read_runs`
+
+    def file_of(self, fd: int) -> "ObjectSource":
+        return self
+
+    def read_range(self, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        count_requests(1)
+        return self._guard(self.store.client.get, self.info.key, self.info.etag, start, end).tobytes()
+
+    def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        total = int((np.asarray(ends) - np.asarray(starts)).sum())
+        buf = out[:total] if out is not None and len(out) >= total else np.empty(total, np.uint8)
+        self.begin_runs(starts, ends, buf)()
+        return buf
+
+    def begin_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+        """`read_runs` into ``out`` (exactly the runs' bytes) started; the returned call waits
+        (`pool.PoolSource` starts every member's runs before it waits for any)."""
+        if self.stale is not None:
+            raise self.stale
+        if len(out) == 0:
+            return lambda: None
+        finish = self.store.client.begin_runs(self.info.key, self.info.etag, starts, ends, out)
+        return lambda: self._guard(finish)
+
+    def advise(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> None:
+        """Nothing: the window cache already loads the next window while this one is read."""
+
+    def ended(self, offset: int) -> None:
+        raise StaleSourceError(self.url, offset, "object ended early")
+
+    def verify_read(self, offset: int | None) -> None:
+        self.check()
+
+    def close(self) -> None:
+        pass
+
+
+class ObjectFile:
+    """A pass-through object (not a data file): the version seen at open, read by ranges."""
+
+    def __init__(self, store: S3Store, info: ObjectInfo) -> None:
+        self.source = ObjectSource(store, info)
+        self._chunk: tuple[int, bytes] = (0, b"")
+
+    def read(self, offset: int, size: int) -> bytes:
+        size = max(0, min(size, self.source.info.size - offset))
+        if size == 0:
+            return b""
+        at, chunk = self._chunk
+        if not (at <= offset and offset + size <= at + len(chunk)):
+            end = min(self.source.info.size, offset + max(size, PLAIN_CHUNK))
+            at, chunk = offset, self.source.read_range(offset, end)
+            self._chunk = (at, chunk)
+        return chunk[offset - at: offset - at + size]
+
+    def close(self) -> None:
+        self._chunk = (0, b"")
