@@ -25,9 +25,9 @@ import numpy as np
 
 from .errors import StageError
 from .index import RecordIndex
-from .layout import id_runs
+from .layout import gather, id_runs
 from .strategies.units import cuts_by_bytes
-from .sources.base import Reader, Runs, Source
+from .sources.base import Reader, Runs, Source, take_requests
 from .view import READ_CHUNK, build_runs
 
 I64 = np.int64
@@ -114,7 +114,11 @@ class Stage:
         in ``source``."""
         f, c, run = self.map.split(ids)
         inside = run >= 0
+        if inside.all():  # a pls view: every record is here (a remote source places nothing)
+            return Runs(f, c, np.full(len(f), self.fd, I64), self.map.shift[run])
         out = source.place(index, f[~inside], c[~inside])
+        if out is None:
+            raise StageError(self.path, None, "records outside the stage from a source without descriptors")
         here = int(inside.sum())
         first = np.concatenate((f[inside], out.first))
         order = np.argsort(first, kind="stable")
@@ -194,20 +198,27 @@ def write_stage(path: str, name: str, epoch: int, index: RecordIndex, ids: np.nd
     except OSError as e:
         raise StageError(path, None, f"cannot create the stage file: {e.strerror}") from None
     written = 0
+    none = np.zeros(0, I64)
+    placed = source.place(index, none, none) is not None
     try:
         for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
             if stop is not None and stop.is_set():
                 raise StageCancelled(path)
             chunk = ids[a:b]
-            runs = previous.place(index, chunk, source) if previous is not None \
-                else source.place(index, *id_runs(chunk))
-            data = build_runs(out, scratch, index, chunk, runs, NO_NEWLINES, file_of)
+            take_requests()
+            if placed:
+                runs = previous.place(index, chunk, source) if previous is not None \
+                    else source.place(index, *id_runs(chunk))
+                data = build_runs(out, scratch, index, chunk, runs, NO_NEWLINES, file_of)
+                nbytes = runs.nbytes(index.bounds)
+                local = runs.fd == (previous.fd if previous is not None else -1)
+                counts = int(nbytes[~local].sum()), int(nbytes[local].sum())
+            else:
+                data, counts = _remote_chunk(out, scratch, index, chunk, source, previous)
             _write_all(fd, data, path, written)
             written += len(data)
             if meter is not None:
-                nbytes = runs.nbytes(index.bounds)
-                local = runs.fd == (previous.fd if previous is not None else -1)
-                meter(int(nbytes[~local].sum()), int(nbytes[local].sum()))
+                meter(*counts, take_requests())
     except BaseException:
         os.close(fd)
         os.unlink(path)
@@ -218,6 +229,33 @@ def write_stage(path: str, name: str, epoch: int, index: RecordIndex, ids: np.nd
     except BaseException:
         os.unlink(path)
         raise
+
+
+def _remote_chunk(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, chunk: np.ndarray, source: Source,
+                  previous: Stage | None) -> tuple[np.ndarray, tuple[int, int]]:
+    """Records ``chunk`` (ascending) back to back in ``out`` from a source without descriptors
+    (object storage): the ones ``previous`` holds copied from it, the rest in one `read_runs`
+    (its requests all in flight); returns the bytes and ``(source bytes, stage bytes)``."""
+    b = index.bounds
+    if previous is not None:
+        f, c, run = previous.map.split(chunk)
+    else:
+        f, c = id_runs(chunk)
+        run = np.full(len(f), -1, I64)
+    inside = run >= 0
+    lengths = b[f + c] - b[f]
+    dest = np.cumsum(lengths) - lengths
+    far = np.flatnonzero(~inside)
+    got = source.read_runs(b[f[far]], b[f[far] + c[far]])
+    gather(got, np.cumsum(lengths[far]) - lengths[far], lengths[far], out, dest[far])
+    near = np.flatnonzero(inside)
+    if len(near):
+        runs = Runs(f[near], c[near], np.full(len(near), previous.fd, I64), previous.map.shift[run[near]])
+        kept = build_runs(np.empty(int(lengths[near].sum()), np.uint8), scratch, index, run_ids(f[near], c[near]),
+                          runs, NO_NEWLINES, lambda fd: previous)
+        gather(kept, np.cumsum(lengths[near]) - lengths[near], lengths[near], out, dest[near])
+    total = int(lengths.sum())
+    return out[:total], (int(lengths[far].sum()), int(lengths[near].sum()))
 
 
 def _write_all(fd: int, data: np.ndarray, path: str, at: int) -> None:

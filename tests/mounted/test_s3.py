@@ -226,3 +226,29 @@ def test_bad_sources_fail_at_mount_with_a_clear_message(mount, s3, tmp_path):
                             "--endpoint-url", s3.endpoint], capture_output=True, text=True, env=env, timeout=60)
         assert r.returncode != 0, src
         assert expect in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("local", ["uniform", "corgipile"])
+def test_a_staged_rank_reads_only_received_records_from_the_bucket(mount, s3, tmp_path, local):
+    from test_mount_stage import ARGS as PLS, FILES, SHARDS, index_of, partition_bytes, source_bytes
+
+    from shufflefs.pooled import PooledIndex
+
+    for rel, body in FILES.items():
+        s3.client().put_object(Bucket=BUCKET, Key=f"stage/{rel}", Body=body)
+    plain = mount(FILES, *PLS, "--pls-local", local, name="local")
+    staged = s3_mount(mount, s3, *PLS, "--pls-local", local, "--stage-dir", str(tmp_path / "stage"), prefix="stage")
+    pool = PooledIndex([index_of(FILES[s]) for s in SHARDS])
+    single = index_of(FILES["a.jsonl"])
+    for epoch in range(3):
+        for m in (plain, staged):
+            m.set_epoch(epoch)
+        for rel in FILES:
+            assert read(staged.path(rel)) == read(plain.path(rel)), f"{rel} epoch {epoch}"
+        shares = [partition_bytes(single, local, epoch), partition_bytes(pool, local, epoch)]
+        share, received = sum(s for s, _ in shares), sum(r for _, r in shares)
+        assert source_bytes(staged, epoch) == (share if epoch == 0 else received)
+        counts = staged.stats()["read_bytes"][str(epoch)]
+        assert counts["stage_bytes"] >= share and counts["source_requests"] > 0
+    staged.stop()
+    assert staged.returncode == 0 and os.listdir(tmp_path / "stage") == []

@@ -49,9 +49,16 @@ class Meter:
     def __init__(self) -> None:
         self.source = self.stage = 0
 
-    def __call__(self, source: int, stage: int) -> None:
+    def __call__(self, source: int, stage: int, requests: int = 0) -> None:
         self.source += source
         self.stage += stage
+
+
+class Undescribed(SourceFile):
+    """A source without descriptors, as an object store's is: runs come from `read_runs`."""
+
+    def place(self, index, first, count):
+        return None
 
 
 @settings(max_examples=200, deadline=None)
@@ -69,7 +76,8 @@ def test_split_cuts_asked_ids_into_runs_inside_one_stage_run_or_outside(held, as
             assert ids <= set(range(int(smap.first[r]), int(smap.first[r] + smap.count[r])))
 
 
-def test_a_stage_holds_the_records_ascending_and_the_next_one_reads_only_new_records_from_the_source(tmp_path):
+@pytest.mark.parametrize("kind", [SourceFile, Undescribed])
+def test_a_stage_holds_the_records_ascending_and_the_next_one_reads_only_new_records_from_the_source(tmp_path, kind):
     src = tmp_path / "a.jsonl"
     index = write_lines(src, 500, 1, last_newline=False)
     data = src.read_bytes()
@@ -78,7 +86,7 @@ def test_a_stage_holds_the_records_ascending_and_the_next_one_reads_only_new_rec
     kept = rnd.choice(first_ids, 200, replace=False)
     new = rnd.choice(np.setdiff1d(np.arange(index.n), first_ids), 100, replace=False)
     second_ids = np.concatenate((kept, new))
-    source = SourceFile(str(src), index.stamp)
+    source = kind(str(src), index.stamp)
     try:
         m0, m1 = Meter(), Meter()
         s0 = write_stage(str(tmp_path / "s0"), "a.jsonl", 0, index, first_ids, source, meter=m0)
