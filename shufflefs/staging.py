@@ -35,7 +35,7 @@ from .errors import ShuffleError
 from .index import RecordIndex
 from .shared_tasks import SharedTasks
 from .stage import Stage, StageCancelled, write_stage
-from .sources.base import Source
+from .sources.base import Fetched, Source
 from .view import Meter
 
 log = logging.getLogger("shufflefs")
@@ -53,13 +53,13 @@ class EpochBytes:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by: OrderedDict[int, list[int]] = OrderedDict()
-        self._earlier = [0, 0, 0]
+        self._earlier = [0, 0, 0, 0]
 
-    def add(self, epoch: int, source: int, stage: int, requests: int = 0) -> None:
+    def add(self, epoch: int, source: int, stage: int, fetched: Fetched = Fetched()) -> None:
         with self._lock:
             got = self._by.get(epoch)
             if got is None:
-                got = self._by[epoch] = [0, 0, 0]
+                got = self._by[epoch] = [0, 0, 0, 0]
                 while len(self._by) > self.KEPT:
                     _, old = self._by.popitem(last=False)
                     self._earlier = [a + b for a, b in zip(self._earlier, old)]
@@ -67,7 +67,8 @@ class EpochBytes:
                 self._by.move_to_end(epoch)
             got[0] += source
             got[1] += stage
-            got[2] += requests
+            got[2] += fetched.requests
+            got[3] += fetched.nbytes
 
     def meter(self, epoch: int) -> Meter:
         return functools.partial(self.add, epoch)
@@ -82,7 +83,7 @@ class EpochBytes:
 
 
 def _counts(got: list[int]) -> dict[str, int]:
-    return {"source_bytes": got[0], "stage_bytes": got[1], "source_requests": got[2]}
+    return {"source_bytes": got[0], "stage_bytes": got[1], "source_requests": got[2], "fetched_bytes": got[3]}
 
 
 @dataclass(frozen=True)

@@ -178,9 +178,9 @@ def gather_members(out: np.ndarray, index: RecordIndex, ids: np.ndarray, members
     return out[:got]
 
 
-Meter = Callable[[int, int, int], None]
-"""Told ``(bytes from the source, bytes from a local stage, requests to a remote source)`` of
-each window built."""
+Meter = Callable[..., None]
+"""Told ``(bytes from the source, bytes from a local stage[, sources.base.Fetched])`` of each
+window built: record bytes, and what a remote source's requests cost."""
 """Told the record bytes of every window load: ``(from the source, from a local stage)``."""
 
 
@@ -295,7 +295,7 @@ class View:
         if self.check is not None:
             self.check(window, ids, self.index, self.path)
         if self.meter is not None:
-            self.meter(remote, local_bytes, 0)
+            self.meter(remote, local_bytes)
         if ahead and k + 1 < plan.n_windows:
             self.hint(k + 1, plan)
         return window, scratch

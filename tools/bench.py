@@ -19,6 +19,8 @@ Generates (or takes, ``--data DIR``) two datasets, JSON Lines of ~1 KiB records 
   index        index build rate of newline scanning
   remount      mount -> first byte with a cached index of many records
   epoch        epoch change -> first byte of a corgipile view
+  s3           views of a bucket on a local S3 server: bytes and GET requests per epoch of
+               none, corgipile and full, first byte, corgipile by requests in flight
 
 Each read is done warm (source in the page cache) and cold (after dropping caches; needs root).
 Mounting needs root or FUSE permissions; the passthrough needs gcc and libfuse3-dev; the
@@ -69,7 +71,7 @@ from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan  # noqa: E40
 REMOUNT_WIDTHS = (100, 9)
 """Bytes per line of the remount datasets (the first is the one the target is judged on)."""
 STRATEGY_ORDER = ("none", "corgipile", "block", "full", "lirs-page", "window", "once")
-SECTIONS = ("raw", "passthrough", "views", "paired", "torch", "streaming", "once-copy", "index", "remount", "epoch")
+SECTIONS = ("raw", "passthrough", "views", "paired", "torch", "streaming", "once-copy", "index", "remount", "epoch", "s3")
 DATASETS = ("lines", "fixed")
 PT_MODES = ("direct_io", "page cache")
 RAW = "raw source"
@@ -493,6 +495,13 @@ class Bench:
 
     # ------------------------------------------------------------------ ratios and targets
 
+    def run_s3(self) -> None:
+        from bench.objstore import ObjectBench
+
+        section = ObjectBench(self, parse_size(self.args.s3_size))
+        section.run()
+        self.report.section("Object storage (a local S3 server)", section.lines)
+
     def finish(self) -> None:
         rep = self.report
         for row in rep.rows:
@@ -524,7 +533,8 @@ class Bench:
         steps = [("raw", self.run_raw), ("passthrough", self.run_passthrough), ("views", self.run_views),
                  ("paired", self.run_paired),
                  ("torch", self.run_torch), ("streaming", self.run_streaming), ("once-copy", self.run_once_copy),
-                 ("index", self.run_index), ("remount", self.run_remount), ("epoch", self.run_epoch)]
+                 ("index", self.run_index), ("remount", self.run_remount), ("epoch", self.run_epoch),
+                 ("s3", self.run_s3)]
         for name, step in steps:
             if name in self.only:
                 self.say(f"--- {name}")
@@ -623,6 +633,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--remount-records", help="records of the remount test (default 10M; 1M with --quick)")
     ap.add_argument("--epochs", type=int, default=5, help="epoch changes timed per kind (default 5)")
     ap.add_argument("--rounds", type=int, help="rounds of the paired section (default 5; 2 with --quick)")
+    ap.add_argument("--s3-size", help="bytes uploaded for the object-storage section (default 256MiB; 64MiB with --quick)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--update-docs", action="store_true",
                     help="a full run (no --quick, --only or --size): rewrite docs/benchmark.md and the README's excerpt")
@@ -632,6 +643,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.size = args.size or ("256MiB" if args.quick else "2GiB")
     args.max_seconds = args.max_seconds or (5.0 if args.quick else 20.0)
     args.rounds = args.rounds or (2 if args.quick else 5)
+    args.s3_size = args.s3_size or ("64MiB" if args.quick else "256MiB")
     args.remount_records = args.remount_records or ("1M" if args.quick else "10M")
     return args
 

@@ -62,7 +62,8 @@ def format_stats(stats: dict) -> str:
     staging = take("staging", None)
     for epoch, got in (take("read_bytes", None) or {}).items():
         stage = f", from stages {_human(got.get('stage_bytes', 0))}" if staging is not None else ""
-        asked = f" in {got['source_requests']:,} requests" if got.get("source_requests") else ""
+        asked = (f" in {got['source_requests']:,} requests ({_human(got.get('fetched_bytes', 0))} fetched)"
+                 if got.get("source_requests") else "")
         lines.append(("read", f"epoch {epoch}: from the source {_human(got.get('source_bytes', 0))}{asked}{stage}"))
     store = take("store_requests", None)
     if isinstance(store, dict):

@@ -27,16 +27,26 @@ from ..index import RecordIndex, SourceStamp
 _requests = threading.local()
 
 
-def count_requests(n: int) -> None:
-    """A remote source made ``n`` requests for the work of this thread (a window load)."""
-    _requests.n = getattr(_requests, "n", 0) + n
+class Fetched(NamedTuple):
+    """Requests a remote source made, and the bytes they returned (gaps between coalesced runs
+    included)."""
+
+    requests: int = 0
+    nbytes: int = 0
 
 
-def take_requests() -> int:
-    """Requests counted on this thread since the last call (0 for local sources)."""
-    n = getattr(_requests, "n", 0)
-    _requests.n = 0
-    return n
+def count_requests(n: int, nbytes: int) -> None:
+    """A remote source made ``n`` requests returning ``nbytes`` for the work of this thread (a
+    window load, a stage chunk)."""
+    got = getattr(_requests, "got", Fetched())
+    _requests.got = Fetched(got.requests + n, got.nbytes + nbytes)
+
+
+def take_requests() -> Fetched:
+    """What was counted on this thread since the last call (nothing for local sources)."""
+    got = getattr(_requests, "got", Fetched())
+    _requests.got = Fetched()
+    return got
 
 
 class Runs(NamedTuple):

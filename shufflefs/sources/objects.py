@@ -226,7 +226,7 @@ class ObjectClient:
                    for s, e, a in zip(plan.start.tolist(), plan.end.tolist(), req_at.tolist())]
 
         def finish() -> int:
-            count_requests(len(futures))
+            count_requests(len(futures), int(req_len.sum()))
             done, _ = wait(futures, return_when=FIRST_EXCEPTION)
             failed = [f for f in done if f.exception() is not None]
             if failed:

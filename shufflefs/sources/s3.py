@@ -207,7 +207,7 @@ class ObjectSource:
     def read_range(self, start: int, end: int) -> bytes:
         if end <= start:
             return b""
-        count_requests(1)
+        count_requests(1, end - start)
         return self._guard(self.store.client.get, self.info.key, self.info.etag, start, end).tobytes()
 
     def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -49,7 +49,7 @@ class Meter:
     def __init__(self) -> None:
         self.source = self.stage = 0
 
-    def __call__(self, source: int, stage: int, requests: int = 0) -> None:
+    def __call__(self, source: int, stage: int, fetched: object = None) -> None:
         self.source += source
         self.stage += stage
 
