@@ -174,7 +174,7 @@ def cache_key(path: str | os.PathLike, stamp: SourceStamp, fmt_name: str, fmt_pa
     ident = json.dumps(
         {
             "v": INDEX_VERSION,
-            "path": os.path.realpath(path),
+            "path": str(path) if "://" in str(path) else os.path.realpath(path),  # a URL names itself
             "size": stamp.size,
             "mtime_ns": stamp.mtime_ns,
             "ino": stamp.ino,

@@ -86,6 +86,13 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     remote = bool(scheme_of(args.source))
     src = args.source if remote else Path(os.path.realpath(args.source))
     mnt = Path(os.path.realpath(args.mountpoint))
+    if scheme_of(args.source) == "s3":
+        from ..sources.s3 import parse_url
+
+        try:
+            parse_url(args.source)
+        except ValueError as e:
+            parser.error(str(e))
     store_options = {kw: v[key] for key, kw in STORE_KEYS.items() if v[key] is not None} if remote else {}
     if not remote:
         given = [_cli(key) for key in STORE_KEYS if getattr(args, key, None) is not None]

@@ -128,8 +128,12 @@ class ObjectClient:
             config["endpoint"] = opts.endpoint_url
         region = opts.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         provider = None
+        self.credentials = "the AWS_ACCESS_KEY_ID environment variables"
         if not os.environ.get("AWS_ACCESS_KEY_ID"):
             provider, region = _shared_credentials(region)
+            self.credentials = ("the shared AWS config files (through boto3)" if provider is not None else
+                                "none found in the environment or the shared config files (so the instance's role, "
+                                "if any: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)")
         if region:
             config["region"] = region
         timeout = timedelta(seconds=opts.timeout_s)

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from ..errors import StaleSourceError
+from ..errors import ShuffleError, StaleSourceError
 from ..formats.base import Format
 from ..index import RecordIndex, SourceStamp
 from .base import Runs, count_requests, index_by_scan
@@ -65,7 +65,11 @@ class S3Store:
         self._listings: dict[str, tuple[float, list[str], dict[str, ObjectInfo]]] = {}
         self._started = time.time_ns()
         self._scan_dir = tempfile.gettempdir()  # where `map` downloads (the cache directory once known)
-        self.list("")  # fails now, with the reason, if the bucket cannot be listed
+        try:
+            self.list("")  # fails now, with the reason, if the bucket cannot be listed
+        except ShuffleError as e:
+            self.client.close()
+            raise ShuffleError(e.path, None, f"{e.message}; credentials: {self.client.credentials}") from None
 
     # ---------------------------------------------------------------- names
 

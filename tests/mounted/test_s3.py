@@ -49,6 +49,8 @@ def dataset(tmp: Path) -> dict[str, bytes]:
         "nested/deeper/n.jsonl": jsonl(400, 2),
         **{f"pool/train-{i:05d}-of-00004.jsonl": jsonl(500 + 37 * i, 10 + i) for i in range(4)},
         **{f"wds/shard-{i:06d}.tar": tar_shard(100 * i, 60) for i in range(3)},
+        "odd names/ü ber #1.jsonl": jsonl(300, 3),
+        "empty.jsonl": b"",
     }
     tfrecords([RNG.bytes(int(n)) for n in RNG.integers(1, 300, 400)], tmp / "recs.tfrecord")
     files["recs.tfrecord"] = (tmp / "recs.tfrecord").read_bytes()
@@ -68,6 +70,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
         client.create_bucket(Bucket=BUCKET)
         for rel, body in files.items():
             client.put_object(Bucket=BUCKET, Key=f"ds/{rel}", Body=body)
+        client.put_object(Bucket=BUCKET, Key="ds/marker/", Body=b"")  # a console's "folder": an empty directory
         server.files = files
         server.local = write_tree(work / "local", files)
         yield server
@@ -102,6 +105,7 @@ def test_views_from_the_bucket_equal_views_from_local_disk(mount, s3, strategy):
         local.set_epoch(epoch)
         got, want = tree_bytes(remote.mnt), tree_bytes(local.mnt)
         assert sorted(got) == sorted(s3.files)
+        assert os.listdir(remote.path("marker")) == []
         for rel in s3.files:
             assert got[rel] == want[rel], f"{rel} epoch {epoch}"
         if strategy != "none":
@@ -221,6 +225,7 @@ def test_bad_sources_fail_at_mount_with_a_clear_message(mount, s3, tmp_path):
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     for src, expect in (("s3://no-such-bucket/x", "no-such-bucket"), ("s3://", "s3://BUCKET"),
+                        ("s3://b/p?versionId=1", "s3://BUCKET"),
                         (str(s3.local), "only for object-store sources")):
         r = subprocess.run([sys.executable, "-m", "shufflefs", "mount", src, str(mnt), "--cache-dir", str(tmp_path / "c"),
                             "--endpoint-url", s3.endpoint], capture_output=True, text=True, env=env, timeout=60)
@@ -252,3 +257,34 @@ def test_a_staged_rank_reads_only_received_records_from_the_bucket(mount, s3, tm
         assert counts["stage_bytes"] >= share and counts["source_requests"] > 0
     staged.stop()
     assert staged.returncode == 0 and os.listdir(tmp_path / "stage") == []
+
+
+def test_indexes_are_cached_by_etag_so_a_remount_does_not_download_again(mount, s3, tmp_path):
+    cache = str(tmp_path / "shared-cache")
+    want = s3.files["a.jsonl"]
+    first = s3_mount(mount, s3, *ARGS, "--cache-dir", cache)
+    before = s3.faults.bytes
+    with open(first.path("a.jsonl"), "rb") as f:
+        f.read(1)
+    assert s3.faults.bytes - before >= len(want)  # indexing reads the whole object once
+    first.stop()
+    second = s3_mount(mount, s3, *ARGS, "--cache-dir", cache)
+    before = s3.faults.bytes
+    with open(second.path("a.jsonl"), "rb", buffering=0) as f:  # one byte: the first window only
+        f.read(1)
+    assert s3.faults.bytes - before < len(want) // 2  # only a window, the index came from the cache
+    assert lines(read(second.path("a.jsonl"))) == lines(want)
+
+
+def test_credentials_from_the_shared_files_when_the_environment_has_none(mount, s3, tmp_path, monkeypatch):
+    creds = tmp_path / "credentials"
+    creds.write_text("[bench]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+    config = tmp_path / "config"
+    config.write_text("[profile bench]\nregion = us-east-1\n")
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_PROFILE", "bench")
+    m = s3_mount(mount, s3, *ARGS)
+    assert lines(read(m.path("a.jsonl"))) == lines(s3.files["a.jsonl"])
