@@ -121,6 +121,10 @@ def run(make: Callable[..., Fetch], endpoint: str, bucket: str, key: str, etag: 
             "server": ((cpu_of(server_pid) - srv0) / gb) if server_pid else float("nan")}
 
 
+def _num(x: float) -> str:
+    return "-" if x != x else f"{x:.2f}"  # NaN: not measured (nginx's workers)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="256MiB")
@@ -179,7 +183,7 @@ def main() -> int:
         for name in CLIENTS:
             r, base = results[(name, depth)], results[("boto3", depth)]
             print(f"| {name} | {depth} | {r['gbps']:.3f} | {r['gbps'] / base['gbps']:.2f} | {r['cpu']:.2f} | "
-                  f"{r['server']:.2f} | {r['ttfb']:.1f} |")
+                  f"{_num(r['server'])} | {r['ttfb']:.1f} |")
     return 0
 
 

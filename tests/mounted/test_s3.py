@@ -288,3 +288,14 @@ def test_credentials_from_the_shared_files_when_the_environment_has_none(mount, 
     monkeypatch.setenv("AWS_PROFILE", "bench")
     m = s3_mount(mount, s3, *ARGS)
     assert lines(read(m.path("a.jsonl"))) == lines(s3.files["a.jsonl"])
+
+
+def test_many_readers_at_once_get_the_local_bytes(mount, s3):
+    import concurrent.futures
+
+    remote, local = s3_mount(mount, s3, *ARGS, "--requests", "4"), mount(None, *ARGS, src=s3.local, name="local")
+    names = [rel for rel in s3.files if rel.endswith((".jsonl", ".tar", ".npy"))] * 2
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda rel: read(remote.path(rel)), names))
+    for rel, data in zip(names, got):
+        assert data == read(local.path(rel)), rel

@@ -27,9 +27,11 @@ def test_the_excerpt_is_rebuilt_between_the_markers(tmp_path: Path) -> None:
         rep.add(row(what, "warm", warm))
         rep.add(row(what, "cold", cold))
     rep.section("Targets", ["| target | measured | verdict |", "|---|---|---|", "| x | 0.90x | met |"])
+    rep.section(docs.S3_SECTION, ["| view | requests |", "| corgipile | 32 |"])
     (tmp_path / "docs").mkdir()
     readme = tmp_path / "README.md"
-    readme.write_text(f"# t\n\nbefore\n{docs.START}\nold table\n{docs.END}\nafter\n")
+    readme.write_text(f"# t\n\nbefore\n{docs.START}\nold table\n{docs.END}\nmiddle\n{docs.S3_START}\nold s3\n"
+                      f"{docs.S3_END}\nafter\n")
     written = docs.update(rep, "the report\n", tmp_path, "a test machine")
     text = readme.read_text()
     assert written == [tmp_path / "docs" / "benchmark.md", readme]
@@ -38,6 +40,7 @@ def test_the_excerpt_is_rebuilt_between_the_markers(tmp_path: Path) -> None:
     assert "| view `corgipile` | 2.70 | 1.80 | 0.90 | 0.90 |" in text
     assert "| view `full` | - | - | - | - |" in text
     assert "| x | 0.90x | met |" in text and "a test machine" in text
+    assert "old s3" not in text and "| corgipile | 32 |" in text and "\nmiddle\n" in text
 
 
 def test_no_markers_no_rewrite(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 from .report import Report
 
 START, END = "<!-- bench:excerpt:start -->", "<!-- bench:excerpt:end -->"
+S3_START, S3_END = "<!-- bench:s3:start -->", "<!-- bench:s3:end -->"
+S3_SECTION = "Object storage (a local S3 server)"
 EXCERPT_VIEWS = ("none", "corgipile", "block", "window", "lirs-page", "full")
 RAW, PASSTHROUGH = "raw source", "C passthrough (direct_io)"
 
@@ -48,7 +50,12 @@ def update(report: Report, text: str, repo: Path, machine: str) -> list[Path]:
     if START not in body or END not in body:
         raise SystemExit(f"bench: {readme} has no {START} ... {END} block to update")
     block = "\n".join([START, *excerpt(report, machine), END])
-    readme.write_text(re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, body, flags=re.S))
+    body = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, body, flags=re.S)
+    s3 = [lines for title, lines in report.sections if title == S3_SECTION]
+    if s3 and S3_START in body:
+        block = "\n".join([S3_START, f"Last full run: {time.strftime('%Y-%m-%d')}, {machine}.", "", *s3[0], S3_END])
+        body = re.sub(re.escape(S3_START) + ".*?" + re.escape(S3_END), lambda _: block, body, flags=re.S)
+    readme.write_text(body)
     doc = repo / "docs" / "benchmark.md"
     doc.write_text(text)
     return [doc, readme]
