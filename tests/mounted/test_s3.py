@@ -23,7 +23,7 @@ pytest.importorskip("boto3")
 
 from conftest import Mount, write_tree  # noqa: E402
 from objstore import CREDENTIALS, S3Server  # noqa: E402
-from test_mount import ARGS, jsonl, lines, npy_bytes, read, tfrecords  # noqa: E402
+from test_mount import ARGS, csv_text, jsonl, lines, npy_bytes, read, tfrecords  # noqa: E402
 
 BUCKET = "data"
 RNG = np.random.default_rng(99)
@@ -43,6 +43,7 @@ def tar_shard(first: int, n: int) -> bytes:
 def dataset(tmp: Path) -> dict[str, bytes]:
     files = {
         "a.jsonl": jsonl(3000, 1),
+        "table.csv": csv_text(1500),
         "arr.npy": npy_bytes(np.arange(900 * 5, dtype=np.float32).reshape(900, 5)),
         "fixed.bin": RNG.bytes(24 * 2000),
         "blob.dat": RNG.bytes(70_000),
