@@ -185,8 +185,11 @@ def test_benchmark_runs_end_to_end_and_prints_every_row(tmp_path: Path) -> None:
             assert (what, reader, cache) in have, (what, reader, cache)
     assert text.count("### lines") == 1 and text.count("### fixed") == 1
     for title in ("Daemon memory", "Paired rounds", "Index build", "Remount with a cached index", "Epoch change",
-                  "Targets"):
+                  "Object storage (a local S3 server)", "Targets"):
         assert f"### {title}" in text
+    s3 = text.split("### Object storage (a local S3 server)")[1].split("###")[0]
+    for view in ("none", "corgipile", "full"):  # a row per view, with requests counted
+        assert any(line.startswith(f"| {view} |") and line.split("|")[6].strip() not in ("0", "~0") for line in s3.splitlines()), s3
     targets = text.split("### Targets")[1].splitlines()
     measured = [t for t in targets if "warm corgipile 1 MiB reads >= 0.7x" in t or "remount with a cached index" in t]
     assert len(measured) == 3 and not any(t.endswith("not measured |") for t in measured)

@@ -104,7 +104,8 @@ def pread_dataset(path: Path, index: RecordIndex, workers: int, max_seconds: flo
 
 
 def import_streaming() -> types.ModuleType | None:
-    """``streaming``, or None if not installed.
+    """``streaming``, or None if not installed or not importable (a dependency missing: its rows
+    are then skipped rather than the run failing).
 
     The package imports its torchvision datasets at import time; CPU-only PyTorch installs often
     have no matching torchvision, so an empty stand-in is registered when torchvision is
@@ -125,8 +126,12 @@ def import_streaming() -> types.ModuleType | None:
         ds.CIFAR10 = None
         fn.to_tensor = None
         tv.datasets, tv.transforms, tr.functional = ds, tr, fn
-    import streaming
-
+    try:
+        import streaming
+    except ImportError as e:
+        print(f"bench: mosaicml-streaming is installed but cannot be imported ({e}): its rows are skipped",
+              file=sys.stderr)
+        return None
     return streaming
 
 

@@ -103,7 +103,7 @@ class ObjectBench:
         mnt.mkdir(exist_ok=True)
         cmd = b.shufflefs_cmd(f"s3://{BUCKET}/ds", mnt, strategy, "--block-size", str(self.block),
                               "--buffer", str(self.buffer), "--endpoint-url",
-                              server.endpoint, "--requests", str(depth),
+                              f"http://127.0.0.1:{server.upstream}", "--requests", str(depth),  # not the fault proxy
                               "--log-file", str(b.logs / f"s3-{strategy}-{depth}.log"))
         with proc.FuseDaemon(cmd, mnt, b.logs / f"s3-{strategy}-{depth}.out", env=dict(b.env, **CREDENTIALS)):
             for name in self.names:  # an open indexes a shard (a full download, once), not measured
