@@ -115,18 +115,6 @@ def _url(value: Any) -> str:
     return value
 
 
-def _seconds(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"not a number of seconds: {value!r}")
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"not a number of seconds: {value!r}") from None
-    if not 0.1 <= x <= 3600:
-        raise ValueError(f"must be between 0.1 and 3600 seconds: {value!r}")
-    return x
-
-
 def _strategy(value: Any) -> str:
     from ..strategies import STRATEGIES
 
@@ -144,16 +132,24 @@ class _Option:
     file does (torchrun sets RANK and WORLD_SIZE for every process it starts)."""
 
 
-def _fraction(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"not a fraction: {value!r}")
-    try:
-        q = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"not a fraction: {value!r}") from None
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"must be a fraction in [0, 1]: {value!r}")
-    return q
+def _number_in(lo: float, hi: float, what: str) -> Callable[[Any], float]:
+    """A real number option within ``[lo, hi]`` (``what`` names it in errors)."""
+    def convert(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError(f"not {what}: {value!r}")
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"not {what}: {value!r}") from None
+        if not lo <= x <= hi:
+            raise ValueError(f"must be {what} in [{lo:g}, {hi:g}]: {value!r}")
+        return x
+
+    return convert
+
+
+_fraction = _number_in(0.0, 1.0, "a fraction")
+_seconds = _number_in(0.1, 3600.0, "a number of seconds")
 
 
 def _one_of(modes: tuple[str, ...]) -> Callable[[Any], str]:

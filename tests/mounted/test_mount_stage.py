@@ -59,23 +59,29 @@ def wait_for(check, timeout: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+def staged_epochs(plain, staged, local: str, epochs: int = 3):
+    """Both mounts (of `FILES`, `ARGS`) through ``epochs`` epochs: every view of the staged one
+    equals the unstaged one's, and it read from the source its partitions at epoch 0, then only
+    the records it received; yields ``(epoch, partition bytes, received bytes)`` for more checks."""
+    pool = PooledIndex([index_of(FILES[s]) for s in SHARDS])
+    single = index_of(FILES["a.jsonl"])
+    for epoch in range(epochs):
+        for m in (plain, staged):
+            m.set_epoch(epoch)
+        for rel in FILES:
+            assert read(staged.path(rel)) == read(plain.path(rel)), f"{rel} epoch {epoch}"
+        shares = [partition_bytes(single, local, epoch), partition_bytes(pool, local, epoch)]
+        share, received = sum(s for s, _ in shares), sum(r for _, r in shares)
+        assert source_bytes(staged, epoch) == (share if epoch == 0 else received)
+        yield epoch, share, received
+
+
 @pytest.mark.parametrize("local", ["uniform", "corgipile"])
 def test_a_staged_rank_serves_the_same_bytes_and_reads_only_received_records_from_the_source(mount, tmp_path, local):
     stage_dir = tmp_path / "stage"
     plain = mount(FILES, *ARGS, "--pls-local", local)
     staged = mount(None, *ARGS, "--pls-local", local, "--stage-dir", str(stage_dir), src=plain.src)
-    pool = PooledIndex([index_of(FILES[s]) for s in SHARDS])
-    single = index_of(FILES["a.jsonl"])
-    for epoch in range(3):
-        for m in (plain, staged):
-            m.set_epoch(epoch)
-        for rel in FILES:
-            got = read(staged.path(rel))
-            assert got == read(plain.path(rel)), f"{rel} epoch {epoch}"
-        shares = [partition_bytes(single, local, epoch), partition_bytes(pool, local, epoch)]
-        share, received = sum(s for s, _ in shares), sum(r for _, r in shares)
-        # epoch 0 copies the partitions; every later epoch fetches only what the rank received
-        assert source_bytes(staged, epoch) == (share if epoch == 0 else received)
+    for epoch, share, received in staged_epochs(plain, staged, local):
         assert source_bytes(plain, epoch) >= share  # unstaged: the whole share, every epoch
         if epoch:
             assert 0 < received < (Q + 0.1) * share

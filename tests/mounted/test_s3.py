@@ -236,24 +236,13 @@ def test_bad_sources_fail_at_mount_with_a_clear_message(mount, s3, tmp_path):
 
 @pytest.mark.parametrize("local", ["uniform", "corgipile"])
 def test_a_staged_rank_reads_only_received_records_from_the_bucket(mount, s3, tmp_path, local):
-    from test_mount_stage import ARGS as PLS, FILES, SHARDS, index_of, partition_bytes, source_bytes
-
-    from shufflefs.pooled import PooledIndex
+    from test_mount_stage import ARGS as PLS, FILES, staged_epochs
 
     for rel, body in FILES.items():
         s3.client().put_object(Bucket=BUCKET, Key=f"stage/{rel}", Body=body)
     plain = mount(FILES, *PLS, "--pls-local", local, name="local")
     staged = s3_mount(mount, s3, *PLS, "--pls-local", local, "--stage-dir", str(tmp_path / "stage"), prefix="stage")
-    pool = PooledIndex([index_of(FILES[s]) for s in SHARDS])
-    single = index_of(FILES["a.jsonl"])
-    for epoch in range(3):
-        for m in (plain, staged):
-            m.set_epoch(epoch)
-        for rel in FILES:
-            assert read(staged.path(rel)) == read(plain.path(rel)), f"{rel} epoch {epoch}"
-        shares = [partition_bytes(single, local, epoch), partition_bytes(pool, local, epoch)]
-        share, received = sum(s for s, _ in shares), sum(r for _, r in shares)
-        assert source_bytes(staged, epoch) == (share if epoch == 0 else received)
+    for epoch, share, _ in staged_epochs(plain, staged, local):
         counts = staged.stats()["read_bytes"][str(epoch)]
         assert counts["stage_bytes"] >= share and counts["source_requests"] > 0
     staged.stop()
@@ -300,3 +289,22 @@ def test_many_readers_at_once_get_the_local_bytes(mount, s3):
         got = list(pool.map(lambda rel: read(remote.path(rel)), names))
     for rel, data in zip(names, got):
         assert data == read(local.path(rel)), rel
+
+
+def test_object_storage_options_are_explained_and_checked(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "shufflefs", *a], capture_output=True, text=True,  # noqa: E731
+                                    env=env, timeout=60)
+    help_text = run("mount", "--help").stdout
+    for word in ("s3://BUCKET/PREFIX", "--endpoint-url", "--requests", "--request-timeout", "--retries", "AWS_PROFILE"):
+        assert word in help_text
+    (tmp_path / "mnt").mkdir()
+    for bad, message in ((["--requests", "0"], "--requests"), (["--request-timeout", "nan"], "--request-timeout"),
+                         (["--retries", "-1"], "--retries"), (["--endpoint-url", "ftp://x"], "http(s) URL")):
+        r = run("mount", "s3://bucket/p", str(tmp_path / "mnt"), *bad)
+        assert r.returncode == 2 and message in r.stderr, r.stderr
