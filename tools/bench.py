@@ -43,7 +43,6 @@ import os
 import platform
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -56,20 +55,18 @@ TOOLS = Path(__file__).resolve().parent
 REPO = TOOLS.parent
 sys.path[:0] = [str(TOOLS), str(REPO)]
 
-from bench import alternatives, data, proc, reads  # noqa: E402
+from bench import alternatives, data, proc, reads, timings  # noqa: E402
 from bench.paired import Paired  # noqa: E402
 from bench.reads import Reading  # noqa: E402
 from bench.report import MiB, Report, Row  # noqa: E402
 from bench.targets import targets  # noqa: E402
-from shufflefs.config import format_size, parse_size  # noqa: E402
+from shufflefs.config import parse_size  # noqa: E402
 from shufflefs.cli.mount import daemon_python  # noqa: E402
 from shufflefs.daemon import raise_readahead  # noqa: E402
-from shufflefs.formats import load_or_build_index, make_format, scan_file  # noqa: E402
+from shufflefs.formats import load_or_build_index, make_format  # noqa: E402
 from shufflefs.index import IndexCache, RecordIndex  # noqa: E402
 from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan  # noqa: E402
 
-REMOUNT_WIDTHS = (100, 9)
-"""Bytes per line of the remount datasets (the first is the one the target is judged on)."""
 STRATEGY_ORDER = ("none", "corgipile", "block", "full", "lirs-page", "window", "once")
 SECTIONS = ("raw", "passthrough", "views", "paired", "torch", "streaming", "once-copy", "index", "remount", "epoch", "s3")
 DATASETS = ("lines", "fixed")
@@ -303,195 +300,22 @@ class Bench:
                 f"{ratio} |")
 
     def run_torch(self) -> None:
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            torch = None
-        for ds in self.datasets:
-            for w in [int(x) for x in self.args.workers.split(",") if x.strip()]:
-                what = f"pread Dataset, {w} workers"
-                for cache in self.caches:
-                    if torch is None:
-                        self.skip(ds, what, "random", cache, "torch not installed")
-                        continue
-                    self.measure(ds.row(what, "random", cache),
-                                 lambda: alternatives.pread_dataset(ds.path, ds.index, w, self.args.max_seconds),
-                                 warm=(ds.path,))
+        alternatives.run_torch(self)
 
     def run_streaming(self) -> None:
-        if alternatives.import_streaming() is None:
-            for ds in self.datasets:
-                for what, cache in [("MosaicML MDS conversion", "warm")] + [("MosaicML epoch", c) for c in self.caches]:
-                    self.skip(ds, what, "py1e", cache, "mosaicml-streaming not installed")
-            return
-        try:
-            for ds in self.datasets:
-                out = self.work / "mds" / ds.name
-                reads.warm(ds.path)
-                secs = alternatives.mds_convert(ds.path, ds.index, out)
-                conv = self.report.add(ds.row("MosaicML MDS conversion", "write", "warm",
-                                              reading=Reading(ds.size, ds.n, secs, secs, True),
-                                              note="sequential source read, one sample per record, fsynced"))
-                self.say(f"{ds.name:6} MDS conversion {secs:.2f} s")
-                for i, cache in enumerate(self.caches):
-                    row = self.measure(ds.row("MosaicML epoch", "py1e", cache),
-                                       lambda: alternatives.mds_epoch(out, self.args.max_seconds, self.work / "locks", epoch_salt=i),
-                                       warm=tuple(out.rglob("*.mds")))
-                    first = row.reading
-                    self.report.add(ds.row("MosaicML epoch 1 incl. conversion", "py1e", cache,
-                                           reading=Reading(first.nbytes, first.records, first.seconds, first.first_s,
-                                                           first.complete),
-                                           extra_s=conv.reading.seconds, note="conversion counted"))
-                shutil.rmtree(out, ignore_errors=True)
-        finally:
-            alternatives.mds_cleanup()
+        alternatives.run_streaming(self)
 
     def run_once_copy(self) -> None:
-        outdir = self.work / "once"
-        outdir.mkdir(exist_ok=True)
-        for ds in self.datasets:
-            copy = outdir / ds.path.name
-            reads.warm(ds.path)
-            secs = alternatives.shuffle_once_copy(ds.path, ds.index, copy, self.args.seed)
-            rewrite = self.report.add(ds.row("Shuffle Once rewrite", "write", "warm",
-                                             reading=Reading(ds.size, ds.n, secs, secs, True),
-                                             note="source read into memory, permuted, written, fsynced"))
-            self.say(f"{ds.name:6} Shuffle Once rewrite {secs:.2f} s")
-            for rd in ("1MiB", "loop"):
-                if rd not in self.readers:
-                    continue
-                fn = reads.reader(rd, ds.record_size)
-                for cache in self.caches:
-                    row = self.measure(ds.row("Shuffle Once copy", rd, cache), lambda: fn(copy, self.args.max_seconds),
-                                       warm=(copy,))
-                    if rd == "loop":
-                        r = row.reading
-                        self.report.add(ds.row("Shuffle Once epoch 1 incl. rewrite", rd, cache,
-                                               reading=Reading(r.nbytes, r.records, r.seconds, r.first_s, r.complete),
-                                               extra_s=rewrite.reading.seconds, note="rewrite counted"))
-            copy.unlink()
+        alternatives.run_once_copy(self)
 
     def run_index(self) -> None:
-        lines = ["| file | records | MB | scan s | GB/s | records/s |", "|---|---|---|---|---|---|"]
-        for ds in self.datasets:
-            fmt = make_format("lines") if ds.record_size is None else make_format("fixed", {"record_size": ds.record_size})
-            reads.warm(ds.path)
-            best = min(self._timed(lambda: scan_file(str(ds.path), fmt)) for _ in range(3))
-            lines.append(f"| {ds.path.name} ({fmt.name}) | {ds.n:,} | {ds.size / 1e6:.0f} | {best:.3f} | "
-                         f"{ds.size / best / 1e9:.2f} | {ds.n / best:,.0f} |")
-            if ds.name == "lines":
-                self.index_gbps = ds.size / best / 1e9
-        lines.append("")
-        lines.append("Warm page cache, best of 3, `shufflefs.formats.scan_file` (the scan `shufflefs index` and the "
-                     "daemon's index workers run).")
-        self.report.section("Index build", lines)
-
-    @staticmethod
-    def _timed(fn: Callable[[], object]) -> float:
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
+        timings.run_index(self)
 
     def run_remount(self) -> None:
-        """Mount -> first byte with a cached index, for lines of 100 bytes (the target) and of 9
-        bytes, where one 64 MiB window holds ~7 M records and building it dominates."""
-        n = parse_size(self.args.remount_records)
-        lines = ["| records of | run | cache | mount ready s | open -> first byte s | total s | records in window 0 | "
-                 "daemon peak RSS MiB | bound MiB |", "|---|---|---|---|---|---|---|---|---|"]
-        notes = []
-        for width in REMOUNT_WIDTHS:
-            totals, note = self._remount(n, width, lines)
-            if width == REMOUNT_WIDTHS[0]:
-                self.remount_s = statistics.median(totals)
-            notes.append(note)
-        lines += ["", f"{n:,} records, corgipile; " + "; ".join(notes) + ". Timed from starting `shufflefs mount -f` "
-                  "to the first 4 KiB read of the view; the target is judged on the first record size."]
-        self.report.section("Remount with a cached index", lines)
-
-    def _remount(self, n: int, width: int, lines: list[str]) -> tuple[list[float], str]:
-        src = self.work / f"src-remount-{width}"
-        src.mkdir(exist_ok=True)
-        path = src / data.SHORT_NAME
-        data.ensure(path, data.make_short_lines, n, width)
-        t0 = time.perf_counter()
-        subprocess.run([*daemon_python(), "index", str(src), "--cache-dir", str(self.cache_dir)],
-                       check=True, env=self.env, capture_output=True)
-        built = time.perf_counter() - t0
-        mnt = self.work / "mnt-remount"
-        mnt.mkdir(exist_ok=True)
-        spec = self.spec("corgipile")
-        index = load_or_build_index(str(path), make_format("lines"), IndexCache(self.cache_dir))
-        plan = make_plan(index, spec, 0)
-        window = int(max(plan.window_sizes))
-        first_window = len(plan.window(0))
-        bound = 16 * n + 3 * window + 100 * MiB
-        totals = []
-        runs = [("warm", i) for i in range(3)] + ([("cold", 0)] if self.cold else [])
-        for cache, i in runs:
-            if cache == "cold":
-                proc.drop_caches()
-            else:
-                reads.warm(path)
-            cmd = self.shufflefs_cmd(src, mnt, "corgipile", "--log-file", str(self.logs / "remount.log"))
-            with proc.FuseDaemon(cmd, mnt, self.logs / "remount.out", env=self.env) as d:
-                t0 = time.perf_counter()
-                fd = os.open(mnt / path.name, os.O_RDONLY)
-                try:
-                    got = os.read(fd, 4096)
-                finally:
-                    os.close(fd)
-                first = time.perf_counter() - t0
-                assert got, "empty read"
-                rss = proc.peak_rss(d.pid)
-            total = d.ready_s + first
-            if cache == "warm":
-                totals.append(total)
-            lines.append(f"| {width} B | {i + 1} | {cache} | {d.ready_s:.3f} | {first:.3f} | {total:.3f} | "
-                         f"{first_window:,} | {rss / MiB:.0f} | {bound / MiB:.0f} |")
-        size = path.stat().st_size / 1e6
-        return totals, f"{width}-byte lines: {size:.0f} MB, index built once by `shufflefs index` in {built:.2f} s"
+        timings.run_remount(self)
 
     def run_epoch(self) -> None:
-        ds = next((d for d in self.datasets if d.name == "lines"), self.datasets[0])
-        mnt = self.work / "mnt-epoch"
-        mnt.mkdir(exist_ok=True)
-        cmd = self.shufflefs_cmd(self.src, mnt, "corgipile", "--log-file", str(self.logs / "epoch.log"))
-        reads.warm(ds.path)
-        setx, cli, later = [], [], []
-        with proc.FuseDaemon(cmd, mnt, self.logs / "epoch.out", env=self.env):
-            target = mnt / ds.path.name
-            first_byte(target)  # epoch 0 opened and served once: the index is loaded, the daemon warm
-            e = 0
-            for _ in range(self.args.epochs):
-                e += 1
-                t0 = time.perf_counter()
-                os.setxattr(mnt, EPOCH_ATTR, str(e).encode())
-                first_byte(target)
-                setx.append(time.perf_counter() - t0)
-                e += 1
-                t0 = time.perf_counter()
-                subprocess.run([*daemon_python(), "epoch", str(mnt), str(e)], check=True, env=self.env)
-                first_byte(target)
-                cli.append(time.perf_counter() - t0)
-                e += 1
-                os.setxattr(mnt, EPOCH_ATTR, str(e).encode())
-                time.sleep(0.5)
-                t0 = time.perf_counter()
-                first_byte(target)
-                later.append(time.perf_counter() - t0)
-        med = statistics.median
-        self.epoch_first_s = med(setx)
-        window = format_size(parse_size(self.args.buffer)) if not self.args.buffer.endswith("%") else self.args.buffer
-        self.report.section("Epoch change -> first byte (corgipile)", [
-            "| how the epoch is set | median ms | min ms | max ms |", "|---|---|---|---|",
-            f"| setxattr, then open + read 4 KiB at once | {med(setx) * 1e3:.1f} | {min(setx) * 1e3:.1f} | {max(setx) * 1e3:.1f} |",
-            f"| `shufflefs epoch MNT N` (a new Python process), then open + read | {med(cli) * 1e3:.1f} | "
-            f"{min(cli) * 1e3:.1f} | {max(cli) * 1e3:.1f} |",
-            f"| setxattr, 0.5 s pause, then open + read (timed from open) | {med(later) * 1e3:.1f} | "
-            f"{min(later) * 1e3:.1f} | {max(later) * 1e3:.1f} |",
-            "", f"{ds.path.name}, buffer {window}, block {self.args.block_size}, warm source, "
-            f"{self.args.epochs} epoch changes of each kind.",
-        ])
+        timings.run_epoch(self)
 
     # ------------------------------------------------------------------ ratios and targets
 
@@ -581,14 +405,6 @@ class Bench:
             "limits), RSS = VmHWM (reset before each row), which also counts the pages of source files that "
             "record-level views copy from a mapping (page cache shared with every reader of those files).",
         ]
-
-
-def first_byte(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return os.read(fd, 4096)
-    finally:
-        os.close(fd)
 
 
 def _cpu() -> str:

@@ -10,7 +10,8 @@
   plan: the source read sequentially into memory, records gathered window by window, written
   and fsynced) and then read front to back.
 
-Each reader stops after ``max_seconds`` like `reads.Reading`.
+Each reader stops after ``max_seconds`` like `reads.Reading`.  ``run_torch``, ``run_streaming`` and
+``run_once_copy`` add their rows to a benchmark run.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +32,7 @@ from shufflefs.index import RecordIndex
 from shufflefs.layout import assemble, slice_fetch
 from shufflefs.strategies import ShuffleSpec, make_plan
 
+from . import reads
 from .reads import Reading
 
 BATCH = 64
@@ -248,3 +251,79 @@ def _fsync_tree(root: Path) -> None:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+
+# --------------------------------------------------------------------------- the run's rows
+# (functions of the benchmark run ``b``, a `Bench`)
+
+
+def run_torch(b: Any) -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        torch = None
+    for ds in b.datasets:
+        for w in [int(x) for x in b.args.workers.split(",") if x.strip()]:
+            what = f"pread Dataset, {w} workers"
+            for cache in b.caches:
+                if torch is None:
+                    b.skip(ds, what, "random", cache, "torch not installed")
+                    continue
+                b.measure(ds.row(what, "random", cache),
+                             lambda: pread_dataset(ds.path, ds.index, w, b.args.max_seconds),
+                             warm=(ds.path,))
+
+
+def run_streaming(b: Any) -> None:
+    if import_streaming() is None:
+        for ds in b.datasets:
+            for what, cache in [("MosaicML MDS conversion", "warm")] + [("MosaicML epoch", c) for c in b.caches]:
+                b.skip(ds, what, "py1e", cache, "mosaicml-streaming not installed")
+        return
+    try:
+        for ds in b.datasets:
+            out = b.work / "mds" / ds.name
+            reads.warm(ds.path)
+            secs = mds_convert(ds.path, ds.index, out)
+            conv = b.report.add(ds.row("MosaicML MDS conversion", "write", "warm",
+                                          reading=Reading(ds.size, ds.n, secs, secs, True),
+                                          note="sequential source read, one sample per record, fsynced"))
+            b.say(f"{ds.name:6} MDS conversion {secs:.2f} s")
+            for i, cache in enumerate(b.caches):
+                row = b.measure(ds.row("MosaicML epoch", "py1e", cache),
+                                   lambda: mds_epoch(out, b.args.max_seconds, b.work / "locks", epoch_salt=i),
+                                   warm=tuple(out.rglob("*.mds")))
+                first = row.reading
+                b.report.add(ds.row("MosaicML epoch 1 incl. conversion", "py1e", cache,
+                                       reading=Reading(first.nbytes, first.records, first.seconds, first.first_s,
+                                                       first.complete),
+                                       extra_s=conv.reading.seconds, note="conversion counted"))
+            shutil.rmtree(out, ignore_errors=True)
+    finally:
+        mds_cleanup()
+
+
+def run_once_copy(b: Any) -> None:
+    outdir = b.work / "once"
+    outdir.mkdir(exist_ok=True)
+    for ds in b.datasets:
+        copy = outdir / ds.path.name
+        reads.warm(ds.path)
+        secs = shuffle_once_copy(ds.path, ds.index, copy, b.args.seed)
+        rewrite = b.report.add(ds.row("Shuffle Once rewrite", "write", "warm",
+                                         reading=Reading(ds.size, ds.n, secs, secs, True),
+                                         note="source read into memory, permuted, written, fsynced"))
+        b.say(f"{ds.name:6} Shuffle Once rewrite {secs:.2f} s")
+        for rd in ("1MiB", "loop"):
+            if rd not in b.readers:
+                continue
+            fn = reads.reader(rd, ds.record_size)
+            for cache in b.caches:
+                row = b.measure(ds.row("Shuffle Once copy", rd, cache), lambda: fn(copy, b.args.max_seconds),
+                                   warm=(copy,))
+                if rd == "loop":
+                    r = row.reading
+                    b.report.add(ds.row("Shuffle Once epoch 1 incl. rewrite", rd, cache,
+                                           reading=Reading(r.nbytes, r.records, r.seconds, r.first_s, r.complete),
+                                           extra_s=rewrite.reading.seconds, note="rewrite counted"))
+        copy.unlink()
