@@ -18,15 +18,11 @@ from ..index import default_cache_dir
 from ..sources import scheme_of
 from ..strategies.base import ShuffleSpec
 from .common import EXIT_FAIL, EXIT_OK, PROG, _inside
-from .options import MOUNT_KEYS, STORE_KEYS, Resolved, resolve_options
+from .options import MOUNT_KEYS, STORE_KEYS, Resolved, _cli_name, resolve_options
 
 REMOTE_BLOCK = 8 << 20
 """``--block-size`` of an object-store source when none is given: a ranged GET costs a round trip
 (tens of ms), so blocks are large enough that the transfer, not the latency, dominates."""
-
-
-def _cli(key: str) -> str:
-    return "--" + key.replace("_", "-")
 
 
 def _check_writable_dir(path: Path, what: str, parser: argparse.ArgumentParser) -> None:
@@ -95,7 +91,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
             parser.error(str(e))
     store_options = {kw: v[key] for key, kw in STORE_KEYS.items() if v[key] is not None} if remote else {}
     if not remote:
-        given = [_cli(key) for key in STORE_KEYS if getattr(args, key, None) is not None]
+        given = [_cli_name(key) for key in STORE_KEYS if getattr(args, key, None) is not None]
         if given:
             parser.error(f"{', '.join(given)}: only for object-store sources (s3://BUCKET/PREFIX)")
     if remote and v["block_size"] is None:

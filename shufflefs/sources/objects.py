@@ -47,7 +47,7 @@ class ObjectError(ShuffleError):
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """What a listing or HEAD says of one object."""
+    """What a listing says of one object."""
 
     key: str
     size: int
@@ -115,14 +115,13 @@ def _as_error(e: BaseException, url: str, start: int | None, what: str) -> Shuff
 
 
 class ObjectClient:
-    """One bucket: listings, HEADs and ranged GETs, at most ``in_flight`` GETs at once for the
+    """One bucket: listings and ranged GETs, at most ``in_flight`` GETs at once for the
     whole mount; counts requests and bytes."""
 
     def __init__(self, bucket: str, opts: ClientOptions) -> None:
         from obstore.store import S3Store
 
         self.bucket = bucket
-        self.opts = opts
         config: dict[str, Any] = {}
         if opts.endpoint_url:
             config["endpoint"] = opts.endpoint_url
@@ -157,20 +156,6 @@ class ObjectClient:
         with self._lock:
             self.requests += requests
             self.bytes += nbytes
-
-    def head(self, key: str) -> ObjectInfo:
-        import obstore
-        import obstore.exceptions as ox
-
-        try:
-            meta = obstore.head(self.store, key)
-        except ox.NotFoundError:
-            raise FileNotFoundError(2, "no such object", self.url(key)) from None
-        except Exception as e:  # noqa: BLE001 -- any client failure is an I/O error of this object
-            raise _as_error(e, self.url(key), None, "HEAD") from None
-        finally:
-            self._count(1, 0)
-        return _info(meta)
 
     def list_dir(self, prefix: str) -> tuple[list[str], list[ObjectInfo]]:
         """Sub-prefixes (full keys, no trailing ``/``) and objects directly under ``prefix`` (a

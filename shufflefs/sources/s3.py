@@ -46,6 +46,11 @@ def parse_url(location: str) -> tuple[str, str]:
     return parts.netloc, parts.path.strip("/")
 
 
+def _file_stat(info: ObjectInfo) -> os.stat_result:
+    """An object's attributes; its `SourceStamp` (size, time, ETag hash) is its version."""
+    return _stat(FILE_MODE, info.size, info.mtime_ns, info.ino)
+
+
 def _stat(mode: int, size: int, mtime_ns: int, ino: int) -> os.stat_result:
     s = mtime_ns // 10**9
     return os.stat_result((mode, ino, 0, 1, os.getuid(), os.getgid(), size, s, s, s,
@@ -112,7 +117,7 @@ class S3Store:
         info = self._info(relpath)
         if info is None:
             return _stat(DIR_MODE, 0, self._started, hash(relpath) & (2**62 - 1))
-        return _stat(FILE_MODE, info.size, info.mtime_ns, info.ino)
+        return _file_stat(info)
 
     def list(self, relpath: str) -> list[str]:
         subdirs, files = self._listing(relpath)
@@ -122,12 +127,16 @@ class S3Store:
         return None  # object stores have no links
 
     def _current(self, relpath: str, stamp: SourceStamp) -> ObjectInfo:
-        """The object's current version, which must be ``stamp`` (one HEAD)."""
+        """The object as listed (at most `LIST_TTL` old), which must be version ``stamp``: no
+        request of its own, since a change the listing has not seen yet answers the first GET
+        (``If-Match``) with ESTALE."""
         try:
-            info = self.client.head(self.key(relpath))
+            info = self._info(relpath)
         except FileNotFoundError:
-            raise StaleSourceError(self.path(relpath), None, "object was removed") from None
-        now = SourceStamp(info.size, info.mtime_ns, info.ino, info.mtime_ns)
+            info = None
+        if info is None:
+            raise StaleSourceError(self.path(relpath), None, "object was removed")
+        now = SourceStamp.of(_file_stat(info))
         if now != stamp:
             raise StaleSourceError(self.path(relpath), None, f"object changed since it was indexed (size "
                                    f"{stamp.size} -> {now.size}, ETag now {info.etag})")
