@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 from typing import TYPE_CHECKING
 
-from ..config import MAX_EPOCH
 from ..formats import Format
 from ..index import RecordIndex, SourceStamp
 from ..layout import Layout
@@ -106,14 +104,3 @@ def view_mtime_ns(source_mtime_ns: int, epoch: int) -> int:
     epoch 0's order again; a function of the source and the epoch only, so every rank and every
     remount shows the same value."""
     return source_mtime_ns + epoch * 1_000_000_000
-
-
-def parse_epoch(value: bytes) -> int:
-    """ASCII decimal in [0, MAX_EPOCH], surrounding whitespace allowed; anything else is EINVAL."""
-    try:
-        text = value.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise Reply(errno.EINVAL) from None
-    if not re.fullmatch(r"[0-9]{1,10}", text) or int(text) > MAX_EPOCH:
-        raise Reply(errno.EINVAL)
-    return int(text)

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
+import re
 from typing import Any
 
-from ..config import EPOCH_XATTR, PID_XATTR, STATS_XATTR, XATTR_PREFIX, format_buffer
+from ..config import EPOCH_XATTR, MAX_EPOCH, PID_XATTR, STATS_XATTR, XATTR_PREFIX, format_buffer
 from ..errors import ShuffleError
 from ..stats import fit as fit_stats
 from ..view import GATHER
 from .catalog import Catalog
-from .nodes import DIR, ROOT, VIEW, Node, Reply, parse_epoch
+from .nodes import DIR, ROOT, VIEW, Node, Reply
+
+log = logging.getLogger("shufflefs")
 
 X_EPOCH, X_STATS, X_PID = EPOCH_XATTR.encode(), STATS_XATTR.encode(), PID_XATTR.encode()
 VIEW_ATTRS = [X_EPOCH] + [
@@ -24,6 +28,10 @@ VIEW_ATTRS = [X_EPOCH] + [
 ]
 ROOT_ATTRS = [X_EPOCH, X_STATS, X_PID]
 OURS = frozenset(VIEW_ATTRS + ROOT_ATTRS)
+EPOCH_VALUE = re.compile(rb"(0|[1-9][0-9]{0,9})\n?")
+"""An epoch as the attribute reads back (decimal, no sign, no leading zero), plus at most one
+trailing newline (``echo N > ...``-style tools add one).  Nothing else: a value such as ``" 1"``
+or ``"01"`` is more likely a mistake in a script than an epoch."""
 
 
 def names(node: Node) -> list[bytes]:
@@ -84,7 +92,17 @@ def set(cat: Catalog, node: Node, name: bytes, value: bytes) -> None:  # noqa: A
     EROFS (the mount is read-only)."""
     if name != X_EPOCH:
         raise Reply(errno.EPERM if name in OURS else errno.EROFS)
-    cat.set_epoch(node, parse_epoch(value))
+    cat.set_epoch(node, parse_epoch(value, node.relpath))
+
+
+def parse_epoch(value: bytes, where: str = "") -> int:
+    """`EPOCH_VALUE` in [0, MAX_EPOCH], else EINVAL with a log line (the writer sees only the errno)."""
+    m = EPOCH_VALUE.fullmatch(value)
+    if m is None or int(m.group(1)) > MAX_EPOCH:
+        log.warning("epoch of /%s not set: %r is not an epoch (a decimal from 0 to %d without sign, spaces "
+                    "or leading zeros, optionally one trailing newline)", where, value[:40], MAX_EPOCH)
+        raise Reply(errno.EINVAL)
+    return int(m.group(1))
 
 
 def remove(node: Node, name: bytes) -> None:
