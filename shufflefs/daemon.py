@@ -91,7 +91,7 @@ async def _main(fs: ShuffleFS, mnt: str, ready: _Ready) -> None:
     async with trio.open_nursery() as nursery:
         fs.start(nursery)
         if threading.current_thread() is threading.main_thread():
-            nursery.start_soon(_watch_signals, mnt)
+            nursery.start_soon(_watch_signals, mnt, fs)
 
         async def settle() -> None:
             """Readiness once the readahead is set: until then this daemon's own stat of the
@@ -115,11 +115,16 @@ EXIT_GRACE = 5.0
 mount and ends the process (a worker thread stuck on a hung source must not keep it alive)."""
 
 
-async def _watch_signals(mnt: str) -> None:
+async def _watch_signals(mnt: str, fs: ShuffleFS) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async for signum in signals:
             log.info("%s received: unmounting", signal.Signals(signum).name)
             threading.Thread(target=_watchdog, args=(mnt, EXIT_GRACE), name="exit-watchdog", daemon=True).start()
+            # the FUSE loop ends only once every request has: opens waiting on an index scan or
+            # a stage build must fail now, not when a scan of a large file ends (the watchdog's
+            # exit then skipped every cleanup, leaving the temporaries and the semaphores)
+            fs.stopping()
+            indexer.interrupt_default()
             pyfuse3.terminate()
             return
 

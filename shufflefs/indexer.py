@@ -28,7 +28,7 @@ from .errors import StaleSourceError
 from .formats import Format, scan_file
 from .index import IndexCache, RecordIndex, SourceStamp, cache_key
 
-__all__ = ["IndexBuilder", "default_builder", "shutdown_default"]
+__all__ = ["IndexBuilder", "default_builder", "interrupt_default", "shutdown_default"]
 
 log = logging.getLogger("shufflefs")
 
@@ -122,14 +122,17 @@ class IndexBuilder:
         finally:
             self._free.put(slot)
 
-    def shutdown(self) -> None:
-        """Stop the workers now (scans in progress fail); a later `build` starts new ones."""
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the workers now (scans in progress fail); a later `build` starts new ones.
+
+        ``wait=False`` only kills them, without blocking: the scans' callers get their error as
+        soon as the pools see their workers gone, and the pools' own threads are joined at exit."""
         with self._lock:
             pools = [p for p in self._pools if p is not None]
             self._pools = [None] * len(self._pools)
             self._generation += 1
         for pool in pools:
-            _stop(pool)
+            _stop(pool, wait)
 
     def _pool(self, slot: int, generation: int, path: str) -> ProcessPoolExecutor:
         with self._lock:
@@ -174,7 +177,7 @@ def _scan_confined(roots: list[str], path: str, fmt: Format) -> RecordIndex:
     return scan_file(path, fmt)
 
 
-def _stop(pool: ProcessPoolExecutor) -> None:
+def _stop(pool: ProcessPoolExecutor, wait: bool = True) -> None:
     # ProcessPoolExecutor would let a running scan finish (minutes for a huge file) before the
     # process may exit; terminate the workers instead.  `_processes` is private but stable
     # (3.8-3.13); without it the shutdown is merely slower.
@@ -185,7 +188,8 @@ def _stop(pool: ProcessPoolExecutor) -> None:
             p.terminate()
         except (OSError, ValueError, AttributeError):  # already gone
             pass
-    pool.shutdown(wait=True)
+    if wait:
+        pool.shutdown(wait=True)
 
 
 _default: IndexBuilder | None = None
@@ -199,6 +203,16 @@ def default_builder() -> IndexBuilder:
         if _default is None:
             _default = IndexBuilder()
         return _default
+
+
+def interrupt_default() -> None:
+    """End the shared builder's scans in progress now, without blocking (on a signal, from the
+    event loop: an open waiting on a scan must end before the FUSE loop can, which otherwise
+    waited for a scan of a large file until the exit watchdog cut the process short)."""
+    with _default_lock:
+        builder = _default
+    if builder is not None:
+        builder.shutdown(wait=False)
 
 
 def shutdown_default() -> None:

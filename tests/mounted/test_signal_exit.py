@@ -1,0 +1,74 @@
+"""Level: mounted (real FUSE mounts, real readers).
+
+A daemon stopped by SIGTERM in the middle of a long index build exits at once and cleanly: the
+open waiting on the scan fails, the indexing processes end, and nothing is left behind (no
+temporary directory, no semaphores for multiprocessing's resource tracker to report)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_indexer import _children, _cmdline, _workers
+
+from shufflefs.daemon import EXIT_GRACE
+
+LINES = 100_000_000
+"""8-byte lines: an 800 MB file whose scan takes seconds (and whose index 800 MB)."""
+
+
+def wait_for(check, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_sigterm_during_an_index_build_exits_at_once_and_leaves_nothing(mount, tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    big = src / "big.jsonl"
+    np.tile(np.frombuffer(b'{"a":1}\n', np.uint8), LINES).tofile(big)
+    reader = None
+    try:
+        m = mount(None, "-v", src=src)
+        reader = subprocess.Popen(["head", "-c", "10", str(m.path("big.jsonl"))],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: _workers(m.pid), "an indexing process")
+        time.sleep(0.3)
+        if "index of big.jsonl" in m.stderr():
+            pytest.skip("the scan ended before the signal")
+        helpers = _children(m.pid)
+        helpers += [w for h in helpers for w in _children(h)]
+        assert any("resource_tracker" in _cmdline(h) for h in helpers)
+        t0 = time.monotonic()
+        os.kill(m.pid, signal.SIGTERM)
+        code = m.wait(timeout=30)
+        took = time.monotonic() - t0
+        wait_for(lambda: all(gone(h) for h in helpers), "the daemon's processes to end")
+        log = m.stderr()
+        assert code == 0 and took < EXIT_GRACE, log
+        assert "still running" not in log and "leaked" not in log and "Traceback" not in log, log
+        assert "index of big.jsonl" not in log  # it really was stopped in the middle
+        assert not (Path(tempfile.gettempdir()) / f"shufflefs-{m.pid}").exists()
+        assert not m.mnt.is_mount()
+        assert reader.wait(timeout=30) != 0
+    finally:
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+            reader.wait()
+        big.unlink()
