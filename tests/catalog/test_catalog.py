@@ -109,6 +109,7 @@ def test_views_equal_reference(src: Path, tmp_path: Path, strategy: str) -> None
 
 
 def test_epoch_moves_names_not_open_handles(src: Path, tmp_path: Path) -> None:
+    """Holds: SEMANTICS.md#epochs-handles, SEMANTICS.md#views-inode"""
     spec = ShuffleSpec(strategy="corgipile", **SPEC)
     path = src / "a.jsonl"
 
@@ -164,6 +165,7 @@ def test_rank_share_sized_by_its_plan(src: Path, tmp_path: Path) -> None:
 
 
 def test_changed_source_is_estale_never_bytes(src: Path, tmp_path: Path) -> None:
+    """Holds: SEMANTICS.md#changes-open-estale"""
     path = src / "a.jsonl"
 
     async def body(cat: Catalog) -> None:

@@ -98,6 +98,7 @@ def strategies(stress: bool) -> list[str]:
 
 @pytest.mark.parametrize("change", CHANGES)
 def test_an_open_view_never_mixes_versions(mount, stress, change):
+    """Holds: SEMANTICS.md#changes-version, SEMANTICS.md#changes-open-estale, SEMANTICS.md#errors-estale"""
     for strategy in strategies(stress):
         m = mount({"a.jsonl": OLD}, "--strategy", strategy, *ARGS, name=f"open-{strategy}")
         src = m.src / "a.jsonl"
@@ -130,6 +131,7 @@ def test_an_open_view_never_mixes_versions(mount, stress, change):
 
 @pytest.mark.parametrize("change", CHANGES)
 def test_an_idle_view_reopened_after_a_change_shows_one_version(mount, stress, change):
+    """Holds: SEMANTICS.md#changes-version, SEMANTICS.md#changes-new-open, SEMANTICS.md#errors-enoent"""
     for strategy in strategies(stress):
         m = mount({"a.jsonl": OLD}, "--strategy", strategy, *ARGS, name=f"idle-{strategy}")
         src = m.src / "a.jsonl"
@@ -146,6 +148,7 @@ def test_an_idle_view_reopened_after_a_change_shows_one_version(mount, stress, c
 
 @pytest.mark.parametrize("change", ["same-size-same-mtime", "append", "truncate", "replace"])
 def test_a_remount_with_the_same_cache_indexes_the_new_version(mount, change):
+    """Holds: SEMANTICS.md#changes-remount"""
     m = mount({"a.jsonl": OLD}, "--strategy", "corgipile", *ARGS, name="before")
     assert records(read_all(m.path("a.jsonl"))) == records(OLD)  # the index is cached now
     m.stop()

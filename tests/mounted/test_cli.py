@@ -336,6 +336,7 @@ def test_background_mount_is_ready_on_return(mounted):
 
 @needs_fuse
 def test_epoch_on_root_and_on_a_file(mounted):
+    """Holds: SEMANTICS.md#epochs-next, SEMANTICS.md#epochs-values, SEMANTICS.md#views-order"""
     mnt = mounted.mnt
     f = mnt / "data.jsonl"
     other = mnt / "sub" / "table.csv"
@@ -385,6 +386,7 @@ def test_stat(mounted):
 
 @needs_fuse
 def test_umount_stops_the_daemon(mounted):
+    """Holds: SEMANTICS.md#umount-clean"""
     r = shufflefs("umount", mounted.mnt)
     assert r.returncode == 0, r.stderr
     assert not os.path.ismount(mounted.mnt)
@@ -395,6 +397,7 @@ def test_umount_stops_the_daemon(mounted):
 
 @needs_fuse
 def test_umount_of_a_busy_mount_fails_clearly(mounted):
+    """Holds: SEMANTICS.md#umount-busy"""
     with open(mounted.mnt / "data.jsonl", "rb") as f:
         f.read(10)
         r = shufflefs("umount", mounted.mnt)
@@ -408,6 +411,7 @@ def test_umount_of_a_busy_mount_fails_clearly(mounted):
 
 @needs_fuse
 def test_lazy_umount_detaches_a_busy_mount(mounted):
+    """Holds: SEMANTICS.md#umount-busy"""
     f = open(mounted.mnt / "data.jsonl", "rb")
     try:
         r = shufflefs("umount", "--lazy", mounted.mnt)
@@ -454,6 +458,7 @@ def test_daemon_failure_is_reported(dataset, tmp_path):
 @needs_fuse
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_foreground_daemon_unmounts_on_signal(dataset, sig):
+    """Holds: SEMANTICS.md#umount-signals"""
     src, mnt, cache = dataset
     proc = start_foreground(src, mnt, cache)
     try:
@@ -468,6 +473,7 @@ def test_foreground_daemon_unmounts_on_signal(dataset, sig):
 
 @needs_fuse
 def test_fusermount_unmount_makes_the_daemon_exit_0(dataset):
+    """Holds: SEMANTICS.md#umount-clean"""
     src, mnt, cache = dataset
     proc = start_foreground(src, mnt, cache)
     try:

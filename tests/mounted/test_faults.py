@@ -39,6 +39,7 @@ def wait_gone(pid: int, timeout: float = 10.0) -> bool:
 
 
 def test_umount_of_a_stopped_daemon_returns_and_removes_the_mount(mount):
+    """Holds: SEMANTICS.md#umount-stuck, SEMANTICS.md#deadlines-cli"""
     m = mount({"a.jsonl": LINES})
     assert sorted(open(m.path("a.jsonl"), "rb").read().splitlines()) == sorted(LINES.splitlines())
     os.kill(m.pid, signal.SIGSTOP)
@@ -54,6 +55,7 @@ def test_umount_of_a_stopped_daemon_returns_and_removes_the_mount(mount):
 
 
 def test_umount_after_the_source_was_removed(mount):
+    """Holds: SEMANTICS.md#umount-stuck"""
     m = mount({"d/a.jsonl": LINES})
     assert len(open(m.path("d/a.jsonl"), "rb").read()) == len(LINES)
     shutil.rmtree(m.src)
@@ -64,6 +66,7 @@ def test_umount_after_the_source_was_removed(mount):
 
 
 def test_kill_9_then_a_remount_serves_the_same_views(mount, stress):
+    """Holds: SEMANTICS.md#umount-killed, SEMANTICS.md#views-order"""
     m = mount({"a.jsonl": LINES, "b.jsonl": LINES[: len(LINES) // 3]})
     first = open(m.path("a.jsonl"), "rb").read()
     for round_ in range(5 if stress else 1):
@@ -113,7 +116,8 @@ def test_a_daemon_killed_while_indexing_leaves_nothing_the_next_one_keeps(mount,
 
 def test_sigterm_ends_a_daemon_whose_source_hangs(mount):
     """The source of ``outer`` is the mount ``inner``; with ``inner``'s daemon stopped every read
-    of the source hangs (as on a dead network filesystem).  SIGTERM must still end ``outer``."""
+    of the source hangs (as on a dead network filesystem).  SIGTERM must still end ``outer``.
+    Holds: SEMANTICS.md#umount-signals"""
     inner = mount({"a.jsonl": LINES, "b.jsonl": LINES}, "--format", "*=none", name="inner")  # plain files
     outer = mount(None, src=inner.mnt, name="outer")
     assert sorted(open(outer.path("a.jsonl"), "rb").read().splitlines()) == sorted(LINES.splitlines())

@@ -185,6 +185,7 @@ def error_after_appending(view: Path, source: Path, line: bytes) -> OSError:
 
 
 def test_listing_mirrors_the_source_tree(data: Mount):
+    """Holds: SEMANTICS.md#tree-mirror"""
     hidden = {"links/out", "links/outrel"}
     for dirpath, dirnames, filenames in os.walk(data.src):
         rel = os.path.relpath(dirpath, data.src)
@@ -199,6 +200,7 @@ def test_listing_mirrors_the_source_tree(data: Mount):
 
 
 def test_sizes_and_types(data: Mount):
+    """Holds: SEMANTICS.md#views-size, SEMANTICS.md#tree-attrs"""
     for rel in ["a.jsonl", "table.csv", "arr.npy", "fixed.bin", "big.jsonl", "blob.dat", "recs.tfrecord", "many/f007.dat"]:
         st = os.stat(data.path(rel))
         assert st.st_size == (data.src / rel).stat().st_size, rel
@@ -220,6 +222,7 @@ def test_the_mount_reads_ahead_a_whole_request(data: Mount):
 
 
 def test_symlinks_inside_the_tree_resolve_inside_the_mount(data: Mount):
+    """Holds: SEMANTICS.md#tree-links, SEMANTICS.md#tree-hidden, SEMANTICS.md#tree-attrs"""
     assert os.readlink(data.path("links/rel")) == "../a.jsonl"
     assert os.readlink(data.path("links/abs")) == "../a.jsonl"  # absolute target rewritten
     assert os.readlink(data.path("links/dir")) == "../nested"
@@ -234,6 +237,7 @@ def test_symlinks_inside_the_tree_resolve_inside_the_mount(data: Mount):
 
 
 def test_unknown_files_pass_through_unchanged(data: Mount):
+    """Holds: SEMANTICS.md#tree-views, SEMANTICS.md#epochs-passthrough, SEMANTICS.md#errors-enodata"""
     assert read(data.path("blob.dat"), 7000) == (data.src / "blob.dat").read_bytes()
     assert read(data.path("many/f123.dat")) == b"123\n"
     with pytest.raises(OSError) as e:
@@ -246,6 +250,7 @@ def test_unknown_files_pass_through_unchanged(data: Mount):
 
 @pytest.mark.parametrize("rel", ["a.jsonl", "nonl.txt", "big.jsonl", "nested/deeper/n.jsonl"])
 def test_cat_equals_render_and_sorted_records_equal(data: Mount, rel: str):
+    """Holds: SEMANTICS.md#views-records, SEMANTICS.md#views-order"""
     out = subprocess.run(["cat", str(data.path(rel))], capture_output=True, check=True).stdout
     ref = reference(data.src, rel)
     assert out == ref
@@ -270,6 +275,7 @@ def test_records_larger_than_a_block(data: Mount):
 
 
 def test_json_lines_parse(data: Mount):
+    """Holds: SEMANTICS.md#views-records"""
     with open(data.path("a.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     src = [json.loads(line) for line in (data.src / "a.jsonl").read_text().splitlines()]
@@ -280,6 +286,7 @@ def test_json_lines_parse(data: Mount):
 
 
 def test_csv_header_first_and_rows_equal(data: Mount):
+    """Holds: SEMANTICS.md#views-records"""
     with open(data.path("table.csv"), newline="") as f:
         got = list(csv.reader(f))
     with open(data.src / "table.csv", newline="") as f:
@@ -292,6 +299,7 @@ def test_csv_header_first_and_rows_equal(data: Mount):
 
 
 def test_numpy_load_plain_and_mmap(data: Mount):
+    """Holds: SEMANTICS.md#views-records, SEMANTICS.md#views-pagecache"""
     path = data.path("arr.npy")
     plain = np.load(path)
     mapped = np.load(path, mmap_mode="r")  # a shared mapping: needs the page cache
@@ -309,6 +317,7 @@ def test_numpy_load_plain_and_mmap(data: Mount):
 
 
 def test_tfrecord_reader(data: Mount):
+    """Holds: SEMANTICS.md#views-records"""
     from tfrecord.reader import tfrecord_iterator
 
     got = [bytes(r) for r in tfrecord_iterator(str(data.path("recs.tfrecord")))]
@@ -322,6 +331,7 @@ def test_tfrecord_reader(data: Mount):
 
 
 def test_fixed_size_records(data: Mount):
+    """Holds: SEMANTICS.md#views-records, SEMANTICS.md#views-pagecache"""
     view = read(data.path("fixed.bin"), 5000)
     assert view == reference(data.src, "fixed.bin")
     recs = np.frombuffer(view, dtype="<u8").reshape(-1, 3)
@@ -334,6 +344,7 @@ def test_fixed_size_records(data: Mount):
 
 
 def test_empty_files(data: Mount):
+    """Holds: SEMANTICS.md#views-empty"""
     assert read(data.path("empty.jsonl")) == b""
     assert read(data.path("empty.tfrecord")) == b""
     arr = np.load(data.path("empty.npy"))
@@ -345,6 +356,7 @@ def test_empty_files(data: Mount):
 
 
 def test_random_preads_match_render(data: Mount):
+    """Holds: SEMANTICS.md#reads-pread"""
     rng = np.random.default_rng(5)
     for rel in ["a.jsonl", "table.csv", "fixed.bin", "arr.npy", "recs.tfrecord", "nonl.txt"]:
         ref = reference(data.src, rel)
@@ -363,6 +375,7 @@ def test_random_preads_match_render(data: Mount):
 
 
 def test_eight_concurrent_readers_get_identical_bytes(mount):
+    """Holds: SEMANTICS.md#reads-concurrent"""
     m = mount({"a.jsonl": jsonl(4000, 11)}, *ARGS, "-v")
     ref = reference(m.src, "a.jsonl")
     results: list[bytes | BaseException] = [b""] * 8
@@ -389,6 +402,7 @@ def test_eight_concurrent_readers_get_identical_bytes(mount):
 
 
 def test_sequential_reader_loads_each_window_once_within_the_budget(data: Mount):
+    """Holds: SEMANTICS.md#memory-windows"""
     index, plan = plan_of(data.src, "a.jsonl")
     ref = reference(data.src, "a.jsonl")
     before = data.stats()
@@ -410,6 +424,7 @@ def test_sequential_reader_loads_each_window_once_within_the_budget(data: Mount)
 
 
 def test_window_memory_is_three_windows_of_the_largest_view_in_memory_and_one_load(mount):
+    """Holds: SEMANTICS.md#memory-windows, SEMANTICS.md#memory-idle"""
     m = mount({"a.jsonl": jsonl(3000, 21), "b.jsonl": jsonl(3000, 22, width=400)}, *ARGS)
     largest = {rel: int(plan_of(m.src, rel)[1].window_sizes.max()) for rel in ("a.jsonl", "b.jsonl")}
     work = {rel: window_work(plan_of(m.src, rel)[1]) for rel in largest}  # a load's working memory
@@ -451,6 +466,7 @@ def test_window_memory_is_three_windows_of_the_largest_view_in_memory_and_one_lo
 
 
 def test_every_mutation_is_refused(data: Mount):
+    """Holds: SEMANTICS.md#errors-erofs, SEMANTICS.md#never-opened-writes"""
     before = {p: (p.stat().st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
               for p in data.src.rglob("*") if p.is_file() and not p.is_symlink()}
     f = str(data.path("a.jsonl"))
@@ -486,6 +502,7 @@ def test_every_mutation_is_refused(data: Mount):
 
 
 def test_xattrs_describe_views_and_mount(data: Mount):
+    """Holds: SEMANTICS.md#errors-enodata, SEMANTICS.md#errors-eperm, SEMANTICS.md#errors-erofs"""
     names = set(os.listxattr(data.path("a.jsonl")))
     assert {f"user.shufflefs.{n}" for n in
             ("epoch", "strategy", "seed", "records", "windows", "format", "block_size", "buffer", "info")} <= names
@@ -522,6 +539,7 @@ def test_xattrs_describe_views_and_mount(data: Mount):
 
 @pytest.mark.parametrize("value", [b"abc", b"-1", b"1.5", b"", b" ", b"1 2", b"0x10", b"\xff"])
 def test_invalid_epoch_values_are_einval(data: Mount, value: bytes):
+    """Holds: SEMANTICS.md#epochs-values, SEMANTICS.md#errors-einval"""
     for rel in ("", "a.jsonl"):
         with pytest.raises(OSError) as e:
             os.setxattr(data.path(rel), "user.shufflefs.epoch", value)
@@ -532,6 +550,7 @@ def test_invalid_epoch_values_are_einval(data: Mount, value: bytes):
 
 
 def test_corrupt_tfrecords_give_eio(data: Mount):
+    """Holds: SEMANTICS.md#errors-eio"""
     errors_before = data.stats()["errors"]
     for rel in ("bad.tfrecord", "trunc.tfrecord"):
         with pytest.raises(OSError) as e:
@@ -548,6 +567,7 @@ def test_corrupt_tfrecords_give_eio(data: Mount):
 
 
 def test_epoch_switch_on_root_and_on_one_file(mount):
+    """Holds: SEMANTICS.md#epochs-root, SEMANTICS.md#epochs-file, SEMANTICS.md#epochs-read, SEMANTICS.md#epochs-handles"""
     m = mount({"a.jsonl": jsonl(2000, 3), "arr.npy": npy_bytes(ARR[:600]), "b.jsonl": jsonl(500, 4)}, *ARGS)
     e0, e1 = reference(m.src, "a.jsonl", 0), reference(m.src, "a.jsonl", 1)
     assert e0 != e1
@@ -595,6 +615,7 @@ def _wait_for(m: Mount, cond, what: str, timeout: float = 20.0) -> dict:
 
 
 def test_an_epoch_change_loads_window_zero_of_recently_opened_files(mount):
+    """Holds: SEMANTICS.md#memory-idle, SEMANTICS.md#epochs-dir, SEMANTICS.md#epochs-file"""
     files = {"a.jsonl": jsonl(3000, 31), "d/b.jsonl": jsonl(2000, 32), "d/c.jsonl": jsonl(2000, 33)}
     m = mount(files, *ARGS)
     for rel in ("a.jsonl", "d/b.jsonl"):  # c.jsonl is never opened
@@ -632,6 +653,7 @@ def test_an_epoch_change_loads_window_zero_of_recently_opened_files(mount):
 
 
 def test_source_modified_or_removed_while_mounted(mount):
+    """Holds: SEMANTICS.md#changes-open-estale, SEMANTICS.md#changes-new-open, SEMANTICS.md#errors-estale, SEMANTICS.md#errors-enoent"""
     m = mount({"a.jsonl": jsonl(3000, 5), "b.jsonl": jsonl(3000, 6)}, *ARGS)
     fa = os.open(m.path("a.jsonl"), os.O_RDONLY)
     fb = os.open(m.path("b.jsonl"), os.O_RDONLY)
@@ -666,6 +688,7 @@ def test_source_modified_or_removed_while_mounted(mount):
     ("corgipile", 1, 2),
 ])
 def test_strategies_through_the_mount(mount, strategy: str, rank: int, world: int):
+    """Holds: SEMANTICS.md#views-order, SEMANTICS.md#views-size, SEMANTICS.md#ranks-share"""
     m = mount({"a.jsonl": jsonl(1500, 8), "r.tfrecord": b""}, *ARGS, "--strategy", strategy,
               "--rank", str(rank), "--world", str(world))
     ref = reference(m.src, "a.jsonl", 0, strategy, rank, world)
@@ -685,6 +708,7 @@ def test_mount_is_listed_as_fuse_shufflefs(data: Mount):
 
 
 def test_daemon_refuses_unusable_paths(tmp_path: Path, capsys):
+    """Holds: SEMANTICS.md#never-opened-own-mount"""
     from shufflefs.config import MountConfig
     from shufflefs.daemon import run
 
@@ -705,6 +729,7 @@ def test_daemon_refuses_unusable_paths(tmp_path: Path, capsys):
 
 
 def test_sigterm_unmounts_cleanly(mount):
+    """Holds: SEMANTICS.md#umount-signals"""
     m = mount({"a.jsonl": jsonl(100, 9)}, *ARGS)
     assert read(m.path("a.jsonl")) == reference(m.src, "a.jsonl")
     os.kill(m.pid, signal.SIGTERM)
@@ -714,6 +739,7 @@ def test_sigterm_unmounts_cleanly(mount):
 
 
 def test_fusermount_unmount_ends_the_daemon(mount):
+    """Holds: SEMANTICS.md#umount-clean"""
     m = mount({"a.jsonl": jsonl(100, 9)}, *ARGS)
     fd = os.open(m.path("a.jsonl"), os.O_RDONLY)
     os.read(fd, 10)

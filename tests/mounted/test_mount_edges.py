@@ -89,6 +89,7 @@ FORMATS = {
 
 
 def test_bad_npy_fixed_and_csv_give_eio_a_log_line_with_file_and_offset_and_a_count(mount):
+    """Holds: SEMANTICS.md#errors-eio"""
     good = npy_bytes(np.arange(100 * 10, dtype=np.int64).reshape(100, 10))
     header_end = len(good) - 100 * 10 * 8
     bad = {
@@ -116,6 +117,7 @@ def test_bad_npy_fixed_and_csv_give_eio_a_log_line_with_file_and_offset_and_a_co
 
 
 def test_every_whole_read_during_epoch_changes_is_exactly_one_epoch(mount):
+    """Holds: SEMANTICS.md#reads-whole-epoch, SEMANTICS.md#epochs-handles"""
     m = mount({"a.jsonl": jsonl(3000, 4), "arr.npy": FORMATS["arr.npy"]}, *ARGS)
     epochs = range(4)
     refs = {rel: {reference(m.src, rel, e) for e in epochs} for rel in ("a.jsonl", "arr.npy")}
@@ -156,6 +158,7 @@ def test_every_whole_read_during_epoch_changes_is_exactly_one_epoch(mount):
 
 
 def test_odd_names_links_and_special_entries(mount):
+    """Holds: SEMANTICS.md#tree-mirror, SEMANTICS.md#tree-hidden, SEMANTICS.md#tree-hardlinks, SEMANTICS.md#tree-links, SEMANTICS.md#errors-eloop, SEMANTICS.md#never-opened-own-mount"""
     odd = ["with space.jsonl", "ünïcødé dir/ß.jsonl", "new\nline.jsonl"]
     files = {name: jsonl(300, i) for i, name in enumerate(odd)}
     files.update({
@@ -198,6 +201,7 @@ def test_odd_names_links_and_special_entries(mount):
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_every_strategy_serves_every_format_byte_for_byte(mount, strategy: str):
+    """Holds: SEMANTICS.md#views-size, SEMANTICS.md#views-records, SEMANTICS.md#views-order, SEMANTICS.md#epochs-next"""
     m = mount(FORMATS, *ARGS, "--strategy", strategy)
     for epoch in (0, 1):
         if epoch:
@@ -216,6 +220,7 @@ def test_every_strategy_serves_every_format_byte_for_byte(mount, strategy: str):
 
 
 def test_zero_byte_files_give_empty_views(mount):
+    """Holds: SEMANTICS.md#views-empty"""
     names = ["e.jsonl", "e.ndjson", "e.txt", "e.csv", "e.tsv", "e.tfrecord", "e.bin"]
     m = mount({n: b"" for n in names}, *ARGS)
     for n in names:
@@ -225,6 +230,7 @@ def test_zero_byte_files_give_empty_views(mount):
 
 
 def test_zero_byte_npy_gives_an_empty_view(mount):
+    """Holds: SEMANTICS.md#views-empty"""
     m = mount({"e.npy": b""}, *ARGS)
     assert os.stat(m.path("e.npy")).st_size == 0
     assert read(m.path("e.npy")) == b""
@@ -234,6 +240,7 @@ def test_zero_byte_npy_gives_an_empty_view(mount):
 
 
 def test_sigterm_with_a_file_open_still_unmounts_and_exits_0(mount):
+    """Holds: SEMANTICS.md#umount-signals"""
     m = mount({"a.jsonl": jsonl(500, 5)}, *ARGS)
     fd = os.open(m.path("a.jsonl"), os.O_RDONLY)
     try:
@@ -273,6 +280,7 @@ def test_an_index_built_by_the_cli_is_reused_by_the_mount_unchanged(mount, tmp_p
 
 
 def test_an_empty_cache_entry_is_rebuilt(mount):
+    """Holds: SEMANTICS.md#changes-cache"""
     m = mount({"a.jsonl": jsonl(500, 8)}, *ARGS)
     want = reference(m.src, "a.jsonl")
     assert read(m.path("a.jsonl")) == want
@@ -287,6 +295,7 @@ def test_an_empty_cache_entry_is_rebuilt(mount):
 
 
 def test_the_default_cache_directory_never_lands_in_the_source(tmp_path):
+    """Holds: SEMANTICS.md#never-opened-writes"""
     src, mnt = tmp_path / "src", tmp_path / "mnt"
     src.mkdir()
     mnt.mkdir()
@@ -307,6 +316,7 @@ def test_the_default_cache_directory_never_lands_in_the_source(tmp_path):
 
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_empty_and_header_only_fixed_files_give_empty_views_and_a_short_header_is_eio(mount, strategy):
+    """Holds: SEMANTICS.md#views-empty, SEMANTICS.md#errors-eio"""
     header = bytes(range(16))
     m = mount({"e.bin": b"", "h.bin": header, "short.bin": header[:5]}, "--block-size", BLOCK, "--buffer", BUFFER,
               "--record-size", "8", "--header-bytes", "16", "--strategy", strategy,

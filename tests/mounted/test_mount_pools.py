@@ -81,6 +81,7 @@ def pooled_reference(files: dict[str, bytes], names: list[str], strategy: str, e
 
 @pytest.mark.parametrize("strategy", ["corgipile", "full"])
 def test_shards_show_the_pooled_stream_in_name_order(mount, strategy):
+    """Holds: SEMANTICS.md#ranks-pools, SEMANTICS.md#views-size"""
     files = shard_files()
     m = mount(files, *POOL_ARGS, "--strategy", strategy)
     names = sorted(SIZES)
@@ -125,6 +126,7 @@ def test_shards_read_at_once_right_after_epoch_changes(mount):
 
 
 def test_no_pool_shuffles_each_shard_alone(mount):
+    """Holds: SEMANTICS.md#ranks-pools"""
     files = shard_files()
     m = mount(files, *POOL_ARGS, "--no-pool")
     for name in SIZES:
@@ -182,6 +184,7 @@ def test_npy_shards_pool_rows_with_rewritten_headers(mount):
 
 
 def test_npy_shards_with_different_rows_are_refused(mount):
+    """Holds: SEMANTICS.md#errors-eio"""
     files = {}
     for name, a in {"d_0.npy": np.zeros((10, 3), "<i4"), "d_1.npy": np.zeros((10, 4), "<i4")}.items():
         buf = io.BytesIO()
@@ -195,6 +198,7 @@ def test_npy_shards_with_different_rows_are_refused(mount):
 
 
 def test_a_shard_changed_while_mounted_is_an_error_not_wrong_bytes(mount):
+    """Holds: SEMANTICS.md#changes-pool, SEMANTICS.md#errors-estale"""
     files = shard_files()
     m = mount(files, *POOL_ARGS)
     e = error_after_appending(m.path("part-00000.jsonl"), m.src / "part-00003.jsonl", b'{"src": "late"}\n')
@@ -203,6 +207,7 @@ def test_a_shard_changed_while_mounted_is_an_error_not_wrong_bytes(mount):
 
 
 def test_the_epoch_of_one_shard_is_the_epoch_of_its_pool(mount):
+    """Holds: SEMANTICS.md#epochs-file"""
     files = shard_files()
     m = mount(files, *POOL_ARGS)
     names = sorted(SIZES)

@@ -43,6 +43,7 @@ def cat(path) -> bytes:
 
 @pytest.mark.parametrize("strategy", ["corgipile", "full", "window"])
 def test_ranks_together_hold_every_record_exactly_once_every_epoch(mount, strategy: str):
+    """Holds: SEMANTICS.md#ranks-share, SEMANTICS.md#views-size"""
     files = {"a.jsonl": jsonl(N_LINES, 3), "d/b.bin": fixed(700)}
     world = 3
     first = mount(files, *ARGS, "--strategy", strategy, "--rank", "0", "--world-size", str(world))
@@ -65,6 +66,7 @@ def test_ranks_together_hold_every_record_exactly_once_every_epoch(mount, strate
 
 
 def test_parts_split_a_ranks_view_exactly(mount):
+    """Holds: SEMANTICS.md#ranks-parts, SEMANTICS.md#tree-parts, SEMANTICS.md#epochs-root"""
     files = {"a.jsonl": jsonl(N_LINES, 5), "d/b.bin": fixed(500)}
     m = mount(files, *ARGS, "--rank", "1", "--world-size", "2")
     for k in (1, 2, 3):
@@ -86,6 +88,7 @@ def test_parts_split_a_ranks_view_exactly(mount):
 
 
 def test_rank_and_world_size_default_from_the_environment(mount, monkeypatch):
+    """Holds: SEMANTICS.md#ranks-env"""
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "4")
     m = mount({"a.jsonl": jsonl(200, 1)}, *ARGS)
@@ -101,6 +104,7 @@ def test_rank_and_world_size_default_from_the_environment(mount, monkeypatch):
 @pytest.mark.parametrize("even", ["pad", "drop"])
 def test_even_counts_per_rank(mount, even: str):
     # blocks of 4 KiB over records of ~40-100 bytes: exact shares differ by many records
+    """Holds: SEMANTICS.md#ranks-even"""
     files = {"a.jsonl": jsonl(N_LINES, 9)}
     world = 3
     first = mount(files, *ARGS, "--rank", "0", "--world-size", str(world), "--even", even)
@@ -121,6 +125,7 @@ def test_even_counts_per_rank(mount, even: str):
 
 
 def test_a_part_view_refuses_writes_like_any_view(mount):
+    """Holds: SEMANTICS.md#errors-erofs"""
     m = mount({"a.jsonl": jsonl(50, 2)}, *ARGS)
     with pytest.raises(OSError) as e:
         open(m.path(".parts/2/0/a.jsonl"), "r+b")

@@ -134,6 +134,7 @@ def test_ranks_read_disjoint_samples_that_cover_every_shard(mount) -> None:
 
 
 def test_a_damaged_shard_is_eio_naming_file_and_offset(mount) -> None:
+    """Holds: SEMANTICS.md#errors-eio"""
     good = shard(1, 10)
     bad = bytearray(good)
     second = len(good) // 2 // 512 * 512

@@ -63,6 +63,7 @@ BUILDERS = {
 
 @pytest.mark.parametrize("builder", sorted(BUILDERS))
 def test_datasets_with_a_persistent_cache_sees_every_epoch(mount, tmp_path, builder):
+    """Holds: SEMANTICS.md#views-mtime"""
     pytest.importorskip("datasets")
     files, column, in_view = BUILDERS[builder]
     m = mount(files, *ARGS)
@@ -83,6 +84,7 @@ def test_datasets_with_a_persistent_cache_sees_every_epoch(mount, tmp_path, buil
 
 
 def test_a_views_mtime_moves_with_the_epoch_and_agrees_across_mounts(mount):
+    """Holds: SEMANTICS.md#views-mtime"""
     a = mount({"train.jsonl": DATA}, *ARGS, name="a")
     b = mount(None, *ARGS, src=a.src, name="b")
     src_mtime = os.stat(a.src / "train.jsonl").st_mtime_ns

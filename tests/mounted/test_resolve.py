@@ -32,6 +32,7 @@ def tree(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.mark.parametrize("walk", [False, True], ids=["openat2", "per-component"])
 def test_links_on_the_way_are_eloop_and_plain_paths_open(tree, walk, monkeypatch):
+    """Holds: SEMANTICS.md#never-opened-beneath"""
     if walk:
         monkeypatch.setattr(resolve, "_have_openat2", False)
     fd = resolve.open_path(tree / "d" / "f.txt")
@@ -69,6 +70,7 @@ def test_bytes_paths_resolve_the_same_and_release_ends_confinement(tree, tmp_pat
 
 
 def test_a_swapped_directory_is_not_followed(tree):
+    """Holds: SEMANTICS.md#never-opened-beneath"""
     os.rename(tree / "d", tree / "d.old")
     os.symlink(tree.parent / "outside", tree / "d")
     with pytest.raises(OSError) as e:
@@ -83,6 +85,7 @@ def test_paths_outside_the_roots_open_as_usual(tree, tmp_path):
 
 
 def test_a_mount_never_serves_what_a_swapped_directory_points_to(mount, tmp_path):
+    """Holds: SEMANTICS.md#never-opened-beneath, SEMANTICS.md#never-opened-swapped-dir"""
     outside = tmp_path / "outside"
     outside.mkdir()
     secret = b"".join(b'{"secret": %d}\n' % i for i in range(100))

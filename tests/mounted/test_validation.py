@@ -38,6 +38,7 @@ BAD = [
 
 @pytest.mark.parametrize("args,message", BAD, ids=[" ".join(a) for a, _ in BAD])
 def test_nonsense_options_are_usage_errors(tmp_path, args, message):
+    """Holds: SEMANTICS.md#epochs-values"""
     (tmp_path / "src").mkdir()
     (tmp_path / "mnt").mkdir()
     r = run("mount", str(tmp_path / "src"), str(tmp_path / "mnt"), "--cache-dir", str(tmp_path / "c"), *args)
@@ -67,6 +68,7 @@ def test_nonsense_in_a_config_file_is_a_usage_error(tmp_path, args, message):
 
 
 def test_epochs_beyond_the_range_are_einval_and_the_range_end_works(mount):
+    """Holds: SEMANTICS.md#epochs-values, SEMANTICS.md#errors-einval"""
     m = mount({"a.jsonl": b"".join(b"%d\n" % i for i in range(1000))})
     for bad in (str(MAX_EPOCH + 1), "999999999999999999", "-1", "1e3"):
         with pytest.raises(OSError) as e:
@@ -79,6 +81,7 @@ def test_epochs_beyond_the_range_are_einval_and_the_range_end_works(mount):
 
 
 def test_a_directory_reads_back_its_own_epoch_and_next_moves_it_forward(mount):
+    """Holds: SEMANTICS.md#epochs-dir, SEMANTICS.md#epochs-read, SEMANTICS.md#epochs-next"""
     m = mount({"d/a.jsonl": b"x\n" * 10, "b.jsonl": b"y\n" * 10})
     m.set_epoch(5)
     assert run("epoch", str(m.path("d")), "9").returncode == 0

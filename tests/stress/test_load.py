@@ -70,6 +70,7 @@ def runs(stress: bool) -> list[tuple[str, float]]:
 
 @pytest.mark.parametrize("which", range(10))
 def test_readers_during_epoch_flips_get_whole_epochs_within_the_memory_bound(mount, stress, which, tmp_path):
+    """Holds: SEMANTICS.md#memory-bound, SEMANTICS.md#reads-whole-epoch"""
     chosen = runs(stress)
     if which >= len(chosen):
         pytest.skip("long version only (--stress)")
