@@ -6,14 +6,21 @@ directory.  A daemon killed with SIGKILL cleans neither, so every daemon keeps i
 in ``$TMPDIR/shufflefs-<pid>/`` (short: the forkserver's socket path must fit in 108 bytes) and
 removes, at start, what dead daemons left there and in the cache (a temporary whose pid no
 longer runs).  Live daemons keep theirs.
+
+Directories a daemon keeps elsewhere (its stages under ``--stage-dir``, large) are `held`: the
+daemon holds a lock (``flock``) on the directory until it exits, whatever way it ends, so the next
+daemon using the same place removes the ones no process holds (`remove_unheld`).  A lock, not a
+pid: a pid may run again as another process; the lock goes with the last descriptor.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -90,3 +97,78 @@ def release(own: Path | None) -> None:
         from multiprocessing import util
 
         util.Finalize(None, shutil.rmtree, args=(own,), kwargs={"ignore_errors": True}, exitpriority=-200)
+
+
+def held(root: str | os.PathLike, prefix: str) -> tuple[str, int]:
+    """A new directory ``root/<prefix><pid>-XXXXXXXX`` and the descriptor that holds its lock
+    (close it after removing the directory), after removing the directories of that prefix that
+    no process holds.  It is made under a hidden name and renamed once locked, so that no other
+    daemon can see it unlocked."""
+    remove_unheld(root, prefix)
+    made = tempfile.mkdtemp(prefix=f".{prefix}{os.getpid()}-", dir=root)
+    fd = os.open(made, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:  # a filesystem without locks: the directory goes at unmount only
+        log.warning("cannot lock %s (%s): if this daemon is killed, remove it by hand", made, e)
+    path = os.path.join(os.fspath(root), os.path.basename(made)[1:])
+    try:
+        os.rename(made, path)
+    except BaseException:
+        os.close(fd)
+        shutil.rmtree(made, ignore_errors=True)
+        raise
+    return path, fd
+
+
+def remove_unheld(root: str | os.PathLike, prefix: str) -> int:
+    """Remove the directories ``root/<prefix>*`` of this user that no process holds (their
+    daemons died: SIGKILL, the OOM killer, a crash), and hidden ones a dead daemon was making;
+    returns how many."""
+    removed = 0
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return 0
+    for entry in entries:
+        hidden = entry.name.startswith("." + prefix)
+        pid, dash, _ = entry.name[len(prefix) + hidden:].partition("-")
+        if not (entry.name.startswith(prefix) or hidden) or not (pid.isdigit() and dash):
+            continue  # not one of these (or of a version that held no lock: its daemon may run)
+        if hidden:  # made, not locked yet: judged by its pid
+            gone = not _alive(int(pid)) and _own_dir(entry.path)
+            if gone:
+                shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            gone = _remove_if_unheld(entry.path)
+        if gone:
+            removed += 1
+            log.info("removed %s, left by a daemon that is gone", entry.path)
+    return removed
+
+
+def _own_dir(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def _remove_if_unheld(path: str) -> bool:
+    if not _own_dir(path):
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # held by a live daemon (or locks unsupported here: keep it)
+        os.close(fd)
+        return False
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
+    return not os.path.lexists(path)

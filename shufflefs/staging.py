@@ -6,7 +6,8 @@ records copied from the current stage, received ones fetched from the shared sou
 an epoch change finds it waiting.  The first stage of a file is copied from the source when its
 first view opens.  A stage is dropped once no view reads it and its epoch is neither the current
 one nor the next (an older one stays only as the base of a current stage not built yet).  The
-stages of a mount live in a directory of their own under ``--stage-dir``, removed at unmount.
+stages of a mount live in a directory of their own under ``--stage-dir``, removed at unmount, or
+by the next mount there if this one was killed (`scratch.held`).
 
 `EpochBytes` counts the record bytes read per epoch from the shared source and from stages, for
 every mount (a view without a stage reads everything from the source).  A stage's build counts
@@ -22,7 +23,6 @@ import functools
 import logging
 import os
 import shutil
-import tempfile
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 import trio
 
+from . import scratch
 from .errors import ShuffleError
 from .index import RecordIndex
 from .shared_tasks import SharedTasks
@@ -39,6 +40,9 @@ from .sources.base import Fetched, Source
 from .view import Meter
 
 log = logging.getLogger("shufflefs")
+
+STAGE_PREFIX = "shufflefs-stage-"
+"""A mount's stages live in ``--stage-dir``/``shufflefs-stage-<pid>-XXXXXXXX``."""
 
 
 class EpochBytes:
@@ -109,7 +113,7 @@ class StageStore:
 
     def __init__(self, root: str | os.PathLike, counts: EpochBytes) -> None:
         os.makedirs(root, exist_ok=True)
-        self.dir = tempfile.mkdtemp(prefix="shufflefs-stage-", dir=root)
+        self.dir, self._hold = scratch.held(root, STAGE_PREFIX)  # a killed mount's go with the next mount
         self.counts = counts
         self.limiter = trio.CapacityLimiter(1)  # one build at a time: a stage is sequential I/O
         self.tasks = SharedTasks()
@@ -246,3 +250,6 @@ class StageStore:
         for s in stages:
             s.drop()
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self._hold >= 0:
+            os.close(self._hold)
+            self._hold = -1
