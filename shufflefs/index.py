@@ -4,6 +4,9 @@ Every supported format lays a file out as ``header | record 0 | record 1 | ... |
 records tiling the middle, so one int64 array of n+1 boundaries locates every record (8 bytes per
 record; lengths are its differences).  The cache lives outside the source tree and is keyed by
 path, size, mtime, ctime, inode and the format parameters, so a changed file or a changed option rebuilds it.
+A cache entry is a hint, never the truth: it carries a checksum of itself and the version it was
+built for, both checked on load, and the formats check its bounds against the file (on load, and
+as every window is gathered; see `formats.base.Format.frame_check`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -187,8 +190,26 @@ def cache_key(path: str | os.PathLike, stamp: SourceStamp, fmt_name: str, fmt_pa
     return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
+def _digest(bounds: np.ndarray, meta: dict) -> str:
+    """Checksum of an entry's content: its bounds' bytes and its other fields."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps(meta, sort_keys=True).encode())
+    h.update(np.ascontiguousarray(bounds, "<i8").tobytes())
+    return h.hexdigest()
+
+
+def _stamp_fields(stamp: SourceStamp | None) -> dict | None:
+    return None if stamp is None else {"size": stamp.size, "mtime_ns": stamp.mtime_ns, "ino": stamp.ino,
+                                       "ctime_ns": stamp.ctime_ns}
+
+
 class IndexCache:
-    """Index files named by `cache_key`; a stale entry simply has another key and is never read."""
+    """Index files named by `cache_key`; a stale entry simply has another key and is never read.
+
+    An entry is trusted only if it is whole (its checksum), was built for the version asked for
+    (its stamp, not only its name) and its bounds could be an index of that file (ascending,
+    inside it).  Whether they fall where the file's records begin is the formats' to check:
+    `drop` removes an entry they found wrong."""
 
     def __init__(self, directory: str | os.PathLike | None = None) -> None:
         self.dir = Path(directory) if directory is not None else default_cache_dir()
@@ -197,26 +218,46 @@ class IndexCache:
         return self.dir / key[:2] / f"{key}.npz"
 
     def load(self, key: str, stamp: SourceStamp) -> RecordIndex | None:
+        """The entry ``key`` if it is whole and built for ``stamp``; None otherwise (missing,
+        damaged or of another version: the caller rebuilds and rewrites it)."""
         f = self._file(key)
         try:
             with np.load(f, allow_pickle=False) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
-                bounds = z["bounds"].astype(np.int64, copy=False)
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+                bounds = z["bounds"]
+            if not isinstance(meta, dict) or bounds.dtype != np.dtype("<i8") or bounds.ndim != 1:
+                return None
+            digest = meta.pop("sum", None)
+            if meta.get("v") != INDEX_VERSION or digest != _digest(bounds, meta):
+                return None
+            if meta.get("stamp") != _stamp_fields(stamp) or meta.get("size") != stamp.size:
+                return None
+            if len(bounds) > 1 and not (bounds[1:] > bounds[:-1]).all():
+                return None  # every format's records hold at least one byte
+            return RecordIndex(stamp.size, bounds.astype(np.int64, copy=False), bool(meta["add_newline"]), stamp)
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
             return None  # missing, empty or damaged: rebuilt and rewritten by the caller
-        if meta.get("v") != INDEX_VERSION or meta.get("size") != stamp.size:
-            return None
-        return RecordIndex(stamp.size, bounds, bool(meta["add_newline"]), stamp)
+
+    def drop(self, key: str) -> bool:
+        """Remove entry ``key`` (found wrong for its file); False if there was none."""
+        try:
+            os.unlink(self._file(key))
+            return True
+        except FileNotFoundError:
+            return False
 
     def store(self, key: str, index: RecordIndex) -> None:
         """Write atomically (temp file + rename) so a crash never leaves a half index."""
         f = self._file(key)
         f.parent.mkdir(parents=True, exist_ok=True)
-        meta = json.dumps({"v": INDEX_VERSION, "size": index.size, "add_newline": index.add_newline})
+        fields = {"v": INDEX_VERSION, "size": index.size, "add_newline": index.add_newline,
+                  "stamp": _stamp_fields(index.stamp)}
+        bounds = np.ascontiguousarray(index.bounds, "<i8")
+        meta = json.dumps({**fields, "sum": _digest(bounds, fields)})
         fd, tmp = tempfile.mkstemp(dir=f.parent, prefix=f"{os.getpid()}-", suffix=".tmp")  # see scratch.py
         try:
             with os.fdopen(fd, "wb") as out:
-                np.savez(out, bounds=index.bounds, meta=np.frombuffer(meta.encode(), dtype=np.uint8))
+                np.savez(out, bounds=bounds, meta=np.frombuffer(meta.encode(), dtype=np.uint8))
                 out.flush()
                 os.fsync(out.fileno())  # a crash must leave the old entry or the whole new one
             os.replace(tmp, f)

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from .formats.base import WindowCheck
+from .formats.base import FramingError, WindowCheck
 from .index import RecordIndex
 from .layout import Layout, assemble, id_runs
 from .sources.base import Members, Reader, Runs, Source, take_requests
@@ -213,9 +213,10 @@ class View:
 
     def __init__(self, path: str, index: RecordIndex, plan: Plan, source: Source | None = None,
                  frame: tuple[bytes, bytes] | None = None, meter: Meter | None = None,
-                 check: WindowCheck | None = None) -> None:
+                 check: WindowCheck | None = None, distrust: Callable[[RecordIndex], None] | None = None) -> None:
         self.path = path
         self.check = check
+        self.distrust = distrust  # told of an index a window check found wrong
         self.index = index
         self.plan = plan
         self.meter = meter
@@ -267,8 +268,7 @@ class View:
             self._advise(runs)
             take_requests()
             window = assemble(self.index, ids, self.source.read_runs, out)
-            if self.check is not None:
-                self.check(window, ids, self.index, self.path)
+            self._check(window, ids)
             if self.meter is not None:
                 self.meter(len(window), 0, take_requests())
             return window, scratch
@@ -292,13 +292,30 @@ class View:
             built, r, loc = self._build_part(out[pos:], scratch, part, part_runs, members)
             pos, remote, local_bytes = pos + built, remote + r, local_bytes + loc
         window = out[:pos]
-        if self.check is not None:
-            self.check(window, ids, self.index, self.path)
+        self._check(window, ids)
         if self.meter is not None:
             self.meter(remote, local_bytes)
         if ahead and k + 1 < plan.n_windows:
             self.hint(k + 1, plan)
         return window, scratch
+
+    def _check(self, window: np.ndarray, ids: np.ndarray) -> None:
+        """The window check (`formats.base.gather_check`); a failure names the file the record
+        is in (a pool's member) and goes to ``distrust`` before it is raised."""
+        if self.check is None:
+            return
+        try:
+            self.check(window, ids, self.index, self.path)
+        except FramingError as e:
+            locate = getattr(self.index, "locate", None)  # a pool: pooled offsets
+            if locate is not None and e.offset is not None:
+                m, off = locate(e.offset)
+                files = getattr(self.source, "files", None)
+                path = getattr(files[m], "path", None) if files is not None and m < len(files) else None
+                e = FramingError(path or self.path, off, f"{e.message} (pool member {m}, read through {self.path})")
+            if self.distrust is not None:
+                self.distrust(self.index)
+            raise e from None
 
     def _mapped_members(self) -> Members | None:
         """The source's files as mappings (`Source.mapped_members`), asked once per view; None

@@ -18,10 +18,10 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..errors import StaleSourceError
+from ..errors import FormatError, StaleSourceError
 from .. import resolve
 from ..index import IndexCache, RecordIndex, SourceStamp, cache_key
-from .base import Format, Progress
+from .base import Format, FramingError, Progress, gather_check
 from .fixed import FixedFormat  # re-exported for convenience; the registry is MODULES
 from .lines import CsvFormat, LinesFormat
 from .npy import NpyFormat
@@ -34,10 +34,13 @@ __all__ = [
     "FixedFormat",
     "Format",
     "FormatRule",
+    "FramingError",
     "LinesFormat",
     "NpyFormat",
     "TFRecordFormat",
     "load_or_build_index",
+    "check_file_index",
+    "gather_check",
     "make_format",
     "parse_format_option",
     "resolve_format",
@@ -245,6 +248,23 @@ def scan_file(path: str | os.PathLike, fmt: Format, progress: Progress | None = 
     return RecordIndex(index.size, index.bounds, index.add_newline, SourceStamp.of(before))
 
 
+def check_file_index(path: str | os.PathLike, fmt: Format, index: RecordIndex) -> None:
+    """`Format.check_index` of ``index`` against the file at ``path`` (headers read with preads)."""
+    path = os.fspath(path)
+    fd: list[int] = []
+
+    def read(start: int, end: int) -> bytes:
+        if not fd:
+            fd.append(resolve.open_path(path))
+        return os.pread(fd[0], max(end - start, 0), start)
+
+    try:
+        fmt.check_index(index, read, path)
+    finally:
+        if fd:
+            os.close(fd[0])
+
+
 def load_or_build_index(
     path: str | os.PathLike, fmt: Format, cache: IndexCache, progress: Progress | None = None
 ) -> RecordIndex:
@@ -255,9 +275,15 @@ def load_or_build_index(
     scan in a worker process.
     """
     stamp = SourceStamp.of(resolve.stat_path(path))
-    cached = cache.load(cache_key(path, stamp, fmt.name, fmt.params()), stamp)
+    key = cache_key(path, stamp, fmt.name, fmt.params())
+    cached = cache.load(key, stamp)
     if cached is not None:
-        return cached
+        try:
+            check_file_index(path, fmt, cached)
+            return cached
+        except FormatError as e:
+            log.warning("cached index of %s dropped: %s", path, e)
+            cache.drop(key)
     index = scan_file(path, fmt, progress)
     try:
         cache.store(cache_key(path, index.stamp, fmt.name, fmt.params()), index)

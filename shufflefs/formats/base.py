@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from typing import Callable, ClassVar
 
 import numpy as np
 
+from ..errors import FormatError
 from ..index import RecordIndex
 
 Progress = Callable[[int], None]
 """Called with the number of bytes scanned so far (for progress bars)."""
 WindowCheck = Callable[[np.ndarray, np.ndarray, RecordIndex, str], None]
 """``check(window bytes, record ids in window order, index, path)``: raises `FormatError` if a
-record in a window just gathered is damaged (a source byte changed after the index was built)."""
+record in a window just gathered is damaged (a source byte changed after the index was built)
+or not where the index says (a wrong index)."""
+Read = Callable[[int, int], bytes]
+"""``read(start, end)``: source bytes ``[start, end)`` (headers read to check an index)."""
+FRAMING_ENV = "SHUFFLEFS_FRAMING"
+"""Set to ``off`` in a daemon's environment: no framing checks (only to measure what they cost,
+``tools/verify_cost.py``; never needed otherwise)."""
+
+
+class FramingError(FormatError):
+    """A window's records are not where its index says they are: the index is wrong (a damaged or
+    forged cache entry) or the file changed unseen.  The view fails (EIO) and the index is
+    dropped, from memory and from the cache, so the next open rebuilds it from the file."""
 
 
 class Format(ABC):
@@ -38,9 +52,19 @@ class Format(ABC):
         """
 
     def window_check(self) -> WindowCheck | None:
-        """What to verify in every window as it is gathered (None: nothing beyond the source's
-        identity, which every read checks).  Formats with per-record checksums check them here."""
+        """The full check of every window as it is gathered (``--verify frames``): framing and
+        per-record checksums (TFRecord CRCs); None: the framing check alone."""
         return None
+
+    def frame_check(self) -> WindowCheck | None:
+        """The cheap check of every window as it is gathered, whatever ``--verify`` says: every
+        record begins and ends where its format frames records (vectorised over the records'
+        ends, no pass over their bytes), so a wrong index is an error, never wrong bytes."""
+        return None
+
+    def check_index(self, index: RecordIndex, read: Read, path: str) -> None:
+        """Raise `FramingError` if ``index`` cannot be this file's (checked on every index a
+        mount uses, cached or not; cheap: O(records) arithmetic and a header read at most)."""
 
     def view_size(self, size: int, last_byte: int | None) -> int:
         """Size of the view for a source of ``size`` bytes ending in ``last_byte`` (None if empty).
@@ -52,6 +76,35 @@ class Format(ABC):
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
         return f"{self.name}({args})"
+
+
+def gather_check(fmt: Format, verify: str) -> WindowCheck | None:
+    """The check a view of ``fmt`` runs on every window: the full one with ``--verify frames``,
+    else the framing one (none when `FRAMING_ENV` is ``off``)."""
+    if os.environ.get(FRAMING_ENV, "").lower() == "off":
+        return None
+    full = fmt.window_check() if verify == "frames" else None
+    return full if full is not None else fmt.frame_check()
+
+
+def window_ends(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path: str) -> np.ndarray:
+    """Where each record of a gathered window ends in it (int64; with the newline a record of
+    ``index.newline_ids`` gains); `FramingError` if the window is shorter than its records."""
+    ends = np.cumsum(index.out_lengths(np.asarray(ids, np.int64)))
+    if len(ends) and int(ends[-1]) > len(window):
+        raise FramingError(path, int(index.bounds[ids[0]]), "window shorter than its records")
+    return ends
+
+
+def framing_error(path: str, index: RecordIndex, ids: np.ndarray, bad: np.ndarray, what: str) -> FramingError:
+    """The error for the first record of ``ids`` flagged in ``bad`` (a bool mask)."""
+    rid = int(ids[int(np.argmax(bad))])
+    return FramingError(path, int(index.bounds[rid]), f"{what} in record {rid}: the index does not fit the file "
+                        "(a wrong cache entry, or the file changed after it was indexed); it is rebuilt")
+
+
+def bad_index(path: str, offset: int | None, what: str) -> FramingError:
+    return FramingError(path, offset, f"{what}: the index does not fit the file (a wrong cache entry?)")
 
 
 # --------------------------------------------------------------------------- helpers for scans

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..index import RecordIndex
-from .base import Format, Progress, as_bytes
+from .base import Format, Progress, Read, as_bytes, bad_index
 
 
 def _int_param(name: str, value: object, minimum: int) -> int:
@@ -31,6 +31,10 @@ class FixedFormat(Format):
 
     def params(self) -> dict:
         return {"record_size": self.record_size, "header_bytes": self.header_bytes}
+
+    def check_index(self, index: RecordIndex, read: Read, path: str) -> None:
+        """The bounds are arithmetic: exactly those a scan of a file of this size gives."""
+        same_bounds(index, fixed_index(index.size, self.header_bytes, self.record_size, path), path)
 
     def scan(self, data: np.ndarray, path: str, progress: Progress | None = None) -> RecordIndex:
         size = len(as_bytes(data))
@@ -57,6 +61,17 @@ def fixed_index(size: int, header_bytes: int, record_size: int, path: str) -> Re
     bounds *= record_size
     bounds += header_bytes
     return RecordIndex(size, bounds)
+
+
+def same_bounds(index: RecordIndex, expected: RecordIndex, path: str) -> None:
+    """`FramingError` at the first bound of ``index`` that differs from ``expected``'s."""
+    a, b = index.bounds, expected.bounds
+    if len(a) == len(b) and index.add_newline == expected.add_newline:
+        diff = np.flatnonzero(a != b)
+        if not len(diff):
+            return
+        raise bad_index(path, int(a[diff[0]]), f"record {max(int(diff[0]) - 1, 0)} does not start where it must")
+    raise bad_index(path, None, f"{len(a) - 1} records where the file's header and size give {len(b) - 1}")
 
 
 FORMATS = (FixedFormat,)

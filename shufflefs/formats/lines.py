@@ -22,7 +22,8 @@ import numpy as np
 
 from ..errors import FormatError
 from ..index import RecordIndex
-from .base import SCAN_CHUNK, Format, Progress, as_bytes, iter_chunks
+from .base import (SCAN_CHUNK, Format, Progress, Read, WindowCheck, as_bytes, bad_index, framing_error,
+                   iter_chunks, window_ends)
 
 NEWLINE = 0x0A
 QUOTE = 0x22
@@ -78,6 +79,65 @@ def lines_index(ends: np.ndarray, size: int, header_lines: int) -> RecordIndex:
     return RecordIndex(size, np.concatenate(pieces), add_newline=tail)
 
 
+def check_lines(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path: str) -> None:
+    """Every record of a gathered window ends in ``\\n`` (a record that gains one in the view must
+    not already end in one): O(records), the bytes of the window are not read."""
+    ids = np.asarray(ids, np.int64)
+    if not len(ids):
+        return
+    ends = window_ends(window, ids, index, path)
+    bad = window[ends - 1] != NEWLINE
+    nl = index.newline_ids
+    if len(nl):
+        gains = nl[np.minimum(np.searchsorted(nl, ids), len(nl) - 1)] == ids
+        if gains.any():
+            bad |= gains & (window[np.maximum(ends - 2, 0)] == NEWLINE)
+    if bad.any():
+        raise framing_error(path, index, ids, bad, "a line does not end where the record does")
+
+
+def check_rows(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path: str) -> None:
+    """`check_lines`, and every record holds an even number of ``"`` (it ends outside quotes).
+    Counting quotes reads every byte of the window, `SCAN_CHUNK` bytes at a time."""
+    check_lines(window, ids, index, path)
+    ids = np.asarray(ids, np.int64)
+    if not len(ids):
+        return
+    ends = window_ends(window, ids, index, path)
+    total = int(ends[-1])
+    mask = np.empty(min(SCAN_CHUNK, total), bool)
+    parts = []
+    for start in range(0, total, SCAN_CHUNK):
+        piece = mask[: min(SCAN_CHUNK, total - start)]
+        np.equal(window[start: start + len(piece)], QUOTE, out=piece)
+        parts.append(np.flatnonzero(piece) + start)
+    quotes = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    if not len(quotes):
+        return
+    before = np.searchsorted(quotes, ends)  # quotes before each record's end
+    bad = (np.diff(before, prepend=0) & 1) == 1
+    if bad.any():
+        raise framing_error(path, index, ids, bad, "a row ends inside a quoted field")
+
+
+def check_lines_index(index: RecordIndex, read: Read, path: str, header_lines: int, quoted: bool) -> None:
+    """A line index ends with the file, adds a newline exactly when the file lacks a final one,
+    and keeps ``header_lines`` whole lines (rows, for CSV) first."""
+    size, head_end = index.size, index.header_end
+    if index.trailer_start != size:
+        raise bad_index(path, index.trailer_start, "the records end before the file does")
+    if index.add_newline != (size > 0 and read(size - 1, size) != b"\n"):
+        raise bad_index(path, size, "the index disagrees with the file's last byte")
+    head = np.frombuffer(read(0, head_end), np.uint8)
+    if len(head) and head[-1] != NEWLINE:
+        raise bad_index(path, head_end, "the header does not end a line")
+    rows, quotes = record_ends(head, quote_aware=quoted)
+    if quotes & 1:
+        raise bad_index(path, head_end, "the header ends inside a quoted field")
+    if len(rows) > header_lines or (len(rows) < header_lines and index.n > int(index.add_newline)):
+        raise bad_index(path, head_end, f"the header holds {len(rows)} lines, not {header_lines}")
+
+
 class LinesFormat(Format):
     """Newline-terminated records (``.jsonl``, ``.ndjson``, ``.txt``; ``.tsv`` with one header line).
 
@@ -102,6 +162,12 @@ class LinesFormat(Format):
     def view_size(self, size: int, last_byte: int | None) -> int:
         return size + 1 if size > 0 and last_byte != NEWLINE else size
 
+    def frame_check(self) -> WindowCheck | None:
+        return check_lines
+
+    def check_index(self, index: RecordIndex, read: Read, path: str) -> None:
+        check_lines_index(index, read, path, self.header_lines, quoted=False)
+
 
 class CsvFormat(LinesFormat):
     """RFC 4180 CSV: like lines with one header line, but a quoted field may span lines.
@@ -125,6 +191,12 @@ class CsvFormat(LinesFormat):
             start = int(ends[-1]) if len(ends) else 0
             raise FormatError(path, start, "unterminated quoted field in the record starting here")
         return lines_index(ends, len(data), self.header_lines)
+
+    def window_check(self) -> WindowCheck | None:
+        return check_rows
+
+    def check_index(self, index: RecordIndex, read: Read, path: str) -> None:
+        check_lines_index(index, read, path, self.header_lines, quoted=True)
 
 
 FORMATS = (LinesFormat, CsvFormat,)

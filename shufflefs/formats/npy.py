@@ -17,7 +17,8 @@ import numpy.lib.format as npformat
 
 from ..errors import FormatError
 from ..index import RecordIndex
-from .base import Format, Progress, as_bytes
+from .base import Format, Progress, Read, as_bytes
+from .fixed import same_bounds
 
 MAGIC = b"\x93NUMPY"
 _LENGTH_BYTES = {(1, 0): 2, (2, 0): 4, (3, 0): 4}
@@ -84,27 +85,44 @@ class NpyFormat(Format):
         size = len(data)
         if size == 0:
             return RecordIndex(0, np.zeros(1, dtype=np.int64))  # empty files give empty views
-        h = read_npy_header(data, path)
-        rows, row_bytes = h.rows, h.row_bytes
-        expected = rows * row_bytes
-        actual = size - h.header_end
-        if actual < expected:
-            start = h.header_end + (actual // row_bytes) * row_bytes
-            raise FormatError(
-                path, start, f"array data is {expected - actual} bytes shorter than shape {h.shape} needs"
-            )
-        if actual > expected:
-            raise FormatError(
-                path, h.header_end + expected, f"{actual - expected} bytes follow the array data of shape {h.shape}"
-            )
+        index = npy_index(read_npy_header(data, path), size, path)
         if progress is not None:
             progress(size)
-        if expected == 0:
-            return RecordIndex(size, np.array([size], dtype=np.int64))
-        bounds = np.arange(rows + 1, dtype=np.int64)
-        bounds *= row_bytes
-        bounds += h.header_end
-        return RecordIndex(size, bounds)
+        return index
+
+    def check_index(self, index: RecordIndex, read: Read, path: str) -> None:
+        """The bounds are arithmetic: exactly those the file's header and size give (the header,
+        read again, must also end where the records start)."""
+        if index.size == 0:
+            same_bounds(index, RecordIndex(0, np.zeros(1, np.int64)), path)
+            return
+        head = read(0, min(index.size, 12))
+        nlen = _LENGTH_BYTES.get((head[6], head[7]), 2) if len(head) >= 8 else 2
+        end = min(index.size, 8 + nlen + int.from_bytes(head[8: 8 + nlen], "little"))
+        h = read_npy_header(np.frombuffer(read(0, end), np.uint8), path)
+        same_bounds(index, npy_index(h, index.size, path), path)
+
+
+def npy_index(h: NpyHeader, size: int, path: str) -> RecordIndex:
+    """Rows of ``h`` after its header, filling a file of ``size`` bytes exactly."""
+    rows, row_bytes = h.rows, h.row_bytes
+    expected = rows * row_bytes
+    actual = size - h.header_end
+    if actual < expected:
+        start = h.header_end + (actual // row_bytes) * row_bytes
+        raise FormatError(
+            path, start, f"array data is {expected - actual} bytes shorter than shape {h.shape} needs"
+        )
+    if actual > expected:
+        raise FormatError(
+            path, h.header_end + expected, f"{actual - expected} bytes follow the array data of shape {h.shape}"
+        )
+    if expected == 0:
+        return RecordIndex(size, np.array([size], dtype=np.int64))
+    bounds = np.arange(rows + 1, dtype=np.int64)
+    bounds *= row_bytes
+    bounds += h.header_end
+    return RecordIndex(size, bounds)
 
 
 def header_with_rows(header: bytes, rows: int, path: str) -> bytes:

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..index import RecordIndex
-from .base import Format, Progress, as_bytes
+from .base import Format, Progress, Read, WindowCheck, as_bytes, bad_index, framing_error, window_ends
 
 BLOCK = 512
 REGULAR = frozenset(b"07\0")
@@ -223,6 +223,16 @@ class TarFormat(Format):
             raise FormatError(path, i * BLOCK, "GNU sparse members are not supported")
         return self._samples(path, size, data, blocks, heads, typeflag[chain], sizes[chain], end)
 
+    def frame_check(self) -> WindowCheck | None:
+        return check_samples
+
+    def check_index(self, index: RecordIndex, read: Read, path: str) -> None:
+        """Samples, the header and the trailer are whole 512-byte blocks."""
+        off = np.flatnonzero(index.bounds % BLOCK)
+        if len(off) or index.size % BLOCK:
+            raise bad_index(path, int(index.bounds[off[0]]) if len(off) else index.size,
+                            "a sample that does not start on a 512-byte block")
+
     @staticmethod
     def _no_header(path: str, block: int, bad_sum: np.ndarray) -> None:
         why = "bad header checksum" if np.isin(block, bad_sum) else "no tar header where one must start"
@@ -286,6 +296,32 @@ class TarFormat(Format):
             key = run_keys[b].tobytes().rstrip(b"\0").decode("utf-8", "replace")
             raise FormatError(path, int(bounds[b]), f"sample {key!r} is split: its members are not adjacent "
                               f"(also at offset {int(bounds[a])}); webdataset would read it as two samples")
+
+
+CHECK_ROWS = 8192
+"""Sample headers checked at once (4 MiB of copied blocks)."""
+
+
+def check_samples(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path: str) -> None:
+    """Every sample of a gathered window starts with a ustar header whose checksum holds: its
+    first block read (a sample is at least two blocks, so at most half the window's bytes)."""
+    ids = np.asarray(ids, np.int64)
+    if not len(ids):
+        return
+    lengths = index.record_lengths(ids)
+    ends = window_ends(window, ids, index, path)
+    bad = (lengths < BLOCK) | (lengths % BLOCK != 0)
+    if bad.any():
+        raise framing_error(path, index, ids, bad, "a sample of part of a block")
+    blocks = window[: int(ends[-1])].reshape(-1, BLOCK)  # records of whole blocks: starts on the grid
+    first = (ends - lengths) // BLOCK
+    for lo in range(0, len(ids), CHECK_ROWS):
+        good, _ = _candidates(blocks[first[lo: lo + CHECK_ROWS]])
+        part = np.ones(len(first[lo: lo + CHECK_ROWS]), bool)
+        part[good] = False
+        bad[lo: lo + CHECK_ROWS] = part
+    if bad.any():
+        raise framing_error(path, index, ids, bad, "no tar header where the sample starts")
 
 
 FORMATS = (TarFormat,)

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import FormatError
 from ..index import RecordIndex
-from .base import PROGRESS_EVERY, Format, Progress, WindowCheck, as_bytes
+from .base import (PROGRESS_EVERY, Format, Progress, Read, WindowCheck, as_bytes, bad_index,
+                   framing_error, window_ends)
 
 FRAME_OVERHEAD = 16
 _MASK_DELTA = 0xA282EAD8
@@ -53,6 +54,17 @@ class TFRecordFormat(Format):
 
     def window_check(self) -> WindowCheck | None:
         return check_frames if self.verify_data else None
+
+    def frame_check(self) -> WindowCheck | None:
+        return check_lengths
+
+    def check_index(self, index: RecordIndex, read: Read, path: str) -> None:
+        """Frames tile the whole file and each holds at least its 16 bytes of framing."""
+        if index.header_end != 0 or index.trailer_start != index.size:
+            raise bad_index(path, index.header_end, "frames do not tile the file")
+        short = np.flatnonzero(index.lengths < FRAME_OVERHEAD)
+        if len(short):
+            raise bad_index(path, int(index.bounds[short[0]]), "a frame shorter than its framing")
 
     def scan(self, data: np.ndarray, path: str, progress: Progress | None = None) -> RecordIndex:
         data = as_bytes(data)
@@ -97,6 +109,28 @@ def _masked(crcs: np.ndarray) -> np.ndarray:
     return ((((c >> np.uint64(15)) | (c << np.uint64(17))) + np.uint64(_MASK_DELTA)) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
 
 
+def _fields(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path: str
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(lengths, starts, ends, stored length fields)`` of a window's frames, vectorised."""
+    lengths = index.record_lengths(ids)
+    ends = window_ends(window, ids, index, path)
+    starts = ends - lengths
+    at = np.minimum(starts[:, None] + np.arange(8), len(window) - 1)  # a frame of < 8 bytes: still in bounds
+    return lengths, starts, ends, window[at].view("<u8").ravel()
+
+
+def check_lengths(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path: str) -> None:
+    """Every frame of a gathered window starts with the length the index gives it (the framing
+    check, whatever ``--verify`` says: 8 bytes read per frame)."""
+    ids = np.asarray(ids, np.int64)
+    if not len(ids):
+        return
+    lengths, _, _, stored = _fields(window, ids, index, path)
+    bad = stored.astype(np.int64) != lengths - FRAME_OVERHEAD
+    if bad.any():
+        raise framing_error(path, index, ids, bad, "frame length changed")
+
+
 def check_frames(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path: str) -> None:
     """Every frame of a gathered window checked again: its length against the index, its length
     and data checksums against its bytes.  The scan checked them once; a byte changed in the
@@ -106,38 +140,27 @@ def check_frames(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path: 
     per-frame call still costs about 0.3 us: measured with ``tools/verify_cost.py`` (256 MiB of
     1-4 KiB frames, warm corgipile view, 1 MiB reads, 2-core VM) the view reads at 0.54-0.60x of
     ``--verify index`` (1.7-1.9 against 3.1-3.2 GB/s), hence the option."""
+    ids = np.asarray(ids, np.int64)
     n = len(ids)
     if n == 0:
         return
-    ids = np.asarray(ids, np.int64)
-    lengths = index.record_lengths(ids)
-    ends = np.cumsum(lengths)
-    starts = ends - lengths
-    if int(ends[-1]) > len(window):
-        raise FormatError(path, int(index.bounds[ids[0]]), "window shorter than its frames")
+    check_lengths(window, ids, index, path)
+    lengths, starts, ends, stored_len = _fields(window, ids, index, path)
     buf = memoryview(np.ascontiguousarray(window[: int(ends[-1])]))
     raw = np.frombuffer(buf, np.uint8)
-    # header fields, vectorised: length (u64) and its crc (u32) at each start, data crc at each end
     gather = lambda at, width: raw[(at[:, None] + np.arange(width)).ravel()].reshape(-1, width)  # noqa: E731
-    stored_len = gather(starts, 8).copy().view("<u8").ravel()
     stored_len_crc = gather(starts + 8, 4).copy().view("<u4").ravel()
     stored_data_crc = gather(ends - 4, 4).copy().view("<u4").ravel()
-    bad = np.flatnonzero(stored_len.astype(np.int64) != lengths - FRAME_OVERHEAD)
-    what = "frame length changed"
-    if not len(bad):
-        crc = crc32c.crc32c
-        # the length field is known from the index: one checksum per distinct length
-        distinct, which = np.unique(stored_len, return_inverse=True)
-        len_crcs = np.fromiter((crc(struct.pack("<Q", v)) for v in distinct.tolist()), np.uint32,
-                               count=len(distinct))[which]
-        data_crcs = np.fromiter((crc(buf[s: e]) for s, e in zip((starts + 12).tolist(), (ends - 4).tolist())),
-                                np.uint32, count=n)
-        bad = np.flatnonzero((_masked(len_crcs) != stored_len_crc) | (_masked(data_crcs) != stored_data_crc))
-        what = "frame checksum mismatch"
-    if len(bad):
-        rid = int(ids[bad[0]])
-        raise FormatError(path, int(index.bounds[rid]),
-                          f"{what} in record {rid} (the file changed after it was indexed?)")
+    crc = crc32c.crc32c
+    # the length field is known from the index: one checksum per distinct length
+    distinct, which = np.unique(stored_len, return_inverse=True)
+    len_crcs = np.fromiter((crc(struct.pack("<Q", v)) for v in distinct.tolist()), np.uint32,
+                           count=len(distinct))[which]
+    data_crcs = np.fromiter((crc(buf[s: e]) for s, e in zip((starts + 12).tolist(), (ends - 4).tolist())),
+                            np.uint32, count=n)
+    bad = (_masked(len_crcs) != stored_len_crc) | (_masked(data_crcs) != stored_data_crc)
+    if bad.any():
+        raise framing_error(path, index, ids, bad, "frame checksum mismatch")
 
 
 FORMATS = (TFRecordFormat,)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -17,7 +19,7 @@ from ..costs import record_costs
 from ..errors import FormatError, StaleSourceError
 from ..formats import Format
 from ..formats.npy import header_with_rows, row_kind
-from ..index import IndexCache, RecordIndex, SourceStamp
+from ..index import IndexCache, RecordIndex, SourceStamp, cache_key
 from ..layout import Layout
 from ..plan_memory import PlanMemory, plan_estimate, plan_nbytes
 from ..pool_table import PoolEntry
@@ -58,11 +60,19 @@ class Planner:
         self._costs: OrderedDict[tuple, np.ndarray] = OrderedDict()  # --balance-field
         self._pool_plans: OrderedDict[tuple, Plan] = OrderedDict()  # the pooled streams shards cut up
         self.few_blocks: dict[str, int] = {}  # files with fewer than FEW_BLOCKS of a size the user set
+        # indexes a window check found wrong (`distrust`, told from loading threads): forgotten
+        # by the trio thread at its next use of the memos (`_drain`)
+        self._lock = threading.Lock()
+        self._distrusted: weakref.WeakSet[RecordIndex] = weakref.WeakSet()
+        self._forget: set[tuple] = set()
+        self._forget_versions: set[tuple] = set()
+        self._generations: dict[tuple, int] = {}
 
     # ------------------------------------------------------------------ indexes
 
     async def index(self, node: Node) -> RecordIndex:
         """The node's file's index, or its pool's."""
+        self._drain()
         if node.pool is not None:
             return await self._pool_index(node.pool, node.fmt)
         return await self.file_index(node.relpath, node.stamp, node.fmt)
@@ -75,7 +85,7 @@ class Planner:
     async def _pool_index(self, entry: PoolEntry, fmt: Format) -> PooledIndex:
         """The members' indexes (each built and cached like a single file's) joined in shard order."""
         pool = entry.pool
-        key = ("pool", pool.key, pool.members, entry.stamps, repr(fmt))
+        key = self._pool_key(entry, fmt)
         if key in self._indexes:
             self._indexes.move_to_end(key)
             return self._indexes[key]
@@ -116,7 +126,8 @@ class Planner:
 
     async def file_index(self, relpath: str, stamp: SourceStamp, fmt: Format) -> RecordIndex:
         """Built once per (file, stamp, format) even under concurrent opens; cached on disk."""
-        key = (relpath, stamp, fmt.name, json.dumps(fmt.params(), sort_keys=True, default=str))
+        self._drain()
+        key = self._file_key(relpath, stamp, fmt)
         if key in self._indexes:
             self._indexes.move_to_end(key)
             return self._indexes[key]
@@ -126,8 +137,7 @@ class Planner:
         async def build() -> RecordIndex:
             t0 = time.monotonic()
             try:
-                index = await self.workers.run(self.store.index, relpath, fmt, self.index_cache.dir,
-                                               limiter=self.workers.index)
+                index = await self.workers.run(self._load_index, relpath, fmt, limiter=self.workers.index)
             except FormatError as e:
                 self._bad_indexes[key] = e
                 while len(self._bad_indexes) > BAD_INDEXES:
@@ -141,11 +151,109 @@ class Planner:
 
         return await self.tasks.run(("index",) + key, build)
 
+    @staticmethod
+    def _file_key(relpath: str, stamp: SourceStamp, fmt: Format) -> tuple:
+        return (relpath, stamp, fmt.name, json.dumps(fmt.params(), sort_keys=True, default=str))
+
+    @staticmethod
+    def _pool_key(entry: PoolEntry, fmt: Format) -> tuple:
+        return ("pool", entry.pool.key, entry.pool.members, entry.stamps, repr(fmt))
+
+    def _load_index(self, relpath: str, fmt: Format) -> RecordIndex:
+        """Blocking: the store's index (cached or scanned), checked against the file
+        (`Format.check_index`); a cached one that fails is dropped and the file scanned again."""
+        for attempt in range(2):
+            index = self.store.index(relpath, fmt, self.index_cache.dir)
+            try:
+                self._check_index(relpath, fmt, index)
+                return index
+            except FormatError as e:
+                if attempt:
+                    raise
+                log.warning("index of %s dropped, rebuilding it: %s", relpath, e)
+                self.index_cache.drop(cache_key(self.store.path(relpath), index.stamp, fmt.name, fmt.params()))
+        raise AssertionError("unreachable")
+
+    def _check_index(self, relpath: str, fmt: Format, index: RecordIndex) -> None:
+        opened: list = []
+
+        def read(start: int, end: int) -> bytes:
+            if end <= start:
+                return b""
+            if not opened:
+                opened.append(self.store.open(relpath, index.stamp))
+            return opened[0].read_range(start, end)
+
+        try:
+            fmt.check_index(index, read, self.store.path(relpath))
+        finally:
+            if opened:
+                opened[0].close()
+
+    def distrust_for(self, node: Node) -> Callable[[RecordIndex], None]:
+        """What a view of ``node`` calls (from a loading thread) when a window check finds its
+        index wrong: the index is forgotten with its plans and costs (a pool's with its
+        members'), and the cache entries of its files are deleted, so the next open rebuilds it
+        from the files."""
+        fmt = node.fmt
+        if node.pool is None:
+            files = [(node.relpath, node.stamp)]
+            keys = [self._file_key(node.relpath, node.stamp, fmt)]
+            version: tuple = (node.relpath, node.stamp)
+            file: tuple = ("file", node.relpath)
+        else:
+            e = node.pool
+            files = list(zip(e.pool.members, e.stamps))
+            keys = [self._file_key(m, st, fmt) for m, st in files] + [self._pool_key(e, fmt)]
+            version, file = (e.pool.key, e.pool.members, e.stamps), ("pool", e.pool.key)
+        paths = [self.store.path(relpath) for relpath, _ in files]
+
+        def distrust(index: RecordIndex) -> None:
+            with self._lock:
+                self._distrusted.add(index)
+                self._forget.update(keys)
+                self._forget_versions.add(version)
+                self._generations[file] = self._generations.get(file, 0) + 1
+            for path, (_, stamp) in zip(paths, files):
+                try:
+                    self.index_cache.drop(cache_key(path, stamp, fmt.name, fmt.params()))
+                except OSError as err:
+                    log.warning("cannot remove the index cache entry of %s: %s", path, err)
+            log.warning("index of %s found wrong while reading: dropped; the next open rebuilds it", paths[0]
+                        if len(paths) == 1 else f"the pool of {len(paths)} files {paths[0]} ...")
+
+        return distrust
+
+    def distrusted(self, index: RecordIndex | None) -> bool:
+        """Whether a window check found ``index`` wrong (its views must not be used again)."""
+        return index is not None and index in self._distrusted
+
+    def generation(self, file: tuple) -> int:
+        """How many times the index of ``file`` (``("file", relpath)`` or ``("pool", key)``) was
+        found wrong: part of what its stages are keyed by."""
+        return self._generations.get(file, 0)
+
+    def _drain(self) -> None:
+        """Forget what `distrust` was told (the trio thread owns the memos)."""
+        if not self._forget and not self._forget_versions:
+            return
+        with self._lock:
+            keys, versions = self._forget, self._forget_versions
+            self._forget, self._forget_versions = set(), set()
+        for key in keys:
+            self._indexes.pop(key, None)
+        for key in [k for k in self._pool_plans if k[:3] in versions]:
+            del self._pool_plans[key]
+        for version in versions:
+            self._costs.pop(version, None)
+
     # ------------------------------------------------------------------ plans
 
     async def plan(self, node: Node) -> Plan:
         """The node's plan and layout (``node.plan``, ``node.layout``, ``node.index``), sizing a
         rank's share or a shard; counted in the plan memory until `forget`."""
+        if node.plan is not None and self.distrusted(node.index):
+            self.forget(node)  # planned over an index found wrong since (never opened since)
         if node.plan is not None:
             return node.plan
 
@@ -249,7 +357,10 @@ class Planner:
         entry = node.pool
         version = (entry.pool.key, entry.pool.members, entry.stamps)
         key = (*version, node.epoch, node.part, node.parts)
+        self._drain()
         stream = self._pool_plans.get(key)
+        if stream is not None and stream.index is not index:
+            stream = None  # planned over an index since found wrong
         if stream is None:
             async def build() -> Plan:
                 plan = await self._make_plan(node, index, version)

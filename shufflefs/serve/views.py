@@ -22,6 +22,7 @@ from typing import Callable, Hashable, NamedTuple
 import numpy as np
 
 from ..config import MountConfig
+from ..formats import gather_check
 from ..prefetch import WindowCache
 from ..shared_tasks import SharedTasks
 from ..sources.base import Source, Store
@@ -130,6 +131,8 @@ class Views:
             if node.broken is not None:
                 raise node.broken
             self.idle.pop(node.ino, None)
+            if node.view is not None and node.opens == 1 and self.planner.distrusted(node.view.view.index):
+                self.close(node)  # its index was found wrong: a new view over a rebuilt one
             if node.view is None:
                 await self.tasks.run(("view", node.ino), functools.partial(self.make, node))
         except BaseException:
@@ -189,7 +192,7 @@ class Views:
         try:
             return View(self.store.path(node.relpath), node.index, plan, source, node.frame,
                         meter=self.read_bytes.meter(node.epoch),
-                        check=node.fmt.window_check() if self.config.verify == "frames" else None)
+                        check=gather_check(node.fmt, self.config.verify), distrust=self.planner.distrust_for(node))
         except BaseException:
             source.close()
             raise
@@ -199,11 +202,13 @@ class Views:
         index, epoch_path = node.index, node.epoch_path
         if node.pool is not None:
             e = node.pool
-            file, key, name = ("pool", e.pool.key), ("pool", e.pool.key, e.pool.members, e.stamps), e.pool.key
+            file, name = ("pool", e.pool.key), e.pool.key
+            key = ("pool", e.pool.key, e.pool.members, e.stamps, self.planner.generation(file))
             members = list(e.pool.members)
             open_source: Callable[[], Source] = lambda: PoolSource(members, index, self.store.open)
         else:
-            file, key, name = ("file", node.relpath), ("file", node.relpath, node.stamp), node.relpath
+            file, name = ("file", node.relpath), node.relpath
+            key = ("file", node.relpath, node.stamp, self.planner.generation(file))
             relpath = node.relpath
             open_source = lambda: self.store.open(relpath, index.stamp)
         target = self._stage_targets.get(key)
@@ -234,8 +239,8 @@ class Views:
         the shards of that stream share (a window is loaded once however the shards cut it)."""
         if node.pool is None:
             return node.ino
-        e = node.pool
-        return ("stream", e.pool.key, e.pool.members, e.stamps, node.epoch, node.part, node.parts)
+        e = node.pool  # the stream plan itself: one built over a rebuilt index has windows of its own
+        return ("stream", e.pool.key, e.pool.members, e.stamps, node.epoch, node.part, node.parts, id(node.plan.inner))
 
     def window(self, node: Node, k: int, ahead: bool = False) -> WindowRef:
         """View window k as the window cache knows it; its bytes start ``shift`` bytes into the
@@ -255,7 +260,8 @@ class Views:
 
     def retire(self, node: Node) -> None:
         """The last handle closed: keep the view idle (LRU) unless it can never be read again."""
-        if node.view is None or node.broken is not None or node.ino not in self.tree.nodes:
+        if (node.view is None or node.broken is not None or node.ino not in self.tree.nodes
+                or self.planner.distrusted(node.view.view.index)):
             self.close(node)
             if node.lookups <= 0:
                 self.drop(node)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +17,7 @@ import pytest
 from shufflefs.errors import FormatError
 from shufflefs.formats import resolve_format
 from shufflefs.formats.tfrecord import check_frames, encode_frame
-from shufflefs.index import IndexCache, SourceStamp, cache_key
+from shufflefs.index import IndexCache, RecordIndex, SourceStamp, cache_key
 
 FRAMES = [encode_frame(b"payload-%05d-" % i + b"x" * (i % 50)) for i in range(3000)]
 DATA = b"".join(FRAMES)
@@ -26,21 +25,21 @@ ARGS = ["--block-size", "8KiB", "--buffer", "32KiB"]
 
 
 def flip_and_plant(src: Path, cache: Path, at: int) -> None:
-    """Flip the byte at ``at`` and give the new version the old version's cached index."""
+    """Flip the byte at ``at`` and give the new version the old version's cached index (a whole
+    entry, written for the new version: only the window check can tell)."""
     path = src / "a.tfrecord"
     fmt = resolve_format("a.tfrecord", [], {})
     old = SourceStamp.of(os.stat(path))
-    old_key = cache_key(path, old, fmt.name, fmt.params())
-    old_file = IndexCache(cache)._file(old_key)
-    assert old_file.exists()
+    store = IndexCache(cache)
+    index = store.load(cache_key(path, old, fmt.name, fmt.params()), old)
+    assert index is not None
     data = bytearray(path.read_bytes())
     data[at] ^= 0xFF
     with open(path, "r+b") as f:
         f.write(data)
     os.utime(path, ns=(old.mtime_ns, old.mtime_ns))
-    new_file = IndexCache(cache)._file(cache_key(path, SourceStamp.of(os.stat(path)), fmt.name, fmt.params()))
-    new_file.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(old_file, new_file)
+    new = SourceStamp.of(os.stat(path))
+    store.store(cache_key(path, new, fmt.name, fmt.params()), RecordIndex(index.size, index.bounds, False, new))
 
 
 @pytest.mark.parametrize("where", ["payload", "data crc", "length crc"])
