@@ -6,7 +6,10 @@ pyfuse3 would otherwise stop the whole mount).  What a request does is the catal
 
 Caching.  A data file's inode never changes its bytes (a new epoch is a new inode) and its
 lookups are not cached by the kernel (``entry_timeout=0``), so every ``open`` resolves the epoch
-current at that moment.  ``.npy`` and fixed-size views are served through the page cache
+current at that moment.  Listings are READDIRPLUS (pyfuse3 always sends attributes with a name):
+the kernel takes an inode per entry from them, so ``ls -l`` needs no lookup for names it may
+cache and one cheap lookup (answered from the listing, `serve.tree.LISTING_TTL`) per view path.
+``.npy`` and fixed-size views are served through the page cache
 (``keep_cache``) and so support shared ``mmap``; every other view uses ``direct_io`` (reads arrive
 as the application issued them, no copy into the page cache).
 """
@@ -26,7 +29,7 @@ from pyfuse3 import FUSEError
 from .config import MountConfig
 from .serve import xattrs
 from .serve.catalog import Catalog
-from .serve.nodes import LINK, ROOT, VIEW, Handle, Node, Probe, Reply, view_mtime_ns
+from .serve.nodes import LINK, ROOT, VIEW, Handle, Node, Probe, Reply, Stat, view_mtime_ns
 
 log = logging.getLogger("shufflefs")
 
@@ -65,8 +68,12 @@ def _erofs(fn: Callable) -> Callable:
     return refuse
 
 
-def attributes(node: Node, st: os.stat_result | None = None) -> pyfuse3.EntryAttributes:
+def attributes(node: Node, st: Stat | None = None, listing: bool = False) -> pyfuse3.EntryAttributes:
+    """``listing``: a view whose size is not known yet (a listing reads no file) gets its source's
+    size with ``attr_timeout`` 0.  The kernel never shows it: a view's entry is never cached
+    (``entry_timeout`` 0), so every path to it is looked up again first, and a lookup sizes it."""
     st = st or node.st
+    timeout = META_TIMEOUT
     a = pyfuse3.EntryAttributes()
     a.st_ino = node.ino
     a.generation = 0
@@ -76,11 +83,14 @@ def attributes(node: Node, st: os.stat_result | None = None) -> pyfuse3.EntryAtt
     a.st_gid = st.st_gid
     a.st_rdev = 0
     if node.kind == VIEW:
-        if node.size < 0:  # the kernel would take it for a broken inode (EIO, no log)
-            raise RuntimeError(f"{node.relpath}: attributes asked before its size was known")
-        a.st_size = node.size
+        size = node.size
+        if size < 0:  # the kernel would take it for a broken inode (EIO, no log)
+            if not listing:
+                raise RuntimeError(f"{node.relpath}: attributes asked before its size was known")
+            size, timeout = st.st_size, 0
+        a.st_size = size
         a.st_blksize = VIEW_BLKSIZE
-        a.st_blocks = (node.size + 511) // 512
+        a.st_blocks = (size + 511) // 512
         a.entry_timeout = 0
     else:
         a.st_size = len(os.fsencode(node.target)) if node.kind == LINK and node.target else st.st_size
@@ -88,7 +98,7 @@ def attributes(node: Node, st: os.stat_result | None = None) -> pyfuse3.EntryAtt
         a.st_blksize = st.st_blksize or VIEW_BLKSIZE
         a.st_blocks = st.st_blocks if st.st_blocks is not None else (a.st_size + 511) // 512
         a.entry_timeout = META_TIMEOUT
-    a.attr_timeout = META_TIMEOUT
+    a.attr_timeout = timeout
     a.st_atime_ns = st.st_atime_ns
     a.st_mtime_ns = view_mtime_ns(st.st_mtime_ns, node.epoch) if node.kind == VIEW else st.st_mtime_ns
     a.st_ctime_ns = st.st_ctime_ns
@@ -145,6 +155,8 @@ class ShuffleFS(pyfuse3.Operations):
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext | None = None) -> pyfuse3.EntryAttributes:
         node = self.catalog.tree.node(inode)
         if node.kind == VIEW:
+            if node.size < 0:
+                await self.catalog.size(node)
             return attributes(node)
         return attributes(node, await self.catalog.restat(node))
 
@@ -168,7 +180,7 @@ class ShuffleFS(pyfuse3.Operations):
             node = await self.catalog.listed(parent, probe)
             if node is None:
                 continue
-            if not pyfuse3.readdir_reply(token, os.fsencode(probe.name), attributes(node), i + 1):
+            if not pyfuse3.readdir_reply(token, os.fsencode(probe.name), attributes(node, listing=True), i + 1):
                 self.catalog.unlisted(node)
                 return
             node.lookups += 1

@@ -1,21 +1,34 @@
 #!/usr/bin/env python3
-"""What checking every TFRecord frame's checksums at window gather costs, through real mounts.
+"""What the checks of every gathered window cost, per format, through real mounts.
 
-    python tools/verify_cost.py [--mib 256] [--rounds 5] [--strategy corgipile]
+    python tools/verify_cost.py [--mib 128] [--rounds 5] [--strategy corgipile] [--formats jsonl,csv,...]
 
-Writes a TFRecord file of 1-4 KiB frames, mounts it twice in one run (``--verify frames``, the
-default, and ``--verify index``), warms the page cache, then reads both views with 1 MiB reads,
-alternating, a new epoch every round.  Prints each round's GB/s and the median ratio
-frames / index (1.0 = free).
+Writes one file per format (JSON lines of ~1 KiB, CSV rows of ~1 KiB with quoted fields, an
+``.npy`` of 1 KiB rows, fixed 1 KiB records, TFRecord frames of 1-4 KiB, a WebDataset tar of
+two-member samples of 1-4 KiB each) and mounts the tree three times in one run:
+
+* ``off``: ``--verify index`` with ``SHUFFLEFS_FRAMING=off`` in the daemon's environment (an
+  internal switch that exists only for this measurement: no window check at all);
+* ``framing``: ``--verify index``, the framing checks alone;
+* ``frames``: ``--verify frames`` (the default): framing, plus TFRecord CRCs.
+
+It warms the page cache and every mount's index, then reads every view of every mount with 1 MiB
+reads, in rotating order, a new epoch every round.  Prints each mode's median GB/s per format and
+the median of the per-round ratios to ``off`` (1.0 = free).  Then, in this process, the CPU time
+of each check against the CPU time of building the same windows (`View.load_window`, corgipile,
+64 MiB windows): what the checks cost on a busy machine, where the mounts' rates are noisy.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import os
 import signal
 import statistics
 import sys
+import tarfile
 import tempfile
 import time
 from contextlib import ExitStack
@@ -28,23 +41,57 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
 from bench.proc import FuseDaemon  # noqa: E402
+from shufflefs.formats import make_format, resolve_format, scan_file  # noqa: E402
+from shufflefs.formats.base import FRAMING_ENV  # noqa: E402
+from shufflefs.strategies import ShuffleSpec, make_plan  # noqa: E402
+from shufflefs.view import View  # noqa: E402
 from shufflefs.formats.tfrecord import encode_frame  # noqa: E402
 
 MiB = 1 << 20
+RECORD = 1024
+MODES = {"off": ["--verify", "index"], "framing": ["--verify", "index"], "frames": ["--verify", "frames"]}
+NAMES = {"jsonl": "d.jsonl", "csv": "d.csv", "npy": "d.npy", "fixed": "d.bin", "tfrecord": "d.tfrecord",
+         "tar": "d.tar"}
 
 
-def write_tfrecord(path: Path, nbytes: int) -> int:
+def _tiled(lines: list[bytes], nbytes: int, head: bytes = b"") -> bytes:
+    block = b"".join(lines)
+    return head + block * max(1, nbytes // len(block))
+
+
+def write_files(src: Path, nbytes: int, formats: list[str]) -> None:
     rng = np.random.default_rng(0)
-    n = 0
-    with open(path, "wb") as f:
-        written = 0
-        while written < nbytes:
-            payload = rng.integers(0, 256, int(rng.integers(1024, 4096)), dtype=np.uint8).tobytes()
-            frame = encode_frame(payload)
-            f.write(frame)
-            written += len(frame)
-            n += 1
-    return n
+    for fmt in formats:
+        path = src / NAMES[fmt]
+        if fmt == "jsonl":
+            lines = [json.dumps({"id": i, "text": "x" * int(rng.integers(800, 1200))}).encode() + b"\n"
+                     for i in range(4096)]
+            path.write_bytes(_tiled(lines, nbytes))
+        elif fmt == "csv":
+            rows = [b'%d,"quoted, with ""quotes""\nand a newline",%s\n' % (i, b"y" * int(rng.integers(800, 1200)))
+                    for i in range(4096)]
+            path.write_bytes(_tiled(rows, nbytes, b"id,text,pad\n"))
+        elif fmt == "npy":
+            np.save(path, np.zeros((nbytes // RECORD, RECORD // 4), np.float32))
+        elif fmt == "fixed":
+            path.write_bytes(bytes(nbytes // RECORD * RECORD))
+        elif fmt == "tfrecord":
+            with open(path, "wb") as f:
+                written = 0
+                while written < nbytes:
+                    frame = encode_frame(rng.integers(0, 256, int(rng.integers(1024, 4096)), np.uint8).tobytes())
+                    f.write(frame)
+                    written += len(frame)
+        elif fmt == "tar":
+            with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as t:
+                i = 0
+                while t.offset < nbytes:
+                    for ext in ("jpg", "cls"):
+                        data = bytes(int(rng.integers(1024, 4096)))
+                        info = tarfile.TarInfo(f"s{i:08d}.{ext}")
+                        info.size = len(data)
+                        t.addfile(info, io.BytesIO(data))
+                    i += 1
 
 
 def read(path: Path) -> tuple[int, float]:
@@ -62,37 +109,86 @@ def read(path: Path) -> tuple[int, float]:
     return total, time.perf_counter() - t0
 
 
+def check_cpu(path: Path, strategy: str) -> tuple[float, float, float]:
+    """CPU seconds over every window of one epoch: ``(load, framing check, full check)``."""
+    fmt = resolve_format(path.name, [], {"record_size": RECORD}) or make_format("fixed", {"record_size": RECORD})
+    index = scan_file(path, fmt)
+    plan = make_plan(index, ShuffleSpec(strategy, seed=1), 1)
+    view = View(str(path), index, plan)
+    checks = [fmt.frame_check(), fmt.window_check() or fmt.frame_check()]
+    spent = [0.0, 0.0, 0.0]
+    out = scratch = None
+    try:
+        for k in range(plan.n_windows):
+            t0 = time.thread_time()
+            window, scratch = view.load_window(k, out, scratch)
+            spent[0] += time.thread_time() - t0
+            for i, check in enumerate(checks):
+                if check is not None:
+                    t0 = time.thread_time()
+                    check(window, plan.window(k), index, str(path))
+                    spent[i + 1] += time.thread_time() - t0
+            out = window.base if window.base is not None else window
+    finally:
+        view.close()
+    return spent[0], spent[1], spent[2]
+
+
 def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unmount in the finally blocks on a kill
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mib", type=int, default=256)
+    ap.add_argument("--mib", type=int, default=128, help="MiB per format's file")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--strategy", default="corgipile")
+    ap.add_argument("--formats", default=",".join(NAMES))
     args = ap.parse_args()
+    formats = [f for f in args.formats.split(",") if f]
     with tempfile.TemporaryDirectory(prefix="verify-cost-") as tmp, ExitStack() as stack:
         work = Path(tmp)
         src = work / "src"
         src.mkdir()
-        frames = write_tfrecord(src / "d.tfrecord", args.mib * MiB)
+        write_files(src, args.mib * MiB, formats)
         mounts = {}
-        for mode in ("frames", "index"):
+        for mode, opts in MODES.items():
             mnt = work / f"mnt-{mode}"
             mnt.mkdir()
             cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(src), str(mnt), "--strategy", args.strategy,
-                   "--verify", mode, "--cache-dir", str(work / "cache")]
+                   "--record-size", str(RECORD), *opts, "--cache-dir", str(work / f"cache-{mode}")]
             env = dict(os.environ, PYTHONPATH=str(REPO))
+            env.pop(FRAMING_ENV, None)
+            if mode == "off":
+                env[FRAMING_ENV] = "off"
             mounts[mode] = stack.enter_context(FuseDaemon(cmd, mnt, work / f"{mode}.log", env=env))
-        for mode, d in mounts.items():  # index, warm page cache and windows' memory
-            read(d.mountpoint / "d.tfrecord")
-        rates: dict[str, list[float]] = {"frames": [], "index": []}
+        for d in mounts.values():  # index, warm page cache and windows' memory
+            for fmt in formats:
+                read(d.mountpoint / NAMES[fmt])
+        rates = {(fmt, mode): [] for fmt in formats for mode in MODES}
+        order = list(MODES)
         for r in range(args.rounds):
-            for mode, d in mounts.items():
+            for d in mounts.values():
                 os.setxattr(d.mountpoint, "user.shufflefs.epoch", str(r + 1).encode())
-                n, s = read(d.mountpoint / "d.tfrecord")
-                rates[mode].append(n / s / 1e9)
-            print(f"round {r}: frames {rates['frames'][-1]:.2f} GB/s, index {rates['index'][-1]:.2f} GB/s")
-        ratio = statistics.median(a / b for a, b in zip(rates["frames"], rates["index"]))
-        print(f"{frames} frames, {args.mib} MiB, {args.strategy}: median frames/index throughput {ratio:.3f}")
+            for fmt in formats:
+                for mode in order[r % len(order):] + order[: r % len(order)]:
+                    n, s = read(mounts[mode].mountpoint / NAMES[fmt])
+                    rates[fmt, mode].append(n / s / 1e9)
+            print(f"round {r} done", file=sys.stderr)
+        print(f"{args.mib} MiB per file, {args.strategy}, warm, 1 MiB reads, {args.rounds} rounds (median)")
+        print("| format | off GB/s | framing GB/s | frames GB/s | framing / off | frames / off |")
+        print("|---|---|---|---|---|---|")
+        for fmt in formats:
+            med = {m: statistics.median(rates[fmt, m]) for m in MODES}
+            ratio = {m: statistics.median(a / b for a, b in zip(rates[fmt, m], rates[fmt, "off"])) for m in MODES}
+            print(f"| {fmt} | {med['off']:.2f} | {med['framing']:.2f} | {med['frames']:.2f} "
+                  f"| {ratio['framing']:.2f} | {ratio['frames']:.2f} |")
+        for d in mounts.values():
+            d.stop()
+        print("\nCPU time of the checks against building the same windows (one epoch, in this process)")
+        print("| format | load s | framing check s | full check s | framing / load | full / load |")
+        print("|---|---|---|---|---|---|")
+        for fmt in formats:
+            load, framing, full = min((check_cpu(src / NAMES[fmt], args.strategy) for _ in range(3)),
+                                      key=lambda t: t[0])
+            print(f"| {fmt} | {load:.3f} | {framing:.3f} | {full:.3f} | {framing / load:.1%} | {full / load:.1%} |")
     return 0
 
 

@@ -88,9 +88,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                         "(its records grouped by block, blocks permuted, records shuffled inside "
                         "the buffer: block-sized reads)")
     g.add_argument("--verify", choices=VERIFY_MODES, default=None,
-                   help="frames (default): check every TFRecord frame's checksums in every window as it "
-                        "is gathered, so a byte changed after indexing is EIO, never served; index: "
-                        "only when the index is built")
+                   help="record framing (lines and CSV rows end at their bounds, TFRecord lengths, tar "
+                        "headers) is checked in every window as it is gathered, and npy/fixed bounds "
+                        "against the file's header, whatever this says, so a wrong index (a damaged "
+                        "cache entry) is EIO and rebuilt, never served; frames (default): TFRecord "
+                        "CRCs too, so a byte changed after indexing is EIO; index: CRCs only when the "
+                        "index is built")
     g.add_argument("--stage-dir", metavar="DIR",
                    help="pls: keep this rank's partition of every file on local disk under DIR: "
                         "copied from SRC when a file's first view opens, then each next epoch's "

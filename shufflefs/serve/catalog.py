@@ -28,7 +28,7 @@ from ..index import SourceStamp
 from ..sources import Store, open_store
 from ..stats import Stats
 from .epochs import Epochs
-from .nodes import DIR, FILE, LINK, ROOT, VIEW, Handle, Node, Probe, Reply
+from .nodes import DIR, FILE, LINK, NO_POOL, ROOT, UNREAD, VIEW, Handle, Node, Probe, Reply, Stat
 from .planner import Planner
 from .reads import Reads
 from .tree import Tree
@@ -65,6 +65,7 @@ class Catalog:
                            self.windows, self.epochs.of)
         self.reads = Reads(self.views, self.windows)
         self.pools = PoolTable(self.store, self.tree.format_key, config.pool_globs) if config.pool else None
+        self.tree.pools = self.pools
         self.handles = 0
         self.epoch_prefetches = 0
         self._preparing: set[tuple] = set()  # files whose next epoch's view is being prepared
@@ -98,15 +99,20 @@ class Catalog:
             return Reply(e.errno)
         if isinstance(e, FileNotFoundError):
             return Reply(errno.ESTALE)
+        if isinstance(e, OSError) and e.errno in (errno.ELOOP, errno.EXDEV):
+            gone = self.gone(relpath, e)  # a view opened before: its file left the path, as if renamed
+            return Reply(errno.ESTALE) if what == "read" else gone
         if isinstance(e, OSError) and e.errno:
             return Reply(e.errno)
         return Reply(errno.EIO)
 
     # ------------------------------------------------------------------ the tree
 
-    async def entry(self, relpath: str, probe: Probe, space: tuple[int, int] = (0, 1)) -> Node:
+    async def entry(self, relpath: str, probe: Probe, space: tuple[int, int] = (0, 1), sized: bool = True) -> Node:
         """The node for a probed entry (existing or new) in the tree of loader part ``space``
-        (``(part, parts)``; ``(0, 1)`` is the mount's own tree); does not count a lookup."""
+        (``(part, parts)``; ``(0, 1)`` is the mount's own tree); does not count a lookup.
+        ``sized=False`` (a listing) may leave a view's size unknown (-1): a text file's last byte
+        unread, a rank's share or a shard not planned, so that listing reads and indexes nothing."""
         st = probe.st
         suffix = () if space == (0, 1) else space
         pool = None
@@ -118,40 +124,52 @@ class Catalog:
         elif probe.fmt is None:
             key, kind = ("f", relpath, *suffix), FILE
         else:
-            if self.pools is not None:
-                pool = await self.workers.run(self.pools.find, relpath, SourceStamp.of(st))
-            version = pool.stamps if pool is not None else SourceStamp.of(st)
+            pool = probe.pool
+            if pool is NO_POOL:
+                pool = None if self.pools is None else await self.workers.run(self.pools.find, relpath, SourceStamp.of(st))
+            stamp = SourceStamp.of(st)  # one object for the key and the node (a node per listed file)
+            version = pool.stamps if pool is not None else stamp
             epoch = self.epochs.of(pool.pool.members[0] if pool is not None else relpath)
             key, kind = ("v", relpath, epoch, version, *suffix), VIEW
         node = self.tree.find(key)
-        if node is not None:
-            if kind != VIEW:
-                node.st = st
-                node.target = probe.target
-            elif node.size < 0:  # another lookup is sizing it: no attributes before the size
-                await self.planner.plan(node)
-            return node
-        node = self.tree.add(kind, relpath, key, st)
-        node.target = probe.target
-        node.part, node.parts = space
-        if kind == VIEW:
-            node.fmt = probe.fmt
-            node.epoch = key[2]
-            node.stamp = SourceStamp.of(st)
-            node.pool = pool
-            if self.config.world > 1 or node.parts > 1 or pool is not None:
-                node.size = -1  # set from the plan: a rank sees only its share
-                try:
-                    await self.planner.plan(node)
-                except BaseException:
+        if node is None:
+            node = self.tree.add(kind, relpath, key, st)
+            node.target = probe.target
+            node.part, node.parts = space
+            if kind == VIEW:
+                node.fmt = probe.fmt
+                node.epoch = key[2]
+                node.stamp = stamp
+                node.pool = pool
+                node.size = -1
+        elif kind != VIEW:
+            node.st = st
+            node.target = probe.target
+        if kind == VIEW and sized and node.size < 0:
+            try:
+                await self._size(node, probe)
+            except BaseException:
+                if node.lookups <= 0 and node.opens == 0:
                     self.views.drop(node)
-                    raise
-            else:
-                node.size = probe.fmt.view_size(st.st_size, probe.last_byte)
+                raise
         return node
 
+    async def _size(self, node: Node, probe: Probe) -> None:
+        """Set a view's size: a rank's share or a shard from its plan, else from the file's size
+        and (text) its last byte."""
+        if self.config.world > 1 or node.parts > 1 or node.pool is not None:
+            await self.planner.plan(node)  # sizes it
+            return
+        if probe.last_byte == UNREAD:
+            await self.workers.run(self.tree.read_last_byte, node.relpath, probe)
+        if node.size < 0:
+            node.size = node.fmt.view_size(probe.st.st_size, probe.last_byte)
+
     async def lookup(self, parent: Node, name: str) -> Node:
-        """The child ``name`` of a directory, counted as one more lookup."""
+        """The child ``name`` of a directory, counted as one more lookup.  A name whose listing
+        attributes are younger than `tree.LISTING_TTL` is answered from them without a stat (the
+        kernel looks a view up again for every path it resolves: ``ls -l`` makes three lookups
+        per name); an open of its view then checks the version."""
         if parent.kind != DIR:
             raise Reply(errno.ENOTDIR)
         if name == ".":
@@ -164,13 +182,16 @@ class Catalog:
             node = self.tree.split_dir(parent, name)
         else:
             relpath = os.path.join(parent.relpath, name) if parent.relpath else name
-            probe = await self.workers.run(self.tree.probe, relpath, name)
+            probe, trusted = self.tree.recent(parent.relpath, name), False
             if probe is None:
-                raise Reply(errno.ENOENT)
+                probe, trusted = await self.workers.run(self.tree.look, parent.relpath, name)
+                if probe is None:
+                    raise Reply(errno.ENOENT)
             try:
                 node = await self.entry(relpath, probe, parent.space)
             except (ShuffleError, OSError) as e:
                 raise self.fail("lookup", relpath, self.epochs.of(relpath), None, e) from None
+            node.trusted = trusted
         node.lookups += 1
         return node
 
@@ -184,21 +205,42 @@ class Catalog:
             # forgets an inode it looked up while revalidating a name, then looks it up again
             self.views.drop(node)
 
-    async def restat(self, node: Node) -> os.stat_result:
+    async def restat(self, node: Node) -> Stat:
         """A non-view node's attributes as the source has them now."""
         try:
-            st = await self.workers.run(self.store.stat, node.relpath, node.ino == ROOT)
+            st = Stat(await self.workers.run(self.store.stat, node.relpath, node.ino == ROOT))
         except (FileNotFoundError, NotADirectoryError):
             raise Reply(errno.ENOENT) from None
         except OSError as e:
-            raise Reply(errno.ESTALE if e.errno in (errno.ELOOP, errno.EXDEV) else e.errno or errno.EIO) from None
+            raise self.gone(node.relpath, e) from None
         node.st = st
         return st
+
+    async def size(self, node: Node) -> None:
+        """Size a listed view whose size is still unknown (its attributes were asked)."""
+        probe = await self.workers.run(self.tree.probe, node.relpath, os.path.basename(node.relpath))
+        if probe is None or probe.fmt is None or SourceStamp.of(probe.st) != node.stamp:
+            raise Reply(errno.ESTALE)  # no longer that version: the kernel looks the name up again
+        await self._size(node, probe)
+
+    def gone(self, relpath: str, e: OSError) -> Reply:
+        """The errno of a failed path operation on the source.  A path that leads through a
+        directory which became a symbolic link is gone as far as the mount is concerned: ENOENT,
+        logged with the path (the link is never followed)."""
+        if e.errno in (errno.ELOOP, errno.EXDEV):
+            log.warning("%s: a directory on its path is a symbolic link now; not followed", self.store.path(relpath))
+            return Reply(errno.ENOENT)
+        return Reply(e.errno or errno.EIO)
 
     async def readlink(self, node: Node) -> str:
         if node.kind != LINK:
             raise Reply(errno.EINVAL)
-        target = await self.workers.run(self.store.link_target, node.relpath)
+        try:
+            target = await self.workers.run(self.store.link_target, node.relpath)
+        except FileNotFoundError:
+            target = None
+        except OSError as e:
+            raise self.gone(node.relpath, e) from None
         if target is None:
             raise Reply(errno.ENOENT)
         return target
@@ -210,16 +252,19 @@ class Catalog:
         try:
             return [] if node.role is not None else await self.workers.run(self.tree.list, node.relpath)
         except OSError as e:
-            raise Reply(e.errno or errno.EIO) from None
+            raise self.gone(node.relpath, e) from None
 
     async def listed(self, parent: Node, probe: Probe) -> Node | None:
         """The node of a listed entry, or None to leave it out (a rank's share whose size is not
         known yet because its plan failed: the error is logged when it is opened)."""
         relpath = os.path.join(parent.relpath, probe.name) if parent.relpath else probe.name
         try:
-            return await self.entry(relpath, probe, parent.space)
+            node = await self.entry(relpath, probe, parent.space, sized=False)
         except (ShuffleError, OSError):
             return None
+        if node.lookups <= 0:
+            node.trusted = False  # from a listing's attributes
+        return node
 
     def unlisted(self, node: Node) -> None:
         """A listed entry the kernel did not take (its buffer was full): gone unless looked up."""
@@ -240,9 +285,11 @@ class Catalog:
             try:
                 f = await self.workers.run(self.store.open_file, node.relpath)
             except OSError as e:
-                raise Reply(e.errno or errno.EIO) from None
+                raise self.gone(node.relpath, e) from None
             self.handles += 1
             return Handle(node, f)
+        if not node.trusted:
+            await self._check_version(node)
         try:
             await self.views.open(node)
         except (ShuffleError, OSError) as e:
@@ -251,6 +298,19 @@ class Catalog:
         self.epochs.opened(node)
         self.handles += 1
         return Handle(node)
+
+    async def _check_version(self, node: Node) -> None:
+        """A view looked up from a listing's attributes is opened only if its file is still that
+        version; else ESTALE, upon which the kernel looks the name up again (now with a stat)
+        and retries the open once: a new open shows the new version, as after a fresh lookup."""
+        try:
+            st = await self.workers.run(self.store.stat, node.relpath)
+        except OSError:
+            st = None
+        if st is None or SourceStamp.of(st) != node.stamp:
+            self.tree.forget_listed(node.relpath)
+            raise Reply(errno.ESTALE)
+        node.trusted = True
 
     @staticmethod
     def page_cache(node: Node) -> bool:

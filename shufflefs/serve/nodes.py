@@ -39,9 +39,10 @@ class Node:
     __slots__ = (
         "ino", "kind", "relpath", "key", "lookups", "st", "target", "fmt", "epoch", "stamp", "size",
         "plan", "layout", "index", "view", "opens", "broken", "part", "parts", "role", "pool", "frame",
+        "trusted",
     )
 
-    def __init__(self, ino: int, kind: str, relpath: str, key: tuple, st: os.stat_result) -> None:
+    def __init__(self, ino: int, kind: str, relpath: str, key: tuple, st: os.stat_result | Stat) -> None:
         self.ino, self.kind, self.relpath, self.key, self.st = ino, kind, relpath, key, st
         self.lookups = 0
         self.target: str | None = None
@@ -62,6 +63,8 @@ class Node:
         # a shard of a pool: shows a stretch of the pool's stream, framed by its own header/trailer
         self.pool: PoolEntry | None = None
         self.frame: tuple[bytes, bytes] | None = None
+        # False: last looked up from a recent listing's attributes, so an open checks the version
+        self.trusted = True
 
     @property
     def epoch_path(self) -> str:
@@ -74,13 +77,36 @@ class Node:
         return self.part, self.parts
 
 
+class Stat:
+    """The attributes the mount shows and versions by, without the rest of an ``os.stat_result``
+    (a node per listed entry: a directory of 100,000 files holds 100,000 of these)."""
+
+    __slots__ = ("st_mode", "st_ino", "st_nlink", "st_uid", "st_gid", "st_size", "st_atime_ns",
+                 "st_mtime_ns", "st_ctime_ns", "st_blksize", "st_blocks")
+
+    def __init__(self, st: os.stat_result) -> None:
+        self.st_mode, self.st_ino, self.st_nlink = st.st_mode, st.st_ino, st.st_nlink
+        self.st_uid, self.st_gid, self.st_size = st.st_uid, st.st_gid, st.st_size
+        self.st_atime_ns, self.st_mtime_ns, self.st_ctime_ns = st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
+        self.st_blksize, self.st_blocks = st.st_blksize, st.st_blocks
+
+
+UNREAD = -1
+"""`Probe.last_byte` of a file whose last byte was not read (listings read none)."""
+NO_POOL = object()
+"""`Probe.pool` before pools were looked up (a store without pools, or a test's own probe)."""
+
+
 class Probe:
-    """What a directory entry is, gathered on a worker thread (lstat, last byte, link target)."""
+    """What a directory entry is, gathered on a worker thread: its attributes (``at``: when, by
+    ``time.monotonic``), format, last byte (`UNREAD` if not read), link target and pool."""
 
-    __slots__ = ("name", "st", "fmt", "last_byte", "target")
+    __slots__ = ("name", "st", "fmt", "last_byte", "target", "pool", "at")
 
-    def __init__(self, name: str, st: os.stat_result, fmt: Format | None, last_byte: int | None, target: str | None):
+    def __init__(self, name: str, st: os.stat_result | Stat, fmt: Format | None, last_byte: int | None,
+                 target: str | None, pool: object = NO_POOL, at: float = 0.0):
         self.name, self.st, self.fmt, self.last_byte, self.target = name, st, fmt, last_byte, target
+        self.pool, self.at = pool, at
 
 
 class Handle:

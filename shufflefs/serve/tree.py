@@ -13,16 +13,36 @@ import logging
 import os
 import re
 import stat
+import threading
+import time
+from collections import OrderedDict
 
 from ..config import MountConfig
 from ..formats import Format, resolve_format
+from ..index import SourceStamp
+from ..pool_table import PoolTable
+from ..pools import shard_key
 from ..sources.base import Store
-from .nodes import DIR, MAX_PARTS, ROLE_COUNT, ROLE_PARTS, ROOT, Node, Probe, Reply
+from .nodes import DIR, MAX_PARTS, NO_POOL, ROLE_COUNT, ROLE_PARTS, ROOT, UNREAD, Node, Probe, Reply, Stat
 
 log = logging.getLogger("shufflefs")
 
 FORMAT_MEMO = 100_000
 """Paths whose format is remembered (resolving one walks the rules)."""
+LISTING_TTL = 1.0
+"""Seconds an entry's attributes from a listing answer lookups of its name without a stat: the
+kernel keeps other entries' attributes as long (`fs.META_TIMEOUT`), and an open checks a view's
+version anyway (`Catalog.open`)."""
+LISTINGS = 8
+"""Directories whose listing is kept (each until unused for `LISTING_IDLE` seconds)."""
+LISTING_IDLE = 10.0
+READ_AHEAD = 256
+"""Entries of a kept listing described again by one lookup that needs a stat (see `Tree.look`)."""
+
+
+def needs_last_byte(fmt: Format) -> bool:
+    """Whether the view's size depends on the file's last byte (text without a final newline)."""
+    return type(fmt).view_size is not Format.view_size
 
 
 class Tree:
@@ -35,7 +55,11 @@ class Tree:
         self.keys: dict[tuple, int] = {}
         self._next_ino = ROOT + 1
         self._formats: dict[str, Format | None] = {}
-        root = Node(ROOT, DIR, "", ("d", ""), store.stat("", follow_last=True))
+        self._by_ext: dict[str, Format | None] = {}
+        self.pools: PoolTable | None = None  # set by the catalog when files pool
+        self._lock = threading.Lock()  # the listings: made and read on worker threads
+        self._listings: OrderedDict[str, list] = OrderedDict()  # dir -> [last used, probes, index by name]
+        root = Node(ROOT, DIR, "", ("d", ""), Stat(store.stat("", follow_last=True)))
         root.lookups = 1
         self.nodes[ROOT] = root
         self.keys[root.key] = ROOT
@@ -50,7 +74,7 @@ class Tree:
         ino = self.keys.get(key)
         return None if ino is None else self.nodes[ino]
 
-    def add(self, kind: str, relpath: str, key: tuple, st: os.stat_result) -> Node:
+    def add(self, kind: str, relpath: str, key: tuple, st: os.stat_result | Stat) -> Node:
         node = Node(self._next_ino, kind, relpath, key, st)
         self._next_ino += 1
         self.nodes[node.ino] = node
@@ -63,6 +87,13 @@ class Tree:
         self.nodes.pop(node.ino, None)
 
     def format(self, relpath: str) -> Format | None:
+        """The file's format.  Without rules it follows from the extension alone: one `Format`
+        per extension, shared by every file that has it."""
+        if not self.config.rules:
+            ext = os.path.splitext(relpath)[1].lower()
+            if ext not in self._by_ext:
+                self._by_ext[ext] = resolve_format(relpath, (), self.config.format_defaults)
+            return self._by_ext[ext]
         if relpath not in self._formats:
             if len(self._formats) > FORMAT_MEMO:
                 self._formats.clear()
@@ -76,46 +107,135 @@ class Tree:
 
     # ------------------------------------------------------------------ probes (blocking)
 
+    def _pool(self, relpath: str, fmt: Format | None, st: os.stat_result | Stat) -> object:
+        """The pool entry of a data file (None: no pool); files whose names are no shard names
+        skip the table unless globs are declared (they cannot be in a name-recognised set)."""
+        pools = self.pools
+        if pools is None or fmt is None or not stat.S_ISREG(st.st_mode):
+            return None if pools is not None else NO_POOL
+        if not pools.globs and shard_key(os.path.basename(relpath)) is None:
+            return None
+        return pools.find(relpath, SourceStamp.of(st))
+
+    def _describe(self, relpath: str, name: str, st: os.stat_result, at: float) -> Probe | None:
+        """A probe of an entry from its attributes alone (no read of the file), or None if hidden."""
+        if stat.S_ISDIR(st.st_mode):
+            return Probe(name, Stat(st), None, None, None, None, at)
+        if stat.S_ISLNK(st.st_mode):
+            target = self.store.link_target(relpath)
+            return Probe(name, Stat(st), None, None, target, None, at) if target is not None else None
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        fmt = self.format(relpath)
+        small = Stat(st)
+        last = None if fmt is None or st.st_size == 0 or not needs_last_byte(fmt) else UNREAD
+        return Probe(name, small, fmt, last, None, self._pool(relpath, fmt, small), at)
+
     def probe(self, relpath: str, name: str) -> Probe | None:
-        """Describe one entry, or None if it is hidden (outside links, devices, ...)."""
+        """Describe one entry as it is now (attributes, last byte), or None if it is hidden
+        (outside links, devices, ...)."""
         try:
             st = self.store.stat(relpath)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as e:
-            if e.errno in (errno.ELOOP, errno.EXDEV):  # a directory on the way became a link
+            if e.errno in (errno.ELOOP, errno.EXDEV):
                 log.warning("%s: a directory on its path is a symbolic link now; not followed", relpath)
                 return None
             raise
-        if stat.S_ISDIR(st.st_mode):
-            return Probe(name, st, None, None, None)
-        if stat.S_ISLNK(st.st_mode):
-            target = self.store.link_target(relpath)
-            return Probe(name, st, None, None, target) if target is not None else None
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        fmt = self.format(relpath)
-        last = None
-        if fmt is not None and st.st_size > 0:
+        p = self._describe(relpath, name, st, time.monotonic())
+        if p is not None and p.last_byte == UNREAD:
+            self.read_last_byte(relpath, p)
+        return p
+
+    def read_last_byte(self, relpath: str, p: Probe) -> None:
+        try:
+            f = self.store.open_file(relpath)
             try:
-                f = self.store.open_file(relpath)
-                try:
-                    b = f.read(st.st_size - 1, 1)
-                finally:
-                    f.close()
-                last = b[0] if b else None
-            except OSError:
-                last = None  # unreadable: open will report the error
-        return Probe(name, st, fmt, last, None)
+                b = f.read(p.st.st_size - 1, 1)
+            finally:
+                f.close()
+            p.last_byte = b[0] if b else None
+        except OSError:
+            p.last_byte = None  # unreadable: the open reports the error (and its plan the size)
 
     def list(self, relpath: str) -> list[Probe]:
-        """The visible entries of a directory, sorted by name."""
+        """The visible entries of a directory, sorted by name, from their attributes alone: one
+        pass over the directory, no file opened (a listing must not cost a read per file).  Kept
+        (`LISTINGS`) to answer the lookups a listing is followed by (``ls -l``) without a stat each."""
+        at = time.monotonic()
+        listed = getattr(self.store, "list_stat", None)
+        if listed is not None:
+            pairs = listed(relpath)
+        else:
+            pairs = []
+            for name in self.store.list(relpath):
+                try:
+                    pairs.append((name, self.store.stat(os.path.join(relpath, name) if relpath else name)))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
         out = []
-        for name in sorted(self.store.list(relpath)):
-            p = self.probe(os.path.join(relpath, name) if relpath else name, name)
+        for name, st in sorted(pairs, key=lambda p: p[0]):
+            p = self._describe(os.path.join(relpath, name) if relpath else name, name, st, at)
             if p is not None:
                 out.append(p)
+        with self._lock:
+            for d in [d for d, got in self._listings.items() if at - got[0] > LISTING_IDLE]:
+                del self._listings[d]
+            self._listings[relpath] = [at, out, {p.name: i for i, p in enumerate(out)}]
+            self._listings.move_to_end(relpath)
+            while len(self._listings) > LISTINGS:
+                self._listings.popitem(last=False)
         return out
+
+    def recent(self, relpath: str, name: str) -> Probe | None:
+        """``name``'s probe in the kept listing of ``relpath`` if its attributes are younger than
+        `LISTING_TTL` and it needs no read, else None (then `look`)."""
+        with self._lock:
+            got = self._listings.get(relpath)
+            if got is None:
+                return None
+            now = time.monotonic()
+            if now - got[0] > LISTING_IDLE:
+                del self._listings[relpath]
+                return None
+            got[0] = now
+            i = got[2].get(name)
+            p = None if i is None else got[1][i]
+        return p if p is not None and now - p.at <= LISTING_TTL and p.last_byte != UNREAD else None
+
+    def look(self, relpath: str, name: str) -> tuple[Probe | None, bool]:
+        """Blocking: ``(probe, fresh)`` of ``name`` in directory ``relpath`` as it is now.  A name
+        of a kept listing is described again together with the next `READ_AHEAD` entries (one
+        stat each, a read of the last byte where the size needs it), so that lookups in name
+        order (``ls -l``) take one worker call per batch; the others' ``fresh`` is False."""
+        with self._lock:
+            got = self._listings.get(relpath)
+            i = None if got is None else got[2].get(name)
+            batch = [] if i is None else got[1][i: i + READ_AHEAD]
+        child = os.path.join(relpath, name) if relpath else name
+        if not batch:
+            return self.probe(child, name), True
+        now = time.monotonic()
+        for j, p in enumerate(batch):
+            if j and now - p.at <= LISTING_TTL and p.last_byte != UNREAD:
+                continue
+            fresh = self.probe(os.path.join(relpath, p.name) if relpath else p.name, p.name)
+            if j == 0:
+                first = fresh
+                if fresh is None:  # gone (or its directory became a link): no batch
+                    break
+            if fresh is not None:
+                with self._lock:
+                    if self._listings.get(relpath) is got:
+                        got[1][i + j] = fresh
+        return first, True
+
+    def forget_listed(self, relpath: str) -> None:
+        """The kept listing of the directory of ``relpath`` is out of date (an open found the
+        file changed): the next lookups stat again."""
+        with self._lock:
+            self._listings.pop(os.path.dirname(relpath), None)
 
     # ------------------------------------------------------------------ the split directories
 

@@ -196,6 +196,23 @@ class LocalStore:
     def list(self, relpath: str) -> list[str]:
         return resolve.list_dir(self.path(relpath))
 
+    def list_stat(self, relpath: str) -> list[tuple[str, os.stat_result]]:
+        """The names in a directory with their attributes (not following links): the directory
+        is reached beneath the root once, then each name is one ``fstatat`` relative to it (a
+        name has no directory on its way that could have become a link)."""
+        fd = resolve.open_path(self.path(relpath), os.O_RDONLY | os.O_DIRECTORY)
+        out = []
+        try:
+            with os.scandir(fd) as it:
+                for e in it:
+                    try:
+                        out.append((e.name, e.stat(follow_symlinks=False)))
+                    except FileNotFoundError:  # removed since it was listed
+                        continue
+        finally:
+            os.close(fd)
+        return out
+
     def link_target(self, relpath: str) -> str | None:
         """Plain relative targets are kept; absolute ones and ones with ``..`` are rewritten
         relative to the link's directory so that they resolve inside the mount."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from typing import Iterator
 from pathlib import Path
 
@@ -106,3 +107,36 @@ def test_a_mount_never_serves_what_a_swapped_directory_points_to(mount, tmp_path
             assert b"secret" not in got.lower(), f"{rel} served the link's target"
     # the link itself is shown as a link leaving the source: hidden
     assert not os.path.exists(m.path("d/a.jsonl")) or b"secret" not in open(m.path("d/a.jsonl"), "rb").read().lower()
+
+
+def test_a_swapped_directory_reads_as_gone_with_a_log_line(mount, tmp_path):
+    """A directory that became a symbolic link is gone as far as the mount is concerned: every
+    path through it is ENOENT (never ELOOP, never the link's target), and the log names it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "a.jsonl").write_bytes(b'{"secret": 1}\n')
+    (outside / "plain.bin").write_bytes(b"SECRET")
+    m = mount({"d/a.jsonl": b"".join(b'{"ok": %d}\n' % i for i in range(100)), "d/plain.bin": b"fine",
+               "d/sub/b.jsonl": b'{"ok": 0}\n'})
+    assert sorted(os.listdir(m.path("d"))) == ["a.jsonl", "plain.bin", "sub"]
+    a = open(m.path("d/a.jsonl"), "rb")  # opened before: its file left the path, as if renamed
+    for rel in ("d/a.jsonl", "d/plain.bin", "d/sub/b.jsonl"):
+        os.stat(m.path(rel))  # the kernel now holds every inode on these paths
+    os.rename(m.src / "d", m.src / "d.old")
+    os.symlink(outside, m.src / "d")
+    for _ in range(3):  # while the kernel still holds the old entries, and after they expire
+        for rel in ("d/a.jsonl", "d/plain.bin", "d/sub/b.jsonl", "d/sub", "d"):
+            for op in (lambda p: open(p, "rb").read(), os.listdir, os.stat):
+                try:
+                    got = op(m.path(rel))
+                except OSError as e:
+                    assert e.errno in (errno.ENOENT, errno.ENOTDIR), (rel, op, e)
+                    continue
+                assert b"SECRET" not in (got if isinstance(got, bytes) else b"").upper(), rel
+        time.sleep(0.6)
+    with pytest.raises(OSError) as e:
+        a.read()
+    assert e.value.errno == errno.ESTALE
+    a.close()
+    assert "a directory on its path is a symbolic link now; not followed" in m.stderr()
+    assert str(m.src / "d") in m.stderr()

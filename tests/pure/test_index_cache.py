@@ -214,7 +214,7 @@ def test_tfrecord_lengths_are_framing_crcs_are_the_full_check(tmp_path):
 def test_framing_checks_can_be_switched_off_only_by_the_environment(monkeypatch):
     fmt = make_format("lines", {})
     assert gather_check(fmt, "index") is check_lines and gather_check(fmt, "frames") is check_lines
-    assert gather_check(make_format("csv", {}), "frames") is check_rows
+    assert gather_check(make_format("csv", {}), "frames") is gather_check(make_format("csv", {}), "index") is check_rows
     assert gather_check(make_format("tar", {}), "index") is check_samples
     assert gather_check(make_format("npy", {}), "frames") is None  # checked on load, arithmetic
     monkeypatch.setenv(FRAMING_ENV, "off")

@@ -1,0 +1,127 @@
+"""Level: mounted (real FUSE mounts, real readers).
+
+A directory of thousands of files lists every name once with the sizes its views have, resumes a
+listing where the reader left it (``seekdir``), and neither reads nor indexes a file that is only
+listed; a file changed or removed right after a listing opens as it is now."""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import errno
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+N_TEXT = 6000
+N_PLAIN = 600
+
+
+def _text(i: int) -> bytes:
+    end = b"" if i % 3 == 0 else b"\n"  # a third without the final newline: their views are 1 byte longer
+    return b'{"i": %d}\n{"j": %d}' % (i, i) + end
+
+
+def _files() -> dict[str, bytes | None]:
+    files: dict[str, bytes | None] = {f"d/t{i:05d}.jsonl": _text(i) for i in range(N_TEXT)}
+    files.update({f"d/p{i:05d}.bin": b"x" * (i % 37) for i in range(N_PLAIN)})
+    files.update({f"d/sub{i}": None for i in range(5)})
+    return files
+
+
+def _view_size(data: bytes) -> int:
+    return len(data) + (1 if data and not data.endswith(b"\n") else 0)
+
+
+def _cache_files(m) -> list[str]:
+    return [f for _, _, files in os.walk(m.cache) for f in files] if m.cache.exists() else []
+
+
+class _Dirent(ctypes.Structure):
+    _fields_ = [("d_ino", ctypes.c_uint64), ("d_off", ctypes.c_int64), ("d_reclen", ctypes.c_ushort),
+                ("d_type", ctypes.c_ubyte), ("d_name", ctypes.c_char * 256)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.opendir.restype = ctypes.c_void_p
+_libc.opendir.argtypes = [ctypes.c_char_p]
+_libc.readdir.restype = ctypes.POINTER(_Dirent)
+_libc.readdir.argtypes = [ctypes.c_void_p]
+_libc.telldir.restype = ctypes.c_long
+_libc.telldir.argtypes = [ctypes.c_void_p]
+_libc.seekdir.argtypes = [ctypes.c_void_p, ctypes.c_long]
+_libc.closedir.argtypes = [ctypes.c_void_p]
+
+
+def _read_names(dirp: int, n: int | None = None) -> list[str]:
+    out = []
+    while n is None or len(out) < n:
+        ent = _libc.readdir(dirp)
+        if not ent:
+            break
+        out.append(ent.contents.d_name.decode())
+    return out
+
+
+def test_a_large_directory_lists_every_name_once_with_view_sizes_and_indexes_nothing(mount):
+    files = _files()
+    m = mount(files)
+    d = m.path("d")
+    names = os.listdir(d)
+    counts = collections.Counter(names)
+    assert not [n for n, c in counts.items() if c > 1]
+    assert set(names) == {Path(rel).name for rel in files if rel.startswith("d/")}
+
+    for rel, data in files.items():  # what ls -l asks of every entry
+        st = os.lstat(m.path(rel))
+        if data is None:
+            assert stat.S_ISDIR(st.st_mode), rel
+        elif rel.endswith(".jsonl"):
+            assert stat.S_ISREG(st.st_mode) and st.st_size == _view_size(data), rel
+        else:
+            assert stat.S_ISREG(st.st_mode) and st.st_size == len(data), rel
+    assert _cache_files(m) == []  # nothing indexed
+    assert m.stats()["files_opened"] == 0
+
+    # a listing resumed where the reader left it (telldir/seekdir: readdir from an offset)
+    dirp = _libc.opendir(os.fsencode(d))
+    assert dirp
+    try:
+        head = _read_names(dirp, 2500)
+        pos = _libc.telldir(dirp)
+        rest = _read_names(dirp)
+        _libc.seekdir(dirp, pos)
+        again = _read_names(dirp)
+    finally:
+        _libc.closedir(dirp)
+    assert again == rest
+    assert collections.Counter(head + rest) == collections.Counter(names)
+
+    # a sanity check of the check above: an open does index
+    rel = "d/t00001.jsonl"
+    assert sorted(open(m.path(rel), "rb").read().splitlines()) == sorted(files[rel].splitlines())
+    assert _cache_files(m)
+
+
+def test_a_file_changed_or_removed_right_after_a_listing_opens_as_it_is_now(mount):
+    files = {f"d/t{i:05d}.jsonl": _text(i) for i in range(300)}
+    m = mount(files)
+    d = m.path("d")
+    for _ in range(3):  # the lookups after a listing are answered from it
+        assert len(os.listdir(d)) == 300
+        for name in os.listdir(d):
+            os.lstat(d / name)
+        changed, removed = m.src / "d" / "t00002.jsonl", m.src / "d" / "t00004.jsonl"
+        new = b"".join(b'{"new": %d}\n' % i for i in range(50))
+        changed.write_bytes(new)
+        removed.unlink()
+        with open(d / "t00002.jsonl", "rb") as f:
+            assert os.fstat(f.fileno()).st_size == len(new)
+            assert sorted(f.read().splitlines()) == sorted(new.splitlines())
+        with pytest.raises(OSError) as e:
+            open(d / "t00004.jsonl", "rb")
+        assert e.value.errno == errno.ENOENT
+        removed.write_bytes(_text(4))
+        changed.write_bytes(_text(2))
