@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,10 +112,70 @@ class MountConfig:
     verify: str = "frames"
     """``frames``: check every record's checksums (TFRecord) in every window as it is gathered;
     ``index``: only when the index is built."""
+    cache_warning: str | None = None
+    """Set by the daemon when ``cache_dir`` cannot be written (`cache_unwritable`): why, and where
+    new indexes go instead (shown by ``shufflefs stat``)."""
 
 
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/sbin",
+                "/snap", "/sys", "/usr")
+"""Never a cache or stage directory, nor anything beneath them: the system's own files."""
+SYSTEM_DIRS = ("/", "/home", "/media", "/mnt", "/opt", "/run", "/srv", "/var", "/var/cache", "/var/lib",
+               "/var/log", "/var/spool")
+"""Never a cache or stage directory themselves (a directory of one's own beneath them may be)."""
+
+
+def check_own_dir(path: str | os.PathLike, what: str, option: str) -> str | None:
+    """Why the daemon must not write its files (indexes, stages) in ``path``, or None.
+
+    Not a system directory: a daemon run as root would write ``/etc/ab/....npz``.  Not an
+    existing directory of another user: they could replace what it holds (with links, say) or
+    read what it writes; a directory that does not exist yet is made by the daemon, for itself.
+    Links are followed first (``~/cache -> /etc`` is /etc)."""
+    real = os.path.realpath(path)
+    tree = next((t for t in SYSTEM_TREES if _inside(real, t)), None)
+    if tree is not None or real in SYSTEM_DIRS:
+        return (f"{what} {path} is {'in ' if tree not in (None, real) else ''}the system directory "
+                f"{tree or real}: choose a directory of your own with {option}")
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"{what} {path}: {e.strerror}"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{what} {path} is not a directory"
+    if st.st_uid != os.geteuid():
+        return (f"{what} {path} belongs to {_user(st.st_uid)}, not to {_user(os.geteuid())} who runs the "
+                f"daemon: choose a directory of your own with {option}")
+    return None
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
+def cache_unwritable(cache_dir: str | os.PathLike) -> str | None:
+    """Why indexes cannot be written to ``cache_dir`` (made if missing), or None if they can."""
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+    except OSError as e:
+        return f"cannot create it: {e.strerror}"
+    if not os.access(cache_dir, os.W_OK | os.X_OK):
+        try:
+            return "read-only file system" if os.statvfs(cache_dir).f_flag & os.ST_RDONLY else "not writable"
+        except OSError as e:
+            return e.strerror
+    return None
 
 
 def check_paths(config: MountConfig) -> str | None:
@@ -177,4 +238,7 @@ def _check_mountpoint(config: MountConfig, src: Path | None) -> str | None:
         return f"cache directory {cache_dir} is inside the source {src}, which is never written (use --cache-dir)"
     if _inside(rcache, rmnt):
         return f"cache directory {cache_dir} is inside the mount point {mnt}"
-    return None
+    problem = check_own_dir(cache_dir, "cache directory", "--cache-dir")
+    if problem is None and config.stage_dir is not None:
+        problem = check_own_dir(config.stage_dir, "stage directory", "--stage-dir")
+    return problem

@@ -229,6 +229,7 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
         log.error("cannot start: %s", e)
         return EXIT_FAILED
     own_tmp = scratch.claim(fs.index_cache.dir)
+    fs.index_cache.dir, config.cache_warning = scratch.index_cache(fs.index_cache.dir, own_tmp)
     mnt = os.path.abspath(config.mountpoint)
     source = str(config.source) if scheme_of(str(config.source)) else os.path.abspath(config.source)
     options = {_fsname(source), "subtype=shufflefs", "default_permissions"}

@@ -24,6 +24,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from .config import cache_unwritable
+
 log = logging.getLogger("shufflefs")
 
 RUN_PREFIX = "shufflefs-"
@@ -88,6 +90,39 @@ def claim(cache_dir: Path) -> Path | None:
     tempfile.tempdir = str(own)
     os.environ["TMPDIR"] = str(own)
     return own
+
+
+def index_cache(cache_dir: Path, own: Path | None) -> tuple[Path, str | None]:
+    """Where this daemon writes indexes, and a warning (logged once) if not in ``cache_dir``.
+
+    A cache directory that cannot be written (a read-only file system, say) is still read: its
+    entries are linked into ``own/index-cache``, where new indexes are written, to go with the
+    rest of ``own`` at exit.  So a mount still starts, every index build does not log its own
+    failed write, and an index let go from memory is read back rather than scanned again."""
+    why = cache_unwritable(cache_dir)
+    if why is None:
+        return cache_dir, None
+    if own is None:
+        warning = f"cache directory {cache_dir} cannot be written ({why}): indexes are not kept on disk"
+        log.warning("%s", warning)
+        return cache_dir, warning
+    private = own / "index-cache"
+    linked = 0
+    try:
+        private.mkdir(exist_ok=True)
+        for sub in os.scandir(cache_dir):
+            if len(sub.name) == 2 and sub.is_dir(follow_symlinks=False):
+                (private / sub.name).mkdir(exist_ok=True)
+                for entry in os.scandir(sub.path):
+                    if entry.name.endswith(".npz"):
+                        os.symlink(entry.path, private / sub.name / entry.name)
+                        linked += 1
+    except OSError as e:
+        log.debug("linked %d entries of %s, then: %s", linked, cache_dir, e)
+    warning = (f"cache directory {cache_dir} cannot be written ({why}): its {linked} indexes are used, new "
+               f"ones are kept in {private} until this mount ends")
+    log.warning("%s", warning)
+    return private, warning
 
 
 def release(own: Path | None) -> None:

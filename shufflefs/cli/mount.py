@@ -12,6 +12,8 @@ from pathlib import Path
 
 from ..config import (
     MountConfig,
+    cache_unwritable,
+    check_own_dir,
     check_paths,
 )
 from ..index import default_cache_dir
@@ -36,13 +38,17 @@ def _check_writable_dir(path: Path, what: str, parser: argparse.ArgumentParser) 
 
 def _cache_dir(given: Path | None, source: Path, parser: argparse.ArgumentParser) -> Path:
     """The cache directory to use (given, or the user's default), checked to lie outside the
-    source tree (which is never written) and to be writable."""
+    source tree (which is never written), to be the user's own (`check_own_dir`) and writable
+    (``shufflefs index`` and ``inspect`` exist to write it)."""
     cache_dir = Path(given) if given is not None else default_cache_dir()
     real, src = os.path.realpath(cache_dir), os.path.realpath(source)
+    which = "cache directory" if given is not None else "default cache directory"
     if real == src or _inside(real, src):
-        which = "cache directory" if given is not None else "default cache directory"
         parser.error(f"{which} {str(cache_dir)!r} is inside the source {str(source)!r}, which is never "
                      "written; choose another with --cache-dir")
+    problem = check_own_dir(cache_dir, which, "--cache-dir")
+    if problem:
+        parser.error(problem)
     _check_writable_dir(cache_dir, "cache directory", parser)
     return cache_dir
 
@@ -107,10 +113,10 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     _check_strategy(spec, parser)
     cache_dir = Path(v["cache_dir"]) if v["cache_dir"] is not None else default_cache_dir()
     problem = check_paths(MountConfig(args.source if remote else Path(args.source), Path(args.mountpoint),
-                                      cache_dir=cache_dir))
+                                      cache_dir=cache_dir, stage_dir=v["stage_dir"]))
     if problem:
         parser.error(problem)
-    _check_writable_dir(cache_dir, "cache directory", parser)
+    unwritable = cache_unwritable(cache_dir)  # not an error: the daemon keeps new indexes itself
     if v["log_file"] is not None:
         log = v["log_file"]
         if _inside(str(log), str(mnt)) or (not remote and _inside(str(log), str(src))):
@@ -126,6 +132,9 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
         pool=not v["no_pool"], pool_globs=opts.pools, stage_dir=stage_dir, verify=v["verify"],
         store_options=store_options,
+        cache_warning=None if unwritable is None else (f"cache directory {cache_dir} cannot be written "
+                                                       f"({unwritable}): indexes built by this mount are "
+                                                       "kept only until it ends"),
     )
     if v["no_pool"] and opts.pools:
         parser.error("--pool declares a set but --no-pool turns pooling off")
@@ -138,6 +147,8 @@ def cmd_mount(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: l
     log_file = str(v["log_file"]) if v["log_file"] is not None else None
     if v["foreground"] or args.ready_fd is not None:
         return run_foreground(config, args.ready_fd, log_file, v["verbose"])
+    if config.cache_warning:  # the daemon logs it where its output goes, perhaps nowhere
+        print(f"{PROG} mount: warning: {config.cache_warning}", file=sys.stderr)
     return start_background(argv, config, v["verbose"])
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..config import EPOCH_XATTR, MAX_EPOCH, PID_XATTR, STATS_XATTR, XATTR_PREFIX, format_buffer
 from ..errors import ShuffleError
+from ..index import default_cache_dir
 from ..stats import fit as fit_stats
 from ..view import GATHER
 from .catalog import Catalog
@@ -149,7 +150,8 @@ def describe(cat: Catalog) -> dict[str, Any]:
         idle_views=len(views.idle),
         handles=cat.handles,
         inodes=len(cat.tree.nodes),
-        cache_dir=str(cat.planner.index_cache.dir),
+        cache_dir=str(config.cache_dir if config.cache_dir is not None else default_cache_dir()),
+        **({"cache_warning": config.cache_warning} if config.cache_warning else {}),
         memory={**cat.windows.describe(), **cat.planner.describe()},
         epoch_prefetches=cat.epoch_prefetches,
         gather=GATHER,
