@@ -113,8 +113,9 @@ class MountConfig:
     """``frames``: check every record's checksums (TFRecord) in every window as it is gathered;
     ``index``: only when the index is built."""
     cache_warning: str | None = None
-    """Set by the daemon when ``cache_dir`` cannot be written (`cache_unwritable`): why, and where
-    new indexes go instead (shown by ``shufflefs stat``)."""
+    """Why ``cache_dir`` cannot be written (`cache_unwritable`) and where new indexes go instead,
+    or None: set by the command line (a background mount prints it) and by the daemon (its log,
+    ``shufflefs stat``)."""
 
 
 def _inside(path: str, root: str) -> bool:
@@ -179,7 +180,7 @@ def cache_unwritable(cache_dir: str | os.PathLike) -> str | None:
 
 
 def check_paths(config: MountConfig) -> str | None:
-    """What is wrong with the source, mount point or cache directory, or None.
+    """What is wrong with the source, mount point, cache or stage directory, or None.
 
     Shared by the command line (a usage error before any process starts) and the daemon (so that
     `daemon.run` is safe to call directly).  A daemon must never reach into its own mount (it
