@@ -183,6 +183,10 @@ class Catalog:
         else:
             relpath = os.path.join(parent.relpath, name) if parent.relpath else name
             probe, trusted = self.tree.recent(parent.relpath, name), False
+            if probe is not None and self.windows.nursery is not None:
+                ahead = self.tree.ahead(parent.relpath, name)
+                if ahead is not None:
+                    self.windows.nursery.start_soon(self._refresh, parent.relpath, *ahead)
             if probe is None:
                 probe, trusted = await self.workers.run(self.tree.look, parent.relpath, name)
                 if probe is None:
@@ -194,6 +198,13 @@ class Catalog:
             node.trusted = trusted
         node.lookups += 1
         return node
+
+    async def _refresh(self, relpath: str, listing: list, i: int) -> None:
+        """Describe entries of a kept listing again ahead of the lookups (`Tree.ahead`)."""
+        try:
+            await self.workers.run(self.tree.refresh, relpath, listing, i)
+        except Exception as e:  # noqa: BLE001 -- a background task must never end the mount
+            log.debug("refreshing the listing of %s: %s", relpath, e)
 
     def forget(self, ino: int, n: int) -> None:
         node = self.tree.nodes.get(ino)

@@ -58,7 +58,8 @@ class Tree:
         self._by_ext: dict[str, Format | None] = {}
         self.pools: PoolTable | None = None  # set by the catalog when files pool
         self._lock = threading.Lock()  # the listings: made and read on worker threads
-        self._listings: OrderedDict[str, list] = OrderedDict()  # dir -> [last used, probes, index by name]
+        # dir -> [last used, probes, index by name, entries a background refresh reaches]
+        self._listings: OrderedDict[str, list] = OrderedDict()
         root = Node(ROOT, DIR, "", ("d", ""), Stat(store.stat("", follow_last=True)))
         root.lookups = 1
         self.nodes[ROOT] = root
@@ -182,7 +183,7 @@ class Tree:
         with self._lock:
             for d in [d for d, got in self._listings.items() if at - got[0] > LISTING_IDLE]:
                 del self._listings[d]
-            self._listings[relpath] = [at, out, {p.name: i for i, p in enumerate(out)}]
+            self._listings[relpath] = [at, out, {p.name: i for i, p in enumerate(out)}, 0]
             self._listings.move_to_end(relpath)
             while len(self._listings) > LISTINGS:
                 self._listings.popitem(last=False)
@@ -212,12 +213,16 @@ class Tree:
         with self._lock:
             got = self._listings.get(relpath)
             i = None if got is None else got[2].get(name)
-            batch = [] if i is None else got[1][i: i + READ_AHEAD]
-        child = os.path.join(relpath, name) if relpath else name
-        if not batch:
-            return self.probe(child, name), True
-        now = time.monotonic()
-        for j, p in enumerate(batch):
+        if i is None:
+            return self.probe(os.path.join(relpath, name) if relpath else name, name), True
+        return self.refresh(relpath, got, i), True
+
+    def refresh(self, relpath: str, got: list, i: int) -> Probe | None:
+        """Blocking: describe entry ``i`` of the kept listing ``got`` of ``relpath`` again, and
+        the next `READ_AHEAD` entries whose attributes are stale or whose last byte is unread;
+        entry ``i``'s new probe (None if it is gone: then no others)."""
+        now, first = time.monotonic(), None
+        for j, p in enumerate(got[1][i: i + READ_AHEAD]):
             if j and now - p.at <= LISTING_TTL and p.last_byte != UNREAD:
                 continue
             fresh = self.probe(os.path.join(relpath, p.name) if relpath else p.name, p.name)
@@ -226,10 +231,27 @@ class Tree:
                 if fresh is None:  # gone (or its directory became a link): no batch
                     break
             if fresh is not None:
-                with self._lock:
-                    if self._listings.get(relpath) is got:
-                        got[1][i + j] = fresh
-        return first, True
+                got[1][i + j] = fresh  # one list item: atomic for the trio thread reading it
+        return first
+
+    def ahead(self, relpath: str, name: str) -> tuple[list, int] | None:
+        """``(listing, index)`` where a refresh should start in the background after a lookup of
+        ``name`` answered from the kept listing of ``relpath``: half a batch ahead, if that entry
+        is stale or unread and no refresh reaches it yet.  Lookups in name order then rarely
+        wait for a batch."""
+        with self._lock:
+            got = self._listings.get(relpath)
+            i = None if got is None else got[2].get(name)
+            if i is None:
+                return None
+            j = i + READ_AHEAD // 2
+            if j >= len(got[1]) or got[3] > j:
+                return None
+            p = got[1][j]
+            if time.monotonic() - p.at <= LISTING_TTL and p.last_byte != UNREAD:
+                return None
+            got[3] = j + READ_AHEAD
+            return got, j
 
     def forget_listed(self, relpath: str) -> None:
         """The kept listing of the directory of ``relpath`` is out of date (an open found the
