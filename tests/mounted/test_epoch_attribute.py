@@ -22,6 +22,7 @@ BAD = [b" 1", b"1 ", b"\t1", b"1\n\n", b"\n1", b"1\r\n", b"+1", b"-1", b"01", b"
 
 
 def test_epoch_values_are_exact_decimals_with_at_most_one_trailing_newline(mount):
+    """Holds: SEMANTICS.md#epochs-values, SEMANTICS.md#errors-einval"""
     m = mount({"a.jsonl": LINES, "d/b.jsonl": LINES})
     for where in ("", "d", "a.jsonl"):
         for value, epoch in GOOD:
