@@ -10,7 +10,10 @@ which needs no answer from the daemon.
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import hashlib
+import json
 import os
 import re
 import subprocess
@@ -56,25 +59,6 @@ def get_xattr(path: str, name: str, timeout: float = CONTROL_TIMEOUT) -> bytes:
     return with_deadline(os.getxattr, path, name, timeout=timeout, what=f"getxattr {name}")
 
 
-def get_xattr_apart(path: str, name: str, timeout: float = CONTROL_TIMEOUT) -> bytes:
-    """`get_xattr` in a child process, killed (and reaped) if it gets no answer in time.
-
-    For a caller that goes on to unmount: a thread of its own left waiting in the mount would
-    keep it busy, while a killed process lets go of it."""
-    code = "import os, sys; sys.stdout.buffer.write(os.getxattr(sys.argv[1], sys.argv[2]))"
-    try:
-        r = subprocess.run([sys.executable, "-I", "-c", code, path, name], capture_output=True,
-                           timeout=timeout, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        raise NoAnswer(f"getxattr {name}", timeout) from None
-    if r.returncode != 0:
-        m = re.search(rb"\[Errno (\d+)\] ([^:\n]*)", r.stderr)
-        if m:
-            raise OSError(int(m.group(1)), m.group(2).decode(errors="replace"))
-        raise OSError(errno.EIO, r.stderr.decode(errors="replace").strip() or "getxattr failed")
-    return r.stdout
-
-
 def set_xattr(path: str, name: str, value: bytes, timeout: float = CONTROL_TIMEOUT) -> None:
     with_deadline(os.setxattr, path, name, value, timeout=timeout, what=f"setxattr {name}")
 
@@ -101,6 +85,150 @@ def mount_type(mountpoint: str) -> str | None:
 def is_shufflefs(mountpoint: str) -> bool:
     t = mount_type(mountpoint)
     return t is not None and t.startswith("fuse.shufflefs")
+
+
+# --------------------------------------------------------------------------- outside the mount
+#
+# A daemon whose requests hang (a hung source, SIGSTOP) makes every call through its mount wait,
+# the getxattr that asked for its pid included.  So the daemon also leaves a pid file in a run
+# directory, and the kernel's FUSE control files (fusectl) can end its connection: nothing below
+# ever touches a path inside the mount.
+
+FUSECTL = "/sys/fs/fuse/connections"
+
+
+def run_dir() -> str:
+    """Where daemons leave their pid files: ``/run/shufflefs`` for root, else
+    ``$XDG_RUNTIME_DIR/shufflefs`` (or a private directory in the temporary directory)."""
+    if os.geteuid() == 0:
+        return "/run/shufflefs"
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    if base and os.path.isdir(base):
+        return os.path.join(base, "shufflefs")
+    return os.path.join("/tmp", f"shufflefs-{os.geteuid()}")
+
+
+def pid_file(mountpoint: str) -> str:
+    """The pid file of the daemon serving ``mountpoint`` (absolute): one per mount point."""
+    key = hashlib.sha256(os.fsencode(mountpoint)).hexdigest()[:24]
+    return os.path.join(run_dir(), f"{key}.pid")
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def write_pid_file(mountpoint: str, source: str) -> str | None:
+    """Record this process as the daemon of ``mountpoint``; the path written, or None (logged by
+    the caller) if the run directory cannot be written."""
+    path = pid_file(mountpoint)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    body = json.dumps({"pid": os.getpid(), "start": _start_time(os.getpid()), "mountpoint": mountpoint,
+                       "source": source})
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(body)
+    os.replace(tmp, path)
+    return path
+
+
+def remove_pid_file(path: str | None) -> None:
+    """Remove ``path`` if it still names this process (a later daemon of the same mount point
+    may have replaced it)."""
+    if path is None:
+        return
+    try:
+        with open(path) as f:
+            if json.load(f).get("pid") != os.getpid():
+                return
+        os.unlink(path)
+    except (OSError, ValueError):
+        pass
+
+
+def daemon_pid(mountpoint: str) -> int | None:
+    """The pid of the live daemon serving ``mountpoint`` according to its pid file, or None
+    (no file, or its process is gone: a pid reused since is told apart by its start time)."""
+    try:
+        with open(pid_file(mountpoint)) as f:
+            info = json.load(f)
+        pid = int(info["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if info.get("mountpoint") != mountpoint:
+        return None
+    start = _start_time(pid)
+    if start is None or (info.get("start") is not None and start != info["start"]):
+        return None
+    return pid
+
+
+def connection(mountpoint: str) -> int | None:
+    """The FUSE connection number of the mount at ``mountpoint`` (its device's minor number,
+    from /proc/self/mountinfo: no stat of the mount point).  The last mount there wins."""
+    found = None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                p = line.split()
+                if len(p) > 4 and _unescape(p[4]) == mountpoint:
+                    found = int(p[2].split(":")[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return found
+
+
+def _fusectl() -> str | None:
+    """The FUSE control directory, mounted if it is not (root only); None if unavailable."""
+    if os.path.isdir(os.path.join(FUSECTL, ".")) and os.listdir(FUSECTL):
+        return FUSECTL
+    try:
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", FUSECTL], capture_output=True, timeout=5,
+                       stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return FUSECTL if os.path.isdir(FUSECTL) else None
+
+
+def waiting(mountpoint: str) -> int | None:
+    """Requests the mount's daemon has not answered yet (fusectl's ``waiting``), or None."""
+    conn, ctl = connection(mountpoint), _fusectl()
+    if conn is None or ctl is None:
+        return None
+    try:
+        with open(os.path.join(ctl, str(conn), "waiting")) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def abort(mountpoint: str) -> bool:
+    """End the mount's FUSE connection: every request waiting on the daemon fails at once
+    (``ENOTCONN``), so readers stuck in it return and the mount can be detached."""
+    conn, ctl = connection(mountpoint), _fusectl()
+    if conn is None or ctl is None:
+        return False
+    try:
+        with open(os.path.join(ctl, str(conn), "abort"), "w") as f:
+            f.write("1")
+        return True
+    except OSError:
+        return False
+
+
+def detach(mountpoint: str) -> bool:
+    """Lazily unmount ``mountpoint`` (``umount2(MNT_DETACH)`` as root; else ``fusermount3 -uz``)."""
+    if os.geteuid() == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.umount2(os.fsencode(mountpoint), 2) == 0:  # MNT_DETACH
+            return True
+    r = unmount(mountpoint, lazy=True, timeout=CONTROL_TIMEOUT)
+    return r is not None and r.returncode == 0
 
 
 def unmount(mountpoint: str, lazy: bool, timeout: float = UNMOUNT_TIMEOUT) -> subprocess.CompletedProcess | None:

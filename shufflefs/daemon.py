@@ -238,6 +238,7 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
         previous = signal.signal(signal.SIGTERM, _terminate_early)
     code = EXIT_OK
     mounted = False
+    pid_path: str | None = None
     try:
         try:
             pyfuse3.init(fs, mnt, options)
@@ -247,6 +248,11 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
                 print(f"shufflefs: cannot mount {config.source} at {mnt}: {e}", file=sys.stderr)
             return EXIT_FAILED
         mounted = True
+        try:
+            pid_path = control.write_pid_file(mnt, source)
+        except OSError as e:
+            log.warning("cannot write the pid file in %s (%s): 'shufflefs umount' will find this daemon "
+                        "only if it answers", control.run_dir(), e)
         log.info(
             "mounted %s at %s (strategy %s, seed %d, epoch %d, pid %d)",
             config.source, mnt, config.spec.strategy, config.spec.seed, config.epoch, os.getpid(),
@@ -268,5 +274,6 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
                 log.warning("%s still mounted after unmount; detaching it lazily", mnt)
                 subprocess.run(["fusermount3", "-u", "-z", mnt], check=False, capture_output=True)
             log.info("unmounted %s", mnt)
+        control.remove_pid_file(pid_path)
         scratch.release(own_tmp)
     return code

@@ -30,6 +30,7 @@ from .config import MountConfig
 from .serve import xattrs
 from .serve.catalog import Catalog
 from .serve.nodes import LINK, ROOT, VIEW, Handle, Node, Probe, Reply, Stat, view_mtime_ns
+from .serve.workers import Timeout
 
 log = logging.getLogger("shufflefs")
 
@@ -42,7 +43,8 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC
 
 
 def _guard(fn: Callable) -> Callable:
-    """`Reply` becomes its errno; unexpected exceptions become EIO, logged and counted."""
+    """`Reply` becomes its errno, a call past its deadline ETIMEDOUT; unexpected exceptions
+    become EIO, logged and counted."""
 
     @functools.wraps(fn)
     async def wrapper(self: "ShuffleFS", *args: Any) -> Any:
@@ -52,6 +54,9 @@ def _guard(fn: Callable) -> Callable:
             raise FUSEError(e.errno) from None
         except (FUSEError, trio.Cancelled):
             raise
+        except Timeout as e:  # a call on a hung source: logged when its deadline passed
+            self.catalog.stats.error(f"{fn.__name__}: {e}")
+            raise FUSEError(errno.ETIMEDOUT) from None
         except Exception as e:  # noqa: BLE001 -- logged and counted, never swallowed silently
             log.exception("%s failed", fn.__name__)
             self.catalog.stats.error(f"{fn.__name__}: internal error: {e!r}")

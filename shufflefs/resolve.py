@@ -126,9 +126,7 @@ def _walk(dirfd: int, rel: str, flags: int) -> int:
         os.close(fd)
 
 
-def open_path(path: str | os.PathLike, flags: int = os.O_RDONLY) -> int:
-    """``os.open(path, flags)``, resolved beneath its confined root if it has one."""
-    path = os.fspath(path)
+def _open_any(path: str, flags: int) -> int:
     where = _split(path)
     if where is None:
         return os.open(path, flags | os.O_CLOEXEC)
@@ -136,6 +134,57 @@ def open_path(path: str | os.PathLike, flags: int = os.O_RDONLY) -> int:
     if _have_openat2 is False:
         return _walk(dirfd, rel, flags)
     return _openat2(dirfd, rel, flags)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a link")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def special_file_error(path: str, mode: int) -> OSError:
+    """A name that should hold a regular file holds a FIFO, socket or device (``ENXIO``): it is
+    never opened for reading, since opening a FIFO blocks until a writer comes and opening a
+    device may act on it.  (A plain OSError: it crosses from indexing processes by pickle.)"""
+    return OSError(errno.ENXIO, f"{_kind(mode)}, not a regular file: never opened", path)
+
+
+def open_path(path: str | os.PathLike, flags: int = os.O_RDONLY) -> int:
+    """``os.open(path, flags)``, resolved beneath its confined root if it has one.
+
+    Anything but an ``O_PATH`` open is only ever made of a regular file (or of a directory, with
+    ``O_DIRECTORY``): the name is first opened with ``O_PATH``, which opens nothing (no FIFO
+    waits for a writer, no device driver runs), its type is checked on that descriptor, and the
+    same inode is then reopened for reading through ``/proc/self/fd`` with ``O_NONBLOCK``, so a
+    name swapped for a FIFO between a stat and the open can never block the caller.
+    `special_file_error` (``ENXIO``) otherwise."""
+    path = os.fspath(path)
+    if flags & O_PATH:
+        return _open_any(path, flags)
+    pinned = _open_any(path, O_PATH | (flags & os.O_DIRECTORY))
+    try:
+        mode = os.fstat(pinned).st_mode
+        if stat.S_ISLNK(mode):  # O_PATH | O_NOFOLLOW (the careful walk) opens a link itself
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), path)
+        if not (stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and flags & os.O_DIRECTORY)):
+            raise special_file_error(path, mode)
+        try:
+            fd = os.open(f"/proc/self/fd/{pinned}", flags | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:  # no /proc: open the name again, without blocking, and check it
+            fd = _open_any(path, flags | os.O_NONBLOCK)
+    finally:
+        os.close(pinned)
+    try:
+        st = os.fstat(fd)
+        if not (stat.S_ISREG(st.st_mode) or (stat.S_ISDIR(st.st_mode) and flags & os.O_DIRECTORY)):
+            raise special_file_error(path, st.st_mode)
+        os.set_blocking(fd, not flags & os.O_NONBLOCK)  # O_NONBLOCK was for the open only
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def stat_path(path: str | os.PathLike, follow_last: bool = True) -> os.stat_result:

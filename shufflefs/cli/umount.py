@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
 from .. import control
-from ..config import (
-    PID_XATTR,
-)
 from .common import EXIT_OK, PROG, CliError
 
 
@@ -32,7 +30,56 @@ def _alive(pid: int) -> bool:
         return True
 
 
+HUNG_AFTER = control.CONTROL_TIMEOUT
+"""Seconds a busy mount's daemon may leave requests unanswered before `shufflefs umount` treats
+it as hung: then it ends the FUSE connection, detaches the mount and ends the daemon."""
+
+
+def _hung(mnt: str, within: float) -> bool:
+    """Whether the daemon leaves requests unanswered for ``within`` seconds (sampled: a request
+    answered meanwhile shows as the count dropping to zero at some sample)."""
+    end = time.monotonic() + within
+    while True:
+        n = control.waiting(mnt)
+        if not n:
+            return False
+        if time.monotonic() >= end:
+            return True
+        time.sleep(0.1)
+
+
+def _end(pid: int, grace: float) -> bool:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; whether the process is gone."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return True
+        end = time.monotonic() + wait
+        while _alive(pid):
+            if time.monotonic() >= end:
+                break
+            time.sleep(0.05)
+        else:
+            return True
+    return not _alive(pid)
+
+
+def _force(mnt: str, pid: int | None) -> None:
+    """The daemon does not answer: end its connection (stuck callers return ENOTCONN), detach
+    the mount, end the daemon."""
+    print(f"{PROG} umount: {mnt}: the daemon{f' (pid {pid})' if pid else ''} leaves requests unanswered; "
+          "ending its connection and detaching the mount", file=sys.stderr)
+    control.abort(mnt)
+    if control.is_shufflefs(mnt) and not control.detach(mnt) and control.is_shufflefs(mnt):
+        raise CliError(f"cannot detach {mnt}")
+    if pid is not None and not _end(pid, 1.0):
+        raise CliError(f"{mnt} is detached but its daemon (pid {pid}) does not exit (stuck in the kernel?)")
+
+
 def cmd_umount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Nothing here passes through the mount: the daemon is found by its pid file, a hung one by
+    the kernel's count of its unanswered requests (fusectl)."""
     mnt = os.path.abspath(args.mountpoint)
     if control.mount_type(mnt) is None:  # from /proc/mounts: no stat a hung daemon would answer
         if not os.path.lexists(mnt):
@@ -40,22 +87,23 @@ def cmd_umount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         raise CliError(f"{mnt}: not mounted")
     if not control.is_shufflefs(mnt):
         raise CliError(f"{mnt}: not a shufflefs mount")
-    pid: int | None = None
-    try:
-        pid = int(control.get_xattr_apart(mnt, PID_XATTR).decode().strip())
-    except (OSError, ValueError) as e:
-        # the daemon is stopped, hung, gone, or its source was removed: unmount all the same
-        print(f"{PROG} umount: {mnt}: the daemon did not tell its pid ({e}); unmounting anyway", file=sys.stderr)
+    pid = control.daemon_pid(mnt)
+    if pid is None:
+        print(f"{PROG} umount: {mnt}: no live daemon is recorded for it (in {control.run_dir()}); "
+              "unmounting anyway", file=sys.stderr)
 
-    result = control.unmount(mnt, args.lazy)
+    result = control.unmount(mnt, args.lazy, timeout=control.CONTROL_TIMEOUT)
     if result is None:
         raise CliError("neither fusermount3 nor umount was found")
     if result.returncode != 0 and control.is_shufflefs(mnt):
         detail = (result.stderr or result.stdout).strip() or f"{result.args[0]} exit status {result.returncode}"
+        if result.returncode == 124 or _hung(mnt, HUNG_AFTER):
+            _force(mnt, pid)
+            return EXIT_OK
         hint = ""
-        if "busy" in detail.lower() or result.returncode == 124:
-            hint = ("\n  a process has a file open or its working directory under the mount, or the daemon "
-                    f"does not answer; close it, or detach now with '{PROG} umount --lazy {args.mountpoint}'")
+        if "busy" in detail.lower():
+            hint = ("\n  a process has a file open or its working directory under the mount; close it, "
+                    f"or detach now with '{PROG} umount --lazy {args.mountpoint}'")
         raise CliError(f"cannot unmount {mnt}: {detail}{hint}")
 
     if pid is not None and args.lazy:
@@ -67,6 +115,11 @@ def cmd_umount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         deadline = time.monotonic() + args.timeout
         while _alive(pid):
             if time.monotonic() >= deadline:
-                raise CliError(f"{mnt} is unmounted but its daemon (pid {pid}) has not exited after {args.timeout:g} s")
+                if not _end(pid, 1.0):
+                    raise CliError(f"{mnt} is unmounted but its daemon (pid {pid}) did not exit after "
+                                   f"{args.timeout:g} s, nor when it was killed")
+                print(f"{PROG} umount: {mnt} is unmounted; its daemon (pid {pid}) did not exit within "
+                      f"{args.timeout:g} s and was ended", file=sys.stderr)
+                break
             time.sleep(0.05)
     return EXIT_OK

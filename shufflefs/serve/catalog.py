@@ -33,7 +33,7 @@ from .planner import Planner
 from .reads import Reads
 from .tree import Tree
 from .views import Views
-from .workers import Workers
+from .workers import META_DEADLINE, Timeout, Workers
 
 log = logging.getLogger("shufflefs")
 
@@ -55,7 +55,7 @@ class Catalog:
         self.mountpoint = os.path.abspath(os.fspath(config.mountpoint))
         self.stats = Stats()
         self.epochs = Epochs(int(config.epoch))
-        self.workers = Workers()
+        self.workers = Workers(max(META_DEADLINE, getattr(self.store, "call_deadline", 0.0)))
         self.tasks = SharedTasks()
         self.windows = WindowCache(trio.CapacityLimiter(max(2, min(4, os.cpu_count() or 2))))
         self.tree = Tree(self.store, config)
@@ -220,6 +220,10 @@ class Catalog:
         """A non-view node's attributes as the source has them now."""
         try:
             st = Stat(await self.workers.run(self.store.stat, node.relpath, node.ino == ROOT))
+        except Timeout:
+            if node.ino == ROOT and node.st is not None:  # the mount's own attributes and xattrs
+                return node.st  # stay reachable while the source hangs (the timeout is logged)
+            raise
         except (FileNotFoundError, NotADirectoryError):
             raise Reply(errno.ENOENT) from None
         except OSError as e:
@@ -296,7 +300,10 @@ class Catalog:
             try:
                 f = await self.workers.run(self.store.open_file, node.relpath)
             except OSError as e:
-                raise self.gone(node.relpath, e) from None
+                if e.errno in (errno.ENOENT, errno.ELOOP, errno.EXDEV):
+                    raise self.gone(node.relpath, e) from None
+                # a FIFO, socket or device under the name (ENXIO), a timeout: logged and counted
+                raise self.fail("open", node.relpath, node.epoch, None, e) from None
             self.handles += 1
             return Handle(node, f)
         if not node.trusted:

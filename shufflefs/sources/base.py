@@ -16,15 +16,41 @@ from __future__ import annotations
 
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple, Protocol
 
 import numpy as np
+import trio
 
 from ..formats.base import Format
 from ..index import RecordIndex, SourceStamp
 
 
 _requests = threading.local()
+_closer = ThreadPoolExecutor(4, thread_name_prefix="shufflefs-close")
+
+
+def close_fd(fd: int) -> None:
+    """Close a source descriptor; from the event loop's thread, on a closing thread instead.
+
+    Closing a file can wait on its filesystem (FUSE sends a flush, a network filesystem may
+    write back), and a hung source would then stop the loop that answers every request: the
+    loop only ever hands the descriptor over."""
+    try:
+        in_loop = trio.lowlevel.in_trio_run()
+    except RuntimeError:  # pragma: no cover - a worker thread of a run
+        in_loop = False
+    if in_loop:
+        _closer.submit(_close_quietly, fd)
+    else:
+        os.close(fd)
+
+
+def _close_quietly(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
 
 
 class Fetched(NamedTuple):

@@ -15,7 +15,7 @@ from .. import resolve
 from ..errors import StaleSourceError
 from ..formats.base import Format
 from ..index import RecordIndex, SourceStamp
-from .base import Members, Runs
+from .base import Members, Runs, close_fd
 
 try:
     from .._gather import Mapping as _Mapping  # compiled at install time; optional
@@ -146,7 +146,7 @@ class SourceFile:
         with self._map_lock:
             self._map = None  # unmapped when the last user (a window load's buffer) lets go
         if self.fd >= 0:
-            os.close(self.fd)
+            close_fd(self.fd)  # never waits on a hung source in the event loop
             self.fd = -1
 
 
@@ -174,7 +174,7 @@ class LocalFile:
 
     def close(self) -> None:
         if self.fd >= 0:
-            os.close(self.fd)
+            close_fd(self.fd)  # never waits on a hung source in the event loop
             self.fd = -1
 
 

@@ -66,6 +66,9 @@ class S3Store:
         self.root = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
         self.prefix = prefix
         self.client = ObjectClient(bucket, ClientOptions(endpoint_url, region, in_flight, timeout_s, retries))
+        self.call_deadline = timeout_s * (retries + 1) + 10.0
+        """Seconds a listing or stat may take before its request gets ETIMEDOUT: every retry's
+        timeout, and the backoff between them (`serve.workers.Workers`)."""
         self._lock = threading.Lock()
         self._listings: dict[str, tuple[float, list[str], dict[str, ObjectInfo]]] = {}
         self._started = time.time_ns()
