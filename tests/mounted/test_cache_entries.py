@@ -150,6 +150,7 @@ def first_mount(mount):
 
 @pytest.mark.parametrize("shift", ["inner", "all", "blocks"])
 def test_forged_entries_serve_the_records_or_eio_then_the_records(mount, shift):
+    """Holds: SEMANTICS.md#changes-cache, SEMANTICS.md#errors-eio"""
     m = first_mount(mount)
     assert rewrite_entries(m.cache, shift, consistent=True) >= (1 if shift == "blocks" else ENTRIES)
     again = mount(None, *ARGS, "--cache-dir", str(m.cache), src=m.src, name="again")
@@ -178,6 +179,7 @@ def test_forged_entries_serve_the_records_or_eio_then_the_records(mount, shift):
 
 
 def test_entries_with_a_wrong_checksum_are_rebuilt_silently(mount):
+    """Holds: SEMANTICS.md#changes-cache"""
     m = first_mount(mount)
     assert rewrite_entries(m.cache, "inner", consistent=False) == ENTRIES
     again = mount(None, *ARGS, "--cache-dir", str(m.cache), src=m.src, name="again")

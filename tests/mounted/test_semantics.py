@@ -548,3 +548,34 @@ def test_a_killed_daemon_leaves_enotconn_until_umount(mount):
     assert not is_mounted(m.mnt)
     m.start()  # the same cache directory
     assert read(m.path("a.jsonl")) == first
+
+
+def test_stat_and_epoch_give_up_on_a_stopped_daemon(mount):
+    """Holds: SEMANTICS.md#deadlines-cli"""
+    m = mount({"a.jsonl": LINES}, *ARGS)
+    os.kill(m.pid, signal.SIGSTOP)
+    try:
+        for args in (("stat", m.mnt), ("epoch", m.mnt), ("epoch", m.mnt, "3")):
+            r = shufflefs(*args, timeout=60)
+            assert r.returncode != 0 and "no answer" in r.stderr, (args, r.stderr)
+    finally:
+        os.kill(m.pid, signal.SIGCONT)
+    assert m.xattr("epoch") == "0"  # the refused change was never made
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_closed_views_stay_idle_up_to_four(mount):
+    """Holds: SEMANTICS.md#memory-idle, SEMANTICS.md#memory-windows"""
+    names = [f"f{i}.jsonl" for i in range(6)]
+    m = mount({n: LINES[: 20000 + 1000 * i] for i, n in enumerate(names)}, *ARGS)
+    for i, name in enumerate(names):
+        assert sorted(read(m.path(name)).splitlines()) == sorted(LINES[: 20000 + 1000 * i].splitlines())
+        stats = m.stats()
+        assert stats["views"] == 0 and stats["idle_views"] == min(i + 1, 4), stats
+        memory = stats["memory"]
+        assert memory["window_bytes"] + memory["pooled_bytes"] <= memory["limit_bytes"]
+    loads = m.stats()["memory"]["loads"]
+    assert read(m.path(names[-1]))  # still idle with its windows: read without a load
+    assert m.stats()["memory"]["loads"] == loads

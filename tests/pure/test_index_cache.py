@@ -63,6 +63,7 @@ def _resum(bounds, meta):
     pytest.param(lambda b, m: (b, ["not", "a", "dict"]), id="meta not an object"),
 ])
 def test_an_entry_that_is_not_whole_or_not_of_this_version_is_missing(tmp_path, change):
+    """Holds: SEMANTICS.md#changes-cache"""
     cache = IndexCache(tmp_path)
     cache.store("k" * 32, RecordIndex(100, np.array([0, 10, 40, 99], np.int64), True, STAMP))
     _rewrite(cache, "k" * 32, change)
@@ -161,6 +162,7 @@ def test_check_index_refuses_bounds_that_cannot_be_the_file(tmp_path, name, how)
     ("a.jsonl", "inner"), ("b.txt", "inner"), ("c.csv", "inner"), ("f.tfrecord", "inner"), ("g.tar", "blocks"),
 ])
 def test_windows_over_shifted_bounds_fail_their_framing_check(tmp_path, name, how):
+    """Holds: SEMANTICS.md#changes-cache"""
     path, fmt, index = _scan(tmp_path, name)
     bad = _shifted(index, how)
     check = gather_check(fmt, "index")
