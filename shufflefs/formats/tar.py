@@ -302,6 +302,28 @@ CHECK_ROWS = 8192
 """Sample headers checked at once (4 MiB of copied blocks)."""
 
 
+_LANES = np.uint64(0x00FF00FF00FF00FF)
+
+
+def _valid_headers(rows: np.ndarray) -> np.ndarray:
+    """Which 512-byte ``rows`` (contiguous) are ustar headers whose checksum holds, like
+    `_candidates` but summing each row as 64 words, two bytes per 16-bit lane (about 3x faster;
+    rows that fail go through `_candidates`, which also accepts old signed-byte sums)."""
+    words = rows.view(np.uint64)
+    lanes = ((words & _LANES) + ((words >> np.uint64(8)) & _LANES)).sum(axis=1, dtype=np.uint64)
+    mask = np.uint64(0xFFFF)
+    total = sum(((lanes >> np.uint64(k)) & mask).astype(np.int64) for k in (0, 16, 32, 48))
+    field = rows[:, 148:156]
+    stored, ok = _octal(field)
+    ok &= total - field.sum(axis=1, dtype=np.int64) + 8 * 0x20 == stored
+    ok &= (rows[:, 257:262] == np.frombuffer(b"ustar", np.uint8)).all(axis=1)
+    retry = np.flatnonzero(~ok)
+    if len(retry):
+        good, _ = _candidates(rows[retry])
+        ok[retry[good]] = True
+    return ok
+
+
 def check_samples(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path: str) -> None:
     """Every sample of a gathered window starts with a ustar header whose checksum holds: its
     first block read (a sample is at least two blocks, so at most half the window's bytes)."""
@@ -316,10 +338,7 @@ def check_samples(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path:
     blocks = window[: int(ends[-1])].reshape(-1, BLOCK)  # records of whole blocks: starts on the grid
     first = (ends - lengths) // BLOCK
     for lo in range(0, len(ids), CHECK_ROWS):
-        good, _ = _candidates(blocks[first[lo: lo + CHECK_ROWS]])
-        part = np.ones(len(first[lo: lo + CHECK_ROWS]), bool)
-        part[good] = False
-        bad[lo: lo + CHECK_ROWS] = part
+        bad[lo: lo + CHECK_ROWS] = ~_valid_headers(blocks[first[lo: lo + CHECK_ROWS]])
     if bad.any():
         raise framing_error(path, index, ids, bad, "no tar header where the sample starts")
 

@@ -234,3 +234,21 @@ def test_a_consistent_entry_that_does_not_fit_the_file_is_dropped_and_rebuilt(tm
     again = load_or_build_index(path, fmt, cache)
     assert again.bounds.tolist() == first.bounds.tolist()
     assert cache.load(key, stamp).bounds.tolist() == first.bounds.tolist()  # written again
+
+
+def test_the_fast_tar_header_check_agrees_with_the_scans():
+    from shufflefs.formats.tar import _candidates, _valid_headers
+
+    blocks = np.frombuffer(_tar(), np.uint8).reshape(-1, 512)
+    rows = np.ascontiguousarray(np.concatenate([blocks, blocks[::2]]))
+    rows[1::5, 7] ^= 0x40  # some headers and data blocks damaged
+    signed = rows[0].copy()  # an old writer's checksum over signed bytes (a name byte >= 0x80)
+    signed[5] = 0xE9
+    s = int(signed.view(np.int8).sum()) - int(signed[148:156].view(np.int8).sum()) + 8 * 0x20
+    signed[148:156] = np.frombuffer(b"%06o\0 " % s, np.uint8)
+    rows = np.vstack([rows, signed])
+    good, _ = _candidates(rows)
+    want = np.zeros(len(rows), bool)
+    want[good] = True
+    assert want[-1] and want.sum() > 10 and (~want).sum() > 10
+    assert (_valid_headers(rows) == want).all()
