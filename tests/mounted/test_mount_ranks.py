@@ -272,6 +272,7 @@ def test_npy_rank_shares_and_parts_load_with_numpy_plain_and_mapped(mount, even)
 
 @pytest.mark.parametrize("strategy", ["corgipile", "block", "none", "lirs-page", "full", "pls"])
 def test_four_ranks_get_equal_shares_of_pooled_shards_and_of_a_single_file(mount, strategy):
+    """Holds: SEMANTICS.md#ranks-share, SEMANTICS.md#ranks-pools"""
     shards = {f"part-{i:05d}.jsonl": b"".join(b'{"s": %d, "i": %05d, "pad": "%s"}\n' % (i, j, b"x" * (j % 40))
                                                 for j in range(2500)) for i in range(8)}
     single = b"".join(b'{"i": %06d, "pad": "%s"}\n' % (j, b"y" * (j % 60)) for j in range(20001))

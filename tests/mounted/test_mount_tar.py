@@ -66,6 +66,7 @@ def wds_samples(urls: list[str]) -> list[dict]:
 
 
 def test_a_single_shard_reads_in_every_reader(mount) -> None:
+    """Holds: SEMANTICS.md#views-records"""
     data = shard(7, 80)
     m = mount({"one.tar": data}, *ARGS, "--no-pool")
     view = m.path("one.tar").read_bytes()
