@@ -69,7 +69,7 @@ def swap_for_fifo(path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["blob.bin", "a.jsonl"])
 def test_a_fifo_swapped_in_after_lookup_is_refused_and_the_mount_stays_responsive(mount, name):
-    """Holds: SEMANTICS.md#never-opened"""
+    """Holds: SEMANTICS.md#never-opened, SEMANTICS.md#errors-enxio, SEMANTICS.md#never-opened-special"""
     m = mount({"blob.bin": b"x" * 5000, "a.jsonl": LINES, "b.jsonl": LINES})
     os.stat(m.path(name))  # looked up as a regular file
     swap_for_fifo(m.src / name)
@@ -89,7 +89,7 @@ def test_a_fifo_swapped_in_after_lookup_is_refused_and_the_mount_stays_responsiv
 
 
 def test_fifos_sockets_and_links_in_the_source_are_never_opened(mount):
-    """Holds: SEMANTICS.md#never-opened"""
+    """Holds: SEMANTICS.md#never-opened, SEMANTICS.md#tree-hidden, SEMANTICS.md#never-opened-special"""
     m = mount({"a.jsonl": LINES})
     os.mkfifo(m.src / "f.jsonl")
     os.mkfifo(m.src / "g.bin")
@@ -109,7 +109,7 @@ def test_fifos_sockets_and_links_in_the_source_are_never_opened(mount):
 def test_an_entry_swapped_for_a_fifo_between_lookup_and_open_is_enxio(tmp_path, name):
     """The kernel may look a name up again before opening it (then it is simply gone); the
     catalog is driven directly here, so that the open always comes after the lookup.
-    Holds: SEMANTICS.md#never-opened"""
+    Holds: SEMANTICS.md#never-opened, SEMANTICS.md#errors-enxio, SEMANTICS.md#never-opened-special"""
     import trio
 
     from shufflefs.config import MountConfig
@@ -143,7 +143,7 @@ def test_an_entry_swapped_for_a_fifo_between_lookup_and_open_is_enxio(tmp_path, 
 
 
 def test_the_resolver_refuses_special_files_without_blocking(tmp_path):
-    """Holds: SEMANTICS.md#never-opened"""
+    """Holds: SEMANTICS.md#never-opened, SEMANTICS.md#never-opened-special"""
     from shufflefs import resolve
 
     os.mkfifo(tmp_path / "fifo")
@@ -183,7 +183,7 @@ def hung_source(mount):
 def test_calls_on_a_hung_source_end_at_their_deadline_and_the_mount_answers_meanwhile(hung_source):
     """The kernel sends the lookups of one directory one at a time, so three of them take up to
     three deadlines; the mount's own attributes are answered meanwhile.
-    Holds: SEMANTICS.md#deadlines"""
+    Holds: SEMANTICS.md#deadlines, SEMANTICS.md#deadlines-source, SEMANTICS.md#errors-etimedout"""
     inner, outer = hung_source
     code = """
 import os, sys, threading
@@ -221,7 +221,7 @@ print(" ".join(map(str, res)))
 
 def test_a_full_worker_pool_of_stuck_calls_still_lets_new_requests_through(tmp_path):
     """Calls past their deadline give their place back: once a pool's worth of them is stuck,
-    a call on a healthy path still runs at once.  Holds: SEMANTICS.md#deadlines"""
+    a call on a healthy path still runs at once.  Holds: SEMANTICS.md#deadlines, SEMANTICS.md#deadlines-source"""
     import threading
 
     import trio
@@ -261,7 +261,7 @@ def test_a_full_worker_pool_of_stuck_calls_still_lets_new_requests_through(tmp_p
 
 
 def test_umount_returns_within_its_deadline_when_requests_hang(mount):
-    """Holds: SEMANTICS.md#umount"""
+    """Holds: SEMANTICS.md#umount, SEMANTICS.md#umount-stuck"""
     m = mount({"a.jsonl": LINES})
     os.kill(m.pid, signal.SIGSTOP)  # every request through the mount now waits
     stuck = subprocess.Popen([sys.executable, "-c", "import os, sys; os.listdir(sys.argv[1])", str(m.mnt)],
@@ -289,7 +289,7 @@ def test_umount_returns_within_its_deadline_when_requests_hang(mount):
 
 
 def test_umount_finds_the_daemon_by_its_pid_file(mount):
-    """Holds: SEMANTICS.md#umount"""
+    """Holds: SEMANTICS.md#umount, SEMANTICS.md#umount-stuck"""
     m = mount({"a.jsonl": LINES})
     assert control.daemon_pid(str(m.mnt)) == m.pid
     pid_file = Path(control.pid_file(str(m.mnt)))

@@ -184,7 +184,8 @@ class Views(RuleBasedStateMachine):
 
     # ----------------------------------------------------------------- rules
 
-    @initialize(seed=st.integers(0, 2**20), counts=st.lists(st.integers(40, 400), min_size=len(FILES), max_size=len(FILES)))
+    @initialize(seed=st.integers(0, 2**20),
+                counts=st.lists(st.integers(40, 400), min_size=len(FILES), max_size=len(FILES)))
     def fresh_files(self, seed: int, counts: list[int]) -> None:
         self.versions = seed * 1000
         for rel, n in zip(FILES, counts):

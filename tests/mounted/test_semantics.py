@@ -77,13 +77,13 @@ def abort_connection(mnt: Path) -> None:
                     pass
 
 
-def bounded(code: str, *args: str, mnt: Path, timeout: float = CAP, stdin: str | None = None) -> subprocess.CompletedProcess:
+def bounded(code: str, *args: str, mnt: Path, timeout: float = CAP) -> subprocess.CompletedProcess:
     """``code`` in a child Python; a child still running after ``timeout`` is a hang: the mount's
     connection is aborted, the child killed, and the test fails."""
     child = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, text=True)
+                             stdin=subprocess.DEVNULL, text=True)
     try:
-        out, err = child.communicate(stdin, timeout=timeout)
+        out, err = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         abort_connection(mnt)
         child.kill()
