@@ -34,6 +34,10 @@ I64 = np.int64
 STAGE_CHUNK = 16 << 20
 """Record bytes copied per step while a stage is written (the memory a build holds, besides one
 record larger than that)."""
+STAGE_RECORDS = 1 << 16
+"""Records copied per step at most (their runs and positions are the step's working arrays), and
+records placed at once in a stage: a window's or a chunk's temporaries stay a few MiB, not tens
+of bytes per record of the whole partition or window."""
 NO_NEWLINES = np.zeros(0, I64)
 
 
@@ -59,7 +63,12 @@ class StageMap:
     @classmethod
     def of(cls, bounds: np.ndarray, ids: np.ndarray) -> "StageMap":
         """The map of a stage holding records ``ids`` (sorted, distinct) back to back."""
-        first, count = id_runs(ids)
+        if len(ids) == 0:
+            first = count = np.zeros(0, I64)
+        else:  # `layout.id_runs` without its sort: ``ids`` are sorted already
+            starts = np.flatnonzero(np.diff(ids) != 1) + 1
+            first = ids[np.concatenate(([0], starts))].astype(I64)
+            count = np.diff(np.concatenate(([0], starts, [len(ids)]))).astype(I64)
         nbytes = bounds[first + count] - bounds[first]
         return cls(first, count, np.cumsum(nbytes) - nbytes - bounds[first])
 
@@ -153,7 +162,17 @@ class StagedSource:
         self.source.verify_open()
 
     def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> Runs:
-        return self.stage.place(index, run_ids(first, count), self.source)
+        """`Stage.place` of the runs' records, `STAGE_RECORDS` at a time (a dense window's runs
+        expanded to ids at once took ~50 bytes per record of the window beside its work)."""
+        first, count = np.asarray(first, I64), np.asarray(count, I64)
+        ends = np.cumsum(count)
+        if len(ends) == 0 or ends[-1] <= STAGE_RECORDS:
+            return self.stage.place(index, run_ids(first, count), self.source)
+        groups = np.searchsorted(ends, np.arange(STAGE_RECORDS, int(ends[-1]), STAGE_RECORDS), side="left") + 1
+        edges = np.unique(np.concatenate(([0], groups, [len(first)])))
+        parts = [self.stage.place(index, run_ids(first[a:b], count[a:b]), self.source)
+                 for a, b in zip(edges[:-1].tolist(), edges[1:].tolist())]
+        return Runs(*(np.concatenate([getattr(r, f) for r in parts]) for f in ("first", "count", "fd", "shift")))
 
     def file_of(self, fd: int) -> Reader:
         return self.stage if fd == self.stage.fd else self.source.file_of(fd)
@@ -183,11 +202,11 @@ def write_stage(path: str, name: str, epoch: int, index: RecordIndex, ids: np.nd
     ``previous`` holds are copied from it, the others read from ``source``.  ``meter`` is told
     ``(source bytes, stage bytes)`` of every chunk; ``stop`` set ends the build between chunks
     (`StageCancelled`).  The file is removed again if anything fails."""
-    ids = np.unique(np.asarray(ids, I64))
+    ids = np.sort(np.asarray(ids))  # in the ids' own dtype: the only O(records) array of a build
+    if _repeats(ids):
+        ids = np.unique(ids)
     smap = StageMap.of(index.bounds, ids)
-    cum = np.cumsum(index.record_lengths(ids))
-    cuts = cuts_by_bytes(cum, STAGE_CHUNK)
-    largest = int(np.diff(np.concatenate(([0], cum[cuts[1:] - 1]))).max()) if len(ids) else 0
+    cuts, largest = _chunk_cuts(index, ids)
     out, scratch = np.empty(largest, np.uint8), np.empty(READ_CHUNK, np.uint8)
 
     def file_of(fd: int) -> Reader:
@@ -229,6 +248,28 @@ def write_stage(path: str, name: str, epoch: int, index: RecordIndex, ids: np.nd
     except BaseException:
         os.unlink(path)
         raise
+
+
+def _repeats(ids: np.ndarray) -> bool:
+    """Whether sorted ``ids`` hold an id twice (compared `STAGE_RECORDS` at a time)."""
+    for lo in range(0, len(ids) - 1, STAGE_RECORDS):
+        hi = min(lo + STAGE_RECORDS, len(ids) - 1)
+        if (ids[lo + 1: hi + 1] == ids[lo: hi]).any():
+            return True
+    return False
+
+
+def _chunk_cuts(index: RecordIndex, ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Steps of a stage build over sorted ``ids``: at most `STAGE_RECORDS` records and about
+    `STAGE_CHUNK` bytes each (int64 cuts), and the bytes of the largest step; worked out a step
+    at a time (a running byte total of the whole partition took 8 bytes per record)."""
+    cuts, largest = [np.zeros(1, I64)], 0
+    for lo in range(0, len(ids), STAGE_RECORDS):
+        cum = np.cumsum(index.record_lengths(ids[lo: lo + STAGE_RECORDS]))
+        inner = cuts_by_bytes(cum, STAGE_CHUNK)
+        largest = max(largest, int(np.diff(cum[inner[1:] - 1], prepend=I64(0)).max()))
+        cuts.append(inner[1:] + lo)
+    return np.concatenate(cuts), largest
 
 
 def _remote_chunk(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, chunk: np.ndarray, source: Source,

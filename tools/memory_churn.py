@@ -5,6 +5,7 @@ spare window, or beyond it for records so small that it takes more than a window
 
     python tools/memory_churn.py [--records 1500000] [--readers 32] [--flip-ms 5] [--seconds 8]
                                  [--stagger-ms 0] [--strategies corgipile,full,...] [--verbose]
+                                 [--world 2] [--rank 0] [--exchange 0.2] [--stage-dir DIR] [--samples-over]
 
 Writes a JSON lines file, builds its offset table (``shufflefs index``), and for each strategy
 mounts it (default buffer 64 MiB), runs the readers (each reads the whole view again and again,
@@ -54,6 +55,10 @@ def main() -> int:
     ap.add_argument("--sample-ms", type=float, default=10.0, help="--verbose: how often RSS is sampled")
     ap.add_argument("--verbose", action="store_true", help="also show the window cache at the highest RSS")
     ap.add_argument("--strategies", default="none,once,full,lirs-page,block,corgipile,window,pls")
+    ap.add_argument("--world", type=int, default=2, help="pls: the world size (--world-size)")
+    ap.add_argument("--rank", type=int, default=0, help="pls: the mount's rank")
+    ap.add_argument("--exchange", type=float, default=0.2, help="pls: the fraction exchanged per epoch")
+    ap.add_argument("--stage-dir", help="pls: stage partitions under this directory (--stage-dir)")
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="churn-") as tmp:
@@ -74,14 +79,19 @@ def main() -> int:
         for run, strategy in enumerate(a.strategies.split(",")):
             mnt = work / f"mnt-{run}-{strategy}"
             mnt.mkdir()
-            spec = ShuffleSpec(strategy=strategy, buffer=BUFFER, exchange=0.2 if strategy == "pls" else 0.0)
+            pls = strategy == "pls"
+            spec = ShuffleSpec(strategy=strategy, buffer=BUFFER, exchange=a.exchange if pls else 0.0)
+            rank, world = (a.rank, a.world) if pls else (0, 1)
             # the documented bound: 16 bytes per record + 3 windows (and what a window build works with
             # beyond one window, for tiny records) + 100 MiB
-            bound = 16 * a.records + 3 * window + max(0, window_work(make_plan(index, spec, 0)) - window) + 100 * MiB
+            work_bytes = window_work(make_plan(index, spec, 0, rank, world))
+            bound = 16 * a.records + 3 * window + max(0, work_bytes - window) + 100 * MiB
             cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(work / "src"), str(mnt), "--strategy",
                    strategy, "--buffer", str(BUFFER), "--cache-dir", str(work / "cache")]
-            if strategy == "pls":
-                cmd += ["--world-size", "2", "--exchange", "0.2"]
+            if pls:
+                cmd += ["--world-size", str(a.world), "--rank", str(a.rank), "--exchange", str(a.exchange)]
+                if a.stage_dir:
+                    cmd += ["--stage-dir", a.stage_dir]
             env = dict(os.environ, PYTHONPATH=str(REPO))
             with FuseDaemon(cmd, mnt, work / f"{strategy}.log", env=env) as d:
                 stop = time.monotonic() + a.seconds
@@ -104,11 +114,14 @@ def main() -> int:
                         reads[0] += 1
 
                 top: list = [0, None]
+                samples = [0, 0]  # taken, over the bound
 
                 def sample() -> None:
                     """The daemon's RSS and its own count of window bytes at the highest RSS seen."""
                     while not done.is_set():
                         rss = own_rss(d.pid)
+                        samples[0] += 1
+                        samples[1] += rss > bound
                         if rss > top[0]:
                             try:
                                 mem = json.loads(os.getxattr(mnt, STATS_XATTR))["memory"]
@@ -137,7 +150,7 @@ def main() -> int:
                 peak = max(top[0], own_rss(d.pid))
             rows.append((strategy, peak, reads[0], len(bad)))
             print(f"{strategy:10} own {peak / MiB:7.0f} MiB (VmHWM {hwm / MiB:.0f})  bound {bound / MiB:5.0f} MiB  "
-                  f"ratio {peak / bound:5.2f}  "
+                  f"ratio {peak / bound:5.2f} ({samples[1]} of {samples[0]} samples over)  "
                   f"whole reads {reads[0]} in {took:.1f} s ({reads[0] * len(data) / took / 1e9:.2f} GB/s)  "
                   f"wrong {len(bad)}", flush=True)
             if a.verbose and top[1]:

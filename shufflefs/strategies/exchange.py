@@ -43,6 +43,8 @@ PLACES = salt("exchange/places")
 U64 = np.uint64
 ROUNDS = 6
 CHUNK = 1 << 15
+PARTITION_CHUNK = 1 << 15
+"""Slots of a partition computed at once (bounds its temporaries to a few MiB)."""
 _GOLDEN = U64(0x9E3779B97F4A7C15)
 _M1 = U64(0xBF58476D1CE4E5B9)
 _M2 = U64(0x94D049BB133111EB)
@@ -263,22 +265,33 @@ class Exchange:
     def partition(self, rank: int, epoch: int, previous: np.ndarray | None = None) -> np.ndarray:
         """The rank's record ids at ``epoch`` in slot order (`id_dtype`), before any local
         shuffle.  O(m_r) for any epoch; ``previous`` (the partition at ``epoch - 1``) is accepted
-        for callers that keep it, and only its length is checked."""
+        for callers that keep it, and only its length is checked.
+
+        Computed `PARTITION_CHUNK` slots at a time: the ids are the only O(m_r) memory.  A slot's
+        source takes ~150 bytes of int64 temporaries (round keys per slot), which for a whole
+        partition at once was 144 bytes per record on top of the 4 of the result."""
         self._check(rank, epoch)
         m_r = int(self.sizes[rank])
         if previous is not None and len(previous) != m_r:
             raise ValueError(f"previous partition has {len(previous)} records, rank {rank} holds {m_r}")
-        pos = np.arange(m_r, dtype=I64)
-        if self.q == 0 or epoch == 0:
-            return self._records(rank, pos)
-        m = self.layers
-        layer = self._layer(rank, pos[:m])
-        src = (rank - self.offsets_at(layer, self.eras(layer, epoch))) % self.world
-        src_slot = self._layer(src, layer, inverse=True)
         out = np.empty(m_r, id_dtype(self.n))
-        out[:m] = self._records(src, src_slot)
-        out[m:] = self._records(rank, pos[m:])
+        for lo in range(0, m_r, PARTITION_CHUNK):
+            out[lo: lo + PARTITION_CHUNK] = self._slots(rank, epoch, lo, min(lo + PARTITION_CHUNK, m_r))
         return out
+
+    def _slots(self, rank: int, epoch: int, lo: int, hi: int) -> np.ndarray:
+        """The records slots ``[lo, hi)`` of ``rank`` hold at ``epoch``."""
+        pos = np.arange(lo, hi, dtype=I64)
+        m = self.layers
+        if self.q == 0 or epoch == 0 or lo >= m:
+            return self._records(rank, pos)
+        moving = pos[: max(0, m - lo)]  # slots below m take part in the exchange
+        layer = self._layer(rank, moving)
+        src = (rank - self.offsets_at(layer, self.eras(layer, epoch))) % self.world
+        got = self._records(src, self._layer(src, layer, inverse=True))
+        if len(moving) == len(pos):
+            return got
+        return np.concatenate((got, self._records(rank, pos[len(moving):])))
 
     def counts(self, rank: int, epoch: int) -> dict:
         """Records the rank holds at ``epoch``, and how many it kept, received and sent since
@@ -294,17 +307,13 @@ class Exchange:
 
 
 class Partitions:
-    """One rank's partitions by epoch, the last one kept (m_r ids): a stage build asks for an
-    epoch's partition more than once."""
+    """One rank's partitions by epoch, for its stage builds: each call computes a fresh array,
+    so nothing O(m_r) is kept between builds (a mount may stage many files)."""
 
     def __init__(self, exchange: Exchange, rank: int) -> None:
         exchange._check(rank, 0)
         self.exchange, self.rank = exchange, rank
-        self._last: tuple[int, np.ndarray] | None = None
 
     def __call__(self, epoch: int) -> np.ndarray:
         """The rank's record ids at ``epoch`` (a fresh array, like `Exchange.partition`)."""
-        last = self._last
-        if last is None or last[0] != epoch:
-            last = self._last = (epoch, self.exchange.partition(self.rank, epoch))
-        return last[1].copy()
+        return self.exchange.partition(self.rank, epoch)

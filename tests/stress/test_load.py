@@ -7,7 +7,8 @@ opened with), no read fails, and the daemon's own memory (anonymous + shared, sa
 millisecond) stays within the documented bound: 16 bytes per record + 3 windows + 100 MiB (a
 window build's working memory counts as the spare window, or beyond it if it takes more than a
 window); its VmHWM, which also counts the source pages record-level views map, within the bound
-plus the source file.
+plus the source file.  pls is soaked as whole-file and rank shares, unstaged and staged
+(``--stage-dir``: stage builds run beside the plans and windows).
 ``--stress`` runs longer and more strategies."""
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ import time
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from shufflefs.formats import make_format, scan_file
 from shufflefs.strategies import ShuffleSpec, make_plan
+from shufflefs.strategies.units import share_edges
 from shufflefs.view import window_work
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from bench.lines import numbered_lines, permutation_check  # noqa: E402
+from bench.lines import HEAD, MID, TAIL, numbered_lines, permutation_check  # noqa: E402
 
 N = 400_000
 DATA = numbered_lines(N, 6, 40)
@@ -41,6 +44,30 @@ def test_the_permutation_check_catches_damage():
     bad[1000] ^= 1
     assert not is_permutation(bytes(bad))
     assert not is_permutation(b"".join(lines[1:] + lines[:1][:0] + lines[2:3]))
+
+
+def share_check(rank: int, world: int):
+    """A test that bytes are ``rank``'s share of some epoch: as many distinct, intact lines as a
+    share holds (which records an epoch gives the rank is the exchange tests' business)."""
+    count = int(np.diff(share_edges(N, world))[rank])
+    digits, spread = 6, 40
+    base = len(HEAD) + digits + len(MID) + len(TAIL)
+    powers = 10 ** np.arange(digits - 1, -1, -1, dtype=np.int64)
+
+    def check(data: bytes) -> bool:
+        b = np.frombuffer(data, np.uint8)
+        ends = np.flatnonzero(b == 10)
+        if len(ends) != count or len(b) == 0 or b[-1] != 10:
+            return False
+        starts = np.concatenate(([0], ends[:-1] + 1))
+        if np.any(ends - starts + 1 < base):
+            return False
+        ids = ((b[starts[:, None] + np.arange(len(HEAD), len(HEAD) + digits)].astype(np.int64) - 48) * powers).sum(axis=1)
+        return bool(len(np.unique(ids)) == count and ids.min() >= 0 and ids.max() < N
+                    and np.array_equal(ends - starts + 1, base + ids % spread)
+                    and np.count_nonzero(b == ord("x")) == int((ids % spread).sum()))
+
+    return check
 
 
 def vm_hwm(pid: int) -> int:
@@ -61,21 +88,35 @@ def own_memory(pid: int) -> int:
     return total
 
 
-def runs(stress: bool) -> list[tuple[str, float]]:
-    """(strategy, ms between reader starts)."""
+PLS_RANKS = {"one": (0, 1), "two": (1, 2), "four": (3, 4)}
+"""pls mounts: the rank shares soaked (rank, world), each also with ``--stage-dir``."""
+
+
+def runs(stress: bool) -> list[tuple[str, float, str, bool]]:
+    """(strategy, ms between reader starts, pls rank share, staged)."""
     if stress:
-        return [(s, ms) for s in ("corgipile", "block", "none", "full", "window") for ms in (0.0, 20.0)]
-    return [("corgipile", 0.0), ("full", 20.0)]
+        return [(s, ms, "one", False) for s in ("corgipile", "block", "none", "full", "window") for ms in (0.0, 20.0)] \
+            + [("pls", ms, r, staged) for r in PLS_RANKS for staged in (False, True) for ms in (0.0, 20.0)]
+    return [("corgipile", 0.0, "one", False), ("full", 20.0, "one", False), ("pls", 0.0, "one", True),
+            ("pls", 20.0, "two", True)]
 
 
-@pytest.mark.parametrize("which", range(10))
+@pytest.mark.parametrize("which", range(22))
 def test_readers_during_epoch_flips_get_whole_epochs_within_the_memory_bound(mount, stress, which, tmp_path):
     """Holds: SEMANTICS.md#memory-bound, SEMANTICS.md#reads-whole-epoch"""
     chosen = runs(stress)
     if which >= len(chosen):
         pytest.skip("long version only (--stress)")
-    strategy, stagger_ms = chosen[which]
-    m = mount({"a.jsonl": DATA}, "--strategy", strategy, "--buffer", str(BUFFER))
+    strategy, stagger_ms, share, staged = chosen[which]
+    rank, world = PLS_RANKS[share]
+    args = ["--strategy", strategy, "--buffer", str(BUFFER)]
+    if strategy == "pls":
+        args += ["--rank", str(rank), "--world-size", str(world), "--exchange", "0.2"]
+        if staged:
+            args += ["--stage-dir", str(tmp_path / "stage")]
+    m = mount({"a.jsonl": DATA}, *args)
+    # a rank's whole read is its share of one epoch's records (a permutation of them)
+    check = is_permutation if world == 1 else share_check(rank, world)
     stop = time.monotonic() + (20 if stress else 3)
     problems: list[str] = []
     done = [0]
@@ -96,8 +137,8 @@ def test_readers_during_epoch_flips_get_whole_epochs_within_the_memory_bound(mou
             except OSError as e:
                 problems.append(f"read failed: {e}")
                 return
-            if not is_permutation(got):
-                problems.append("a whole read was not one permutation of the records")
+            if not check(got):
+                problems.append("a whole read was not one epoch's permutation of the records")
                 return
             done[0] += 1
 
@@ -121,9 +162,11 @@ def test_readers_during_epoch_flips_get_whole_epochs_within_the_memory_bound(mou
     copy.mkdir()
     (copy / "a.jsonl").write_bytes(DATA)
     index = scan_file(copy / "a.jsonl", make_format("lines"))
-    work = window_work(make_plan(index, ShuffleSpec(strategy=strategy, buffer=BUFFER), 0))
+    spec = ShuffleSpec(strategy=strategy, buffer=BUFFER, exchange=0.2 if strategy == "pls" else 0.0)
+    work = window_work(make_plan(index, spec, 0, rank, world))
     bound = 16 * N + 3 * window + max(0, work - window) + (100 << 20)
     own[0] = max(own[0], own_memory(m.pid))
-    assert own[0] <= bound, f"{strategy} (readers {stagger_ms} ms apart): {own[0] >> 20} MiB over the bound {bound >> 20} MiB"
+    what = f"{strategy} (readers {stagger_ms} ms apart, rank {rank} of {world}{', staged' if staged else ''})"
+    assert own[0] <= bound, f"{what}: {own[0] >> 20} MiB over the bound {bound >> 20} MiB"
     peak = vm_hwm(m.pid)
     assert peak <= bound + len(DATA), f"{strategy}: VmHWM {peak >> 20} MiB over the bound and the file"
