@@ -38,7 +38,8 @@ def shard_changing_size(files: dict[str, bytes], strategy: str, a: int, b: int) 
 
 
 def test_an_open_shard_keeps_its_epochs_size_and_bytes_across_epoch_changes(mount):
-    """Holds: SEMANTICS.md#views-size"""
+    """Holds: SEMANTICS.md#views-size
+    Holds: SEMANTICS.md#epochs-pool-handle, SEMANTICS.md#epochs-handles"""
     files = shard_files()
     m = mount(files, *POOL_ARGS, "--strategy", "corgipile")
     i = shard_changing_size(files, "corgipile", 0, 1)
@@ -71,7 +72,8 @@ def test_an_open_shard_keeps_its_epochs_size_and_bytes_across_epoch_changes(moun
 
 def test_a_stat_before_the_open_may_see_another_epoch_than_the_open(mount):
     """Holds: SEMANTICS.md#views-size.  A reader that checks a size must take it from its open
-    descriptor (fstat), not from a stat of the path made before the open."""
+    descriptor (fstat), not from a stat of the path made before the open.
+    Holds: SEMANTICS.md#epochs-stat-race"""
     files = shard_files()
     m = mount(files, *POOL_ARGS, "--strategy", "full")
     i = shard_changing_size(files, "full", 3, 4)
