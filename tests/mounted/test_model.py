@@ -256,6 +256,8 @@ class Views(RuleBasedStateMachine):
     @rule(i=st.integers(0, len(STRATEGIES) - 1), node=st.sampled_from(TARGETS), epoch=st.sampled_from(EPOCHS))
     def set_epoch(self, i: int, node: str, epoch: int) -> None:
         m = self.mounts[i]
+        for rel in FILES:
+            os.stat(m.path(rel))  # names just looked up: the kernel may keep them
         m.set_epoch(epoch, node)
         if node == "":
             self.epoch[i] = epoch
@@ -268,8 +270,12 @@ class Views(RuleBasedStateMachine):
         else:
             self.own[i][node] = epoch
         assert m.xattr("epoch", node) == str(epoch)
-        for rel in FILES:
-            assert m.xattr("epoch", rel) == str(self.epoch_of(i, rel)), rel
+        for rel in FILES:  # at once: the next stat is of the new epoch
+            e = self.epoch_of(i, rel)
+            st_ = os.stat(m.path(rel))
+            assert st_.st_mtime_ns == os.stat(self.src / rel).st_mtime_ns + e * 1_000_000_000, rel
+            assert st_.st_size == len(self.want(i, rel)), rel
+            assert m.xattr("epoch", rel) == str(e), rel
 
     @rule(rel=st.sampled_from(FILES), n=st.integers(40, 400), how=st.sampled_from(["replace", "in-place"]))
     def change_source(self, rel: str, n: int, how: str) -> None:
