@@ -83,6 +83,36 @@ CHANGES: dict[str, Callable[[Path], bytes | None]] = {
 }
 
 
+def file_of_view(got: bytes, size: int) -> bytes:
+    """The file a whole view of numbered records of ``size`` bytes was read from: its records in
+    id order, then at most one cut record (the file ended inside it) without the newline the view
+    adds to a last line that lacks one (formats/lines.py).  AssertionError if ``got`` holds a
+    record twice or more than one cut record."""
+    lines = got.splitlines(keepends=True)
+    whole = sorted((line for line in lines if len(line) == size and line.endswith(b"}\n")), key=lambda r: r[7:13])
+    cut = [line for line in lines if not (len(line) == size and line.endswith(b"}\n"))]
+    assert len({r[7:13] for r in whole}) == len(whole), "a record twice"
+    assert len(cut) <= 1 and all(line.endswith(b"\n") for line in cut), f"a damaged record: {cut[:2]}"
+    return b"".join(whole) + b"".join(line[:-1] for line in cut)
+
+
+def churn_state(got: bytes, old: bytes, new: bytes, cut: int) -> str:
+    """Which state of a file that is cut to ``cut`` bytes and then written whole from offset 0
+    (one version after the other) ``got`` is the view of: "whole" (old or new), "cut" (a version
+    cut short) or "being written" (the next version's bytes from offset 0 over the cut one, or
+    its prefix: a write may pause between pages, and the file is then that for a while).
+    AssertionError naming the damage otherwise: never records of two versions but in these
+    states, never a damaged or missing record."""
+    data = file_of_view(got, old.index(b"\n") + 1)
+    if len(data) >= cut and data in (old[:len(data)], new[:len(data)]):  # a prefix of one version
+        return "whole" if len(data) == len(old) else "cut" if len(data) == cut else "being written"
+    for this, other in ((old, new), (new, old)) if len(data) == cut else ():
+        same = next((i for i, (a, b) in enumerate(zip(data, this)) if a != b), cut)
+        if data[same:] == other[same:cut]:  # this written from offset 0 over the other, cut
+            return "being written"
+    raise AssertionError(f"records of two versions, or a record missing, in one read of {len(got)} bytes")
+
+
 def read_all(path: Path) -> bytes | int:
     """The whole file, or the errno that stopped the read."""
     try:
@@ -159,18 +189,57 @@ def test_a_remount_with_the_same_cache_indexes_the_new_version(mount, change):
     assert records(got) == records(new)
 
 
+def test_a_file_cut_mid_record_is_served_as_the_view_of_the_cut_file(mount):
+    """A file cut mid-record while mounted (as the churn test cuts it) and opened again is the
+    view of the cut file: its whole records and the cut one, ending in the newline the view adds.
+    `churn_state` takes exactly that read, and refuses a read mixing the records of two
+    versions, holding a damaged record or a record twice, or missing one.
+
+    Holds: SEMANTICS.md#changes-new-open, SEMANTICS.md#views-size"""
+    pad = b"x" * 150
+    old = b"".join(b'{"id": %06d, "v": "old", "p": "%s"}\n' % (i, pad) for i in range(30000))
+    new = old.replace(b'"old"', b'"new"')
+    cut = len(old) // 9
+    m = mount({"a.jsonl": old}, "--strategy", "full", "--block-size", "16KiB", "--buffer", "256KiB", name="cutone")
+    whole = read_all(m.path("a.jsonl"))
+    assert isinstance(whole, bytes) and churn_state(whole, old, new, cut) == "whole"
+    os.truncate(m.src / "a.jsonl", cut)
+    got = read_all(m.path("a.jsonl"))
+    assert isinstance(got, bytes), f"errno {got}"
+    assert records(got) == records(old[:cut] + b"\n") and churn_state(got, old, new, cut) == "cut"
+    lines = got.splitlines(keepends=True)
+    size = old.index(b"\n") + 1
+    assert [line for line in lines if not line.endswith(b"}\n")] == [old[cut - cut % size: cut] + b"\n"]
+
+    i = next(i for i, line in enumerate(lines) if line.startswith(b'{"id": 000100,'))
+    wrong = {
+        "two versions": lines[:i] + [lines[i].replace(b'"old"', b'"new"')] + lines[i + 1:],
+        "a damaged record": lines[:i] + [lines[i][:40] + b"\n"] + lines[i + 1:],
+        "a record twice": lines + [lines[i]],
+        "missing": lines[:i] + lines[i + 1:],
+    }
+    for why, damaged in wrong.items():
+        with pytest.raises(AssertionError, match=why):
+            churn_state(b"".join(damaged), old, new, cut)
+
+
 def test_a_file_cut_and_rewritten_under_record_level_copies_never_ends_the_daemon(mount):
     """``full`` windows are copied from a mapping of the source: a file cut short while a window
     copies from it faults (SIGBUS) in the daemon.  Readers read epoch after epoch while another
-    thread cuts the file and writes it back, again and again: every read gives records of one
-    version or an errno, the daemon lives on, and once the churn stops the view serves the file
-    exactly."""
+    thread cuts the file (mid-record) and writes it back, again and again: every read is the
+    whole view of one state the file was in (`churn_state`: whole, cut short with its cut record
+    ending in the newline the view adds, or part written) or an errno, the daemon lives on, and
+    once the churn stops the view serves the file exactly.
+
+    Holds: SEMANTICS.md#changes-version, SEMANTICS.md#changes-open-estale"""
     import threading
     import time
 
     pad = b"x" * 150
     old = b"".join(b'{"id": %06d, "v": "old", "p": "%s"}\n' % (i, pad) for i in range(30000))
     new = old.replace(b'"old"', b'"new"')
+    cut = len(old) // 9
+    assert cut % (old.index(b"\n") + 1) != 0  # mid-record: the cut state's last record is cut
     m = mount({"a.jsonl": old}, "--strategy", "full", "--block-size", "16KiB", "--buffer", "256KiB", name="cut")
     src = m.src / "a.jsonl"
     stop = threading.Event()
@@ -180,7 +249,7 @@ def test_a_file_cut_and_rewritten_under_record_level_copies_never_ends_the_daemo
         nonlocal cuts
         version = old
         while not stop.is_set():
-            os.truncate(src, len(version) // 9)
+            os.truncate(src, cut)
             time.sleep(0.002)
             version = new if version is old else old
             with open(src, "r+b") as f:
@@ -198,12 +267,7 @@ def test_a_file_cut_and_rewritten_under_record_level_copies_never_ends_the_daemo
             if isinstance(got, int):
                 outcomes[errno.errorcode.get(got, got)] += 1
                 continue
-            lines = got.splitlines(keepends=True)
-            assert all(line.endswith(b"}\n") and len(line) == len(lines[0]) for line in lines), "a damaged record"
-            versions = {line[15:20] for line in lines}
-            assert len(versions) <= 1, f"records of two versions in one read: {versions}"
-            assert len(set(lines)) == len(lines), "a record twice"
-            outcomes["whole" if len(lines) == 30000 else "part"] += 1
+            outcomes[churn_state(got, old, new, cut)] += 1
     finally:
         stop.set()
         t.join()
