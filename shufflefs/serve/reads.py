@@ -4,6 +4,7 @@ and, for a sequential reader, starts loading the next two (`prefetch.AHEAD`)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import trio
@@ -12,6 +13,9 @@ from ..layout import HEADER, TRAILER
 from ..prefetch import AHEAD, Slot, WindowCache
 from .nodes import Handle, Node
 from .views import Views
+from .workers import Timeout
+
+log = logging.getLogger("shufflefs")
 
 
 class Reads:
@@ -53,7 +57,7 @@ class Reads:
                 ref = self.views.window(node, p.part, sequential)
                 if h.slot is not None and h.slot.key != ref.key:
                     self.leave(h)
-                slot = await self.windows.acquire(ref.key, ref.nbytes, ref.loader, ref.work)
+                slot = await self._acquire(node, p.part, ref)
                 try:
                     entered = self._hold(h, p.part, slot, ref.shift) or entered
                     data = memoryview(slot.data)[p.lo + ref.shift: p.hi + ref.shift]
@@ -70,6 +74,16 @@ class Reads:
             for ahead in range(1, AHEAD + 1):
                 self._prefetch(node, h.k + ahead)
         return data if out is None else out
+
+    async def _acquire(self, node: Node, k: int, ref: Any) -> Slot:
+        """Window k, loaded: `Timeout` (ETIMEDOUT) if that takes longer than the window deadline
+        (a hung source; the load itself runs on, and a later read waits for it again)."""
+        deadline = self.views.workers.window_deadline
+        with trio.move_on_after(deadline):
+            return await self.windows.acquire(ref.key, ref.nbytes, ref.loader, ref.work)
+        log.error("window %d of %s not loaded within %g s (is the source hung?): the read gets ETIMEDOUT",
+                  k, node.relpath, deadline)
+        raise Timeout(f"window {k} of {node.relpath}", deadline)
 
     def _hold(self, h: Handle, k: int, slot: Slot, shift: int = 0) -> bool:
         """``h`` now reads window k (starting ``shift`` bytes into ``slot``): hold it for the

@@ -25,6 +25,9 @@ a remote store's calls get their own retries' worth on top, see `Workers`)."""
 BUILD_DEADLINE = 1800.0
 """Seconds an index build, plan or view may take: a scan reads the whole file (about 1 TB at
 the disk speeds seen here), so this only ends builds that make no progress at all."""
+WINDOW_DEADLINE = 60.0
+"""Seconds a read may wait for its window (a load of a few windows' worth of reads, queued
+behind other readers' loads; a remote store's retries take longer, see `Workers`)."""
 STUCK = 256
 """Threads left running past their deadline before new calls are refused outright (each is a
 thread blocked in the kernel, costing a stack and nothing else)."""
@@ -51,6 +54,7 @@ class Workers:
         self.index = trio.CapacityLimiter(2)
         self.plan = trio.CapacityLimiter(1)
         self.meta_deadline = meta_deadline
+        self.window_deadline = max(WINDOW_DEADLINE, 2 * meta_deadline)
         # threads: the pools' tokens are held by the waiting request, the thread holds one of
         # these until it returns, even past its deadline
         self._threads = trio.CapacityLimiter(STUCK + 16)
