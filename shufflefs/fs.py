@@ -4,14 +4,21 @@ This module only translates: inode and handle numbers to nodes and handles, cata
 attributes, `serve.Reply` to `FUSEError`, and any other exception to EIO (logged and counted;
 pyfuse3 would otherwise stop the whole mount).  What a request does is the catalog's.
 
-Caching.  A data file's inode never changes its bytes (a new epoch is a new inode) and its
-lookups are not cached by the kernel (``entry_timeout=0``), so every ``open`` resolves the epoch
-current at that moment.  Listings are READDIRPLUS (pyfuse3 always sends attributes with a name):
-the kernel takes an inode per entry from them, so ``ls -l`` needs no lookup for names it may
-cache and one cheap lookup (answered from the listing, `serve.tree.LISTING_TTL`) per view path.
-``.npy`` and fixed-size views are served through the page cache
-(``keep_cache``) and so support shared ``mmap``; every other view uses ``direct_io`` (reads arrive
-as the application issued them, no copy into the page cache).
+Caching.  A data file's inode never changes its bytes (a new epoch or source version is a new
+inode).  A lookup gives a view's name to the kernel for `META_TIMEOUT`, like every other name, so a
+``stat`` followed by an ``open`` (or the three path walks of ``ls -l``) costs one lookup.  What
+makes that safe: an epoch change tells the kernel to drop every name it keeps before the
+``setxattr`` is answered (`KernelNames`), and an open of a view checks its source's version first
+(ESTALE if it changed: the kernel looks the name up again and retries once).  Without that
+notification (kernels before 6.16) views keep ``entry_timeout=0``.  Listings are READDIRPLUS
+(pyfuse3 always sends attributes with a name) and give views ``entry_timeout=0``: the kernel
+stamps a listed name with its cache generation when it reads the reply, which may be after an
+epoch change the reply predates, so a listed view is looked up once (answered from the listing,
+`serve.tree.LISTING_TTL`).  ``security.*`` and ``system.*`` attributes are ENOTSUP without
+entering the catalog: ``ls -l`` then stops asking for them on this mount.  ``.npy`` and
+fixed-size views are served through the page cache (``keep_cache``) and so support shared
+``mmap``; every other view uses ``direct_io`` (reads arrive as the application issued them, no
+copy into the page cache).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import errno
 import functools
 import logging
 import os
+import struct
 from typing import Any, Callable
 
 import pyfuse3
@@ -40,6 +48,55 @@ META_TIMEOUT = 1.0
 VIEW_BLKSIZE = 1 << 20
 """``st_blksize`` of views: stdio and Python size their reads by it; FUSE requests max out at 1 MiB."""
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC
+UNSUPPORTED_XATTRS = (b"security.", b"system.")
+"""Attribute namespaces the mount keeps nothing in: ENOTSUP, which ``ls -l`` (coreutils) takes as
+"not on this filesystem" and stops asking (two requests per file otherwise).  ENOSYS would stop
+the kernel from sending any getxattr, ours included."""
+FUSE_NOTIFY_INC_EPOCH = 8
+"""The kernel's notification (Linux 6.16, FUSE 7.44) that every name it keeps is out of date."""
+
+
+class KernelNames:
+    """Tells the kernel to drop every name it keeps for this mount: one write of a notification
+    header to the FUSE device.  The kernel only bumps a counter (no lock, so it is safe inside a
+    request: an entry invalidation of a directory's name waits for the directory's lock, which a
+    ``setxattr`` on that directory holds) and compares every name's generation with it on its next
+    use.  A name is stamped with the generation read before its lookup was sent, so a lookup
+    answered before an epoch change is never taken for one answered after it.  libfuse 3.14 has
+    no call for it; the device is this process's only ``/dev/fuse`` descriptor."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+
+    def attach(self) -> bool:
+        """Find the device (once mounted) and check that the kernel knows the notification."""
+        fds = []
+        try:
+            for name in os.listdir("/proc/self/fd"):
+                try:
+                    if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
+                        fds.append(int(name))
+                except OSError:
+                    continue
+        except OSError:
+            pass
+        if len(fds) != 1:
+            log.info("names of views are not cached by the kernel: %d FUSE devices open", len(fds))
+            return False
+        self.fd = fds[0]
+        return self.expire()
+
+    def expire(self) -> bool:
+        """Whether every name the kernel keeps is now out of date (False: not supported or failed)."""
+        if self.fd is None:
+            return False
+        try:
+            os.write(self.fd, struct.pack("<IiQ", 16, FUSE_NOTIFY_INC_EPOCH, 0))
+            return True
+        except OSError as e:
+            log.info("names of views are not cached by the kernel (no name expiry: %s)", e)
+            self.fd = None
+            return False
 
 
 def _guard(fn: Callable) -> Callable:
@@ -73,10 +130,12 @@ def _erofs(fn: Callable) -> Callable:
     return refuse
 
 
-def attributes(node: Node, st: Stat | None = None, listing: bool = False) -> pyfuse3.EntryAttributes:
-    """``listing``: a view whose size is not known yet (a listing reads no file) gets its source's
-    size with ``attr_timeout`` 0.  The kernel never shows it: a view's entry is never cached
-    (``entry_timeout`` 0), so every path to it is looked up again first, and a lookup sizes it."""
+def attributes(node: Node, st: Stat | None = None, listing: bool = False,
+               view_entry: float = 0.0) -> pyfuse3.EntryAttributes:
+    """``view_entry``: seconds the kernel may keep a view's name (0 in listings, see the module's
+    docstring).  ``listing``: a view whose size is not known yet (a listing reads no file) gets its
+    source's size with ``attr_timeout`` 0.  The kernel never shows it: a listed view's name is
+    looked up again before any use, and a lookup sizes it."""
     st = st or node.st
     timeout = META_TIMEOUT
     a = pyfuse3.EntryAttributes()
@@ -96,7 +155,7 @@ def attributes(node: Node, st: Stat | None = None, listing: bool = False) -> pyf
         a.st_size = size
         a.st_blksize = VIEW_BLKSIZE
         a.st_blocks = (size + 511) // 512
-        a.entry_timeout = 0
+        a.entry_timeout = 0 if listing else view_entry
     else:
         a.st_size = len(os.fsencode(node.target)) if node.kind == LINK and node.target else st.st_size
         # a store other than local files may leave these out (a stat_result of the first 10 fields)
@@ -122,13 +181,24 @@ class ShuffleFS(pyfuse3.Operations):
         self._handles: dict[int, Handle] = {}
         self._dirs: dict[int, tuple[Node, list[Probe]]] = {}
         self._next_fh = 1
+        self.names = KernelNames()
+        self.view_entry = 0.0  # seconds the kernel keeps a looked-up view's name (see `start`)
 
     @property
     def index_cache(self) -> Any:
         return self.catalog.planner.index_cache
 
     def start(self, nursery: trio.Nursery) -> None:
+        """Once mounted: views' names are cached by the kernel if it can be told to drop them."""
         self.catalog.start(nursery)
+        if self.names.attach():
+            self.view_entry = META_TIMEOUT
+            self.catalog.names_cached = True
+
+    def _view_entry(self, node: Node) -> float:
+        """A pool's shard follows every member's version (its open checks only its own): looked
+        up at every use, as every view is without the kernel's name expiry."""
+        return 0.0 if node.pool is not None else self.view_entry
 
     def stopping(self) -> None:
         self.catalog.stopping()
@@ -149,7 +219,7 @@ class ShuffleFS(pyfuse3.Operations):
     @_guard
     async def lookup(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         node = await self.catalog.lookup(self.catalog.tree.node(parent_inode), os.fsdecode(name))
-        return attributes(node)
+        return attributes(node, view_entry=self._view_entry(node))
 
     @_guard
     async def forget(self, inode_list: list[tuple[int, int]]) -> None:
@@ -162,7 +232,7 @@ class ShuffleFS(pyfuse3.Operations):
         if node.kind == VIEW:
             if node.size < 0:
                 await self.catalog.size(node)
-            return attributes(node)
+            return attributes(node, view_entry=self._view_entry(node))
         return attributes(node, await self.catalog.restat(node))
 
     @_guard
@@ -246,13 +316,24 @@ class ShuffleFS(pyfuse3.Operations):
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
         return xattrs.names(self.catalog.tree.node(inode))
 
-    @_guard
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        if name.startswith(UNSUPPORTED_XATTRS):  # asked of every file by ls -l: the cheapest answer
+            raise FUSEError(errno.ENOTSUP)
+        return await self._getxattr(inode, name)
+
+    @_guard
+    async def _getxattr(self, inode: int, name: bytes) -> bytes:
         return await xattrs.get(self.catalog, self.catalog.tree.node(inode), name)
 
     @_guard
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
+        """An epoch change is answered once the kernel has dropped every name it keeps, so that
+        the next path walk looks the new epoch's inodes up."""
         xattrs.set(self.catalog, self.catalog.tree.node(inode), name, value)
+        if name == xattrs.X_EPOCH and self.view_entry and not self.names.expire():
+            self.view_entry = 0.0
+            self.catalog.names_cached = False
+            await trio.sleep(META_TIMEOUT + 0.05)  # the names given out before expire by then
 
     @_guard
     async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:

@@ -69,6 +69,8 @@ class Catalog:
         self.handles = 0
         self.epoch_prefetches = 0
         self._preparing: set[tuple] = set()  # files whose next epoch's view is being prepared
+        # True: the kernel keeps views' names (`fs.KernelNames`), so an open may come without a lookup
+        self.names_cached = False
 
     def start(self, nursery: trio.Nursery) -> None:
         """Background window loads and stage builds run in ``nursery`` (cancelled at unmount)."""
@@ -306,7 +308,7 @@ class Catalog:
                 raise self.fail("open", node.relpath, node.epoch, None, e) from None
             self.handles += 1
             return Handle(node, f)
-        if not node.trusted:
+        if not node.trusted or (self.names_cached and node.pool is None):
             await self._check_version(node)
         try:
             await self.views.open(node)
@@ -318,9 +320,10 @@ class Catalog:
         return Handle(node)
 
     async def _check_version(self, node: Node) -> None:
-        """A view looked up from a listing's attributes is opened only if its file is still that
-        version; else ESTALE, upon which the kernel looks the name up again (now with a stat)
-        and retries the open once: a new open shows the new version, as after a fresh lookup."""
+        """A view looked up from a listing's attributes, or whose name the kernel may have kept
+        since its lookup, is opened only if its file is still that version; else ESTALE, upon
+        which the kernel looks the name up again (now with a stat) and retries the open once: a
+        new open shows the new version, as after a fresh lookup."""
         try:
             st = await self.workers.run(self.store.stat, node.relpath)
         except OSError:

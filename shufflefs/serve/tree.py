@@ -17,12 +17,14 @@ import threading
 import time
 from collections import OrderedDict
 
+from .. import resolve
 from ..config import MountConfig
 from ..formats import Format, resolve_format
 from ..index import SourceStamp
 from ..pool_table import PoolTable
 from ..pools import shard_key
 from ..sources.base import Store
+from ..sources.local import LocalStore
 from .nodes import DIR, MAX_PARTS, NO_POOL, ROLE_COUNT, ROLE_PARTS, ROOT, UNREAD, Node, Probe, Reply, Stat
 
 log = logging.getLogger("shufflefs")
@@ -43,6 +45,23 @@ READ_AHEAD = 256
 def needs_last_byte(fmt: Format) -> bool:
     """Whether the view's size depends on the file's last byte (text without a final newline)."""
     return type(fmt).view_size is not Format.view_size
+
+
+def _last_byte(pinned: int, size: int) -> int | None:
+    """The last byte of the regular file held by the ``O_PATH`` descriptor ``pinned``, reopened
+    through ``/proc/self/fd`` (the same inode: never a FIFO or device swapped in under its name);
+    None if unreadable (the open reports the error, and its plan the size)."""
+    try:
+        fd = os.open(f"/proc/self/fd/{pinned}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        b = os.pread(fd, 1, size - 1)
+        return b[0] if b else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class Tree:
@@ -221,18 +240,57 @@ class Tree:
         """Blocking: describe entry ``i`` of the kept listing ``got`` of ``relpath`` again, and
         the next `READ_AHEAD` entries whose attributes are stale or whose last byte is unread;
         entry ``i``'s new probe (None if it is gone: then no others)."""
-        now, first = time.monotonic(), None
-        for j, p in enumerate(got[1][i: i + READ_AHEAD]):
-            if j and now - p.at <= LISTING_TTL and p.last_byte != UNREAD:
-                continue
-            fresh = self.probe(os.path.join(relpath, p.name) if relpath else p.name, p.name)
-            if j == 0:
-                first = fresh
-                if fresh is None:  # gone (or its directory became a link): no batch
-                    break
-            if fresh is not None:
-                got[1][i + j] = fresh  # one list item: atomic for the trio thread reading it
-        return first
+        now = time.monotonic()
+        todo = [j for j, p in enumerate(got[1][i: i + READ_AHEAD])
+                if j == 0 or now - p.at > LISTING_TTL or p.last_byte == UNREAD]
+        fresh = self.probe_names(relpath, [got[1][i + j].name for j in todo])
+        if fresh[0] is None:  # gone (or its directory became a link): no batch
+            return None
+        for j, p in zip(todo, fresh):
+            if p is not None:
+                got[1][i + j] = p  # one list item: atomic for the trio thread reading it
+        return fresh[0]
+
+    def probe_names(self, relpath: str, names: list[str]) -> list[Probe | None]:
+        """Blocking: `probe` of each of ``names`` in directory ``relpath``.  On local files the
+        directory is reached beneath the root once and each name is then described relative to
+        it, as `LocalStore.list_stat` does: one ``fstatat``, or for a text file an ``O_PATH``
+        open whose ``fstat`` is the attributes and which is reopened to read the last byte."""
+        if not isinstance(self.store, LocalStore) or not names:
+            return [self.probe(os.path.join(relpath, n) if relpath else n, n) for n in names]
+        try:
+            dfd = resolve.open_path(self.store.path(relpath), resolve.O_PATH | os.O_DIRECTORY)
+        except (FileNotFoundError, NotADirectoryError):
+            return [None] * len(names)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.EXDEV):
+                log.warning("%s: a directory on its path is a symbolic link now; not followed", relpath)
+                return [None] * len(names)
+            raise
+        try:
+            at = time.monotonic()
+            return [self._probe_at(dfd, relpath, name, at) for name in names]
+        finally:
+            os.close(dfd)
+
+    def _probe_at(self, dfd: int, relpath: str, name: str, at: float) -> Probe | None:
+        child = os.path.join(relpath, name) if relpath else name
+        fmt = self.format(child)
+        try:
+            if fmt is None or not needs_last_byte(fmt):
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                return self._describe(child, name, st, at)
+            pinned = os.open(name, resolve.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            st = os.fstat(pinned)
+            p = self._describe(child, name, st, at)
+            if p is not None and p.last_byte == UNREAD:
+                p.last_byte = _last_byte(pinned, st.st_size)
+            return p
+        finally:
+            os.close(pinned)
 
     def ahead(self, relpath: str, name: str) -> tuple[list, int] | None:
         """``(listing, index)`` where a refresh should start in the background after a lookup of

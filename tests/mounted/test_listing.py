@@ -11,6 +11,7 @@ import ctypes
 import errno
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,9 @@ def test_a_large_directory_lists_every_name_once_with_view_sizes_and_indexes_not
 
 
 def test_a_file_changed_or_removed_right_after_a_listing_opens_as_it_is_now(mount):
+    """Names just listed and stat'ed (kept by the kernel and answered from the listing): an open
+    right after the source changed shows the new version, a removed file is ENOENT.
+    Holds: SEMANTICS.md#tree-attrs, SEMANTICS.md#changes-new-open"""
     files = {f"d/t{i:05d}.jsonl": _text(i) for i in range(300)}
     m = mount(files)
     d = m.path("d")
@@ -125,3 +129,77 @@ def test_a_file_changed_or_removed_right_after_a_listing_opens_as_it_is_now(moun
         assert e.value.errno == errno.ENOENT
         removed.write_bytes(_text(4))
         changed.write_bytes(_text(2))
+
+
+def _kernel_keeps_names(m) -> bool:
+    """Whether the daemon gives views' names to the kernel for a while (kernels with FUSE's name
+    expiry notification, Linux 6.16); without it every use of a view's path is a lookup anyway."""
+    return "names of views are not cached" not in m.stderr()
+
+
+def test_an_epoch_change_is_seen_at_once_by_stat_and_open_of_a_path_just_stated(mount):
+    """The kernel keeps a looked-up view's name; an epoch change (mount, directory, file) makes it
+    drop them before the setxattr returns, so the very next stat and open show the new epoch.
+    Holds: SEMANTICS.md#epochs-visible"""
+    lines = b"".join(b'{"i": %d}\n' % i for i in range(400))
+    files = {"a.jsonl": lines, "d/b.jsonl": lines, "d/e/c.jsonl": lines, "d/f.jsonl": lines}
+    m = mount(files, "--seed", "3")
+    paths = [m.path(rel) for rel in files]
+
+    def seen() -> list[tuple[int, int, bytes]]:
+        out = []
+        for p in paths:
+            st = os.stat(p)
+            with open(p, "rb") as f:
+                fst = os.fstat(f.fileno())
+                out.append((st.st_ino, st.st_mtime_ns, f.read()))
+            assert (fst.st_ino, fst.st_mtime_ns) == (st.st_ino, st.st_mtime_ns), p
+        return out
+
+    def epochs() -> list[int]:
+        return [int(os.getxattr(p, "user.shufflefs.epoch")) for p in paths]
+
+    before = seen()
+    assert seen() == before  # the same inodes while nothing changes (names kept or looked up)
+    steps = [("", 1, [1, 1, 1, 1]), ("d", 2, [1, 2, 2, 2]), ("d/e/c.jsonl", 5, [1, 2, 5, 2]),
+             ("d/e", 7, [1, 2, 7, 2]), ("", 1, [1, 1, 1, 1]), ("d/f.jsonl", 0, [1, 1, 1, 0])]
+    for rel, epoch, expect in steps:
+        for p in paths:
+            os.stat(p)  # every name just looked up (and kept by the kernel)
+        old = {p: os.stat(p) for p in paths}
+        m.set_epoch(epoch, rel)
+        now = seen()
+        assert epochs() == expect, (rel, epoch)
+        for p, (ino, mtime, data), e in zip(paths, now, expect):
+            source = m.src / p.relative_to(m.mnt)
+            assert mtime == source.stat().st_mtime_ns + e * 1_000_000_000, (rel, p)
+            assert sorted(data.splitlines()) == sorted(lines.splitlines())
+            if e != (old[p].st_mtime_ns - source.stat().st_mtime_ns) // 1_000_000_000:
+                assert ino != old[p].st_ino, (rel, p)  # a new inode for the new epoch
+    m.set_epoch(0)  # the bytes are each epoch's: back at epoch 0, as before
+    assert [(mtime, data) for _, mtime, data in seen()] == [(mtime, data) for _, mtime, data in before]
+    assert m.stats()["errors"] == 0
+
+
+def test_ls_l_stops_asking_for_security_and_acl_attributes(mount):
+    """``security.*`` and ``system.*`` attributes are ENOTSUP (not ENODATA), which ``ls -l`` takes
+    as a filesystem without them, and setting one is EROFS; ours still read and write.
+    Holds: SEMANTICS.md#errors-enotsup, SEMANTICS.md#errors-erofs"""
+    m = mount({"a.jsonl": b'{"i": 1}\n', "p.bin": b"xyz", "d/b.jsonl": b'{"i": 2}\n'})
+    for rel in ("", "a.jsonl", "p.bin", "d"):
+        p = m.path(rel)
+        for name in ("security.selinux", "system.posix_acl_access", "system.posix_acl_default"):
+            with pytest.raises(OSError) as e:
+                os.getxattr(p, name, follow_symlinks=False)
+            assert e.value.errno == errno.ENOTSUP, (rel, name)
+        with pytest.raises(OSError) as e:
+            os.setxattr(p, "security.test", b"x")
+        assert e.value.errno in (errno.EROFS, errno.EACCES), rel
+        with pytest.raises(OSError) as e:
+            os.getxattr(p, "trusted.nothing")
+        assert e.value.errno == errno.ENODATA, rel
+    assert m.xattr("epoch", "a.jsonl") == "0"
+    m.set_epoch(3, "a.jsonl")
+    assert m.xattr("epoch", "a.jsonl") == "3"
+    assert "a.jsonl" in subprocess.run(["ls", "-l", str(m.path())], capture_output=True, text=True,
+                                       check=True).stdout

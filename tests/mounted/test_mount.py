@@ -677,6 +677,8 @@ def test_source_modified_or_removed_while_mounted(mount):
     assert "a.jsonl" in m.stderr()
     # a new open sees the new file; the removed one is gone
     assert lines(read(m.path("a.jsonl"))) == lines((m.src / "a.jsonl").read_bytes())
+    with pytest.raises(FileNotFoundError):  # at once for an open (a stat may see the name a second more)
+        open(m.path("b.jsonl"), "rb")
     assert not os.path.exists(m.path("b.jsonl"))
 
 
