@@ -17,7 +17,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import threading
 from typing import Any, Callable
 

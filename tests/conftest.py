@@ -61,6 +61,24 @@ def is_mounted(path: Path | str) -> bool:
     return os.path.abspath(path) in shufflefs_mounts()
 
 
+def bounded(code: str, *args: str, mnt: Path, timeout: float = 90.0) -> subprocess.CompletedProcess:
+    """``code`` in a child Python; a child still running after ``timeout`` is a hang: the mount's
+    FUSE connection is ended (every call waiting on it returns), the child killed, and the test
+    fails, so that a regression cannot stall the run."""
+    from shufflefs import control
+
+    child = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             stdin=subprocess.DEVNULL, text=True)
+    try:
+        out, err = child.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        control.abort(str(mnt))
+        child.kill()
+        child.communicate(timeout=30)
+        pytest.fail(f"{code!r} {args} did not return within {timeout:g} s (the FUSE connection was aborted)")
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+
+
 class Mount:
     """One running ``shufflefs mount -f`` daemon."""
 

@@ -22,27 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, is_mounted
+from conftest import REPO, bounded, is_mounted
 
 from shufflefs import control
 from shufflefs.serve.workers import META_DEADLINE
 
 LINES = b"".join(b'{"id": %06d}\n' % i for i in range(5000))
-
-
-def bounded(code: str, *args: str, mnt: Path, timeout: float = 30.0) -> subprocess.CompletedProcess:
-    """Run ``code`` in a child Python; if it is still running after ``timeout``, end the mount's
-    FUSE connection (so that every call stuck in it returns), kill the child and fail."""
-    child = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
-    try:
-        out, err = child.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        control.abort(str(mnt))
-        child.kill()
-        child.communicate(timeout=30)
-        pytest.fail(f"{code!r} {args} hung for {timeout:g} s (the FUSE connection was aborted)")
-    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
 
 
 OPEN_READ = """

@@ -28,7 +28,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, Mount, is_mounted
+from conftest import REPO, bounded, is_mounted
+
+from shufflefs import control
 
 LINES = b"".join(b'{"id": %05d, "pad": "%s"}\n' % (i, b"x" * (i % 23)) for i in range(3000))
 ARGS = ["--block-size", "4KiB", "--buffer", "16KiB", "--seed", "3"]
@@ -61,35 +63,6 @@ def shufflefs(*args: str, timeout: float = CAP) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, "-m", "shufflefs", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, env=env, stdin=subprocess.DEVNULL)
-
-
-def abort_connection(mnt: Path) -> None:
-    """End the FUSE connection of ``mnt`` (every call waiting on it returns ENOTCONN), found in
-    /proc/self/mountinfo so that nothing touches the mount itself."""
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            if fields[4] == str(mnt):
-                minor = fields[2].split(":")[1]
-                try:
-                    Path(f"/sys/fs/fuse/connections/{minor}/abort").write_text("1")
-                except OSError:
-                    pass
-
-
-def bounded(code: str, *args: str, mnt: Path, timeout: float = CAP) -> subprocess.CompletedProcess:
-    """``code`` in a child Python; a child still running after ``timeout`` is a hang: the mount's
-    connection is aborted, the child killed, and the test fails."""
-    child = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             stdin=subprocess.DEVNULL, text=True)
-    try:
-        out, err = child.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        abort_connection(mnt)
-        child.kill()
-        child.communicate(timeout=30)
-        pytest.fail(f"{code!r} {args} did not return within {timeout:g} s")
-    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
 
 
 OPEN_READ = """
@@ -160,10 +133,10 @@ def test_special_files_are_hidden(mount):
     sock = socket.socket(socket.AF_UNIX)
     try:
         sock.bind(str(m.src / "sock.jsonl"))
-        names = bounded("import os, sys; print(sorted(os.listdir(sys.argv[1])))", str(m.mnt), mnt=m.mnt)
+        names = bounded("import os, sys; print(sorted(os.listdir(sys.argv[1])))", str(m.mnt), mnt=m.mnt, timeout=CAP)
         assert names.stdout.strip() == "['a.jsonl']", names.stdout
         for name in ("fifo.jsonl", "null.dat", "zero.jsonl", "loop.bin", "sock.jsonl"):
-            r = bounded(OPEN_READ, str(m.path(name)), mnt=m.mnt)
+            r = bounded(OPEN_READ, str(m.path(name)), mnt=m.mnt, timeout=CAP)
             assert r.stdout.split() == ["errno", str(errno.ENOENT)], (name, r.stdout, r.stderr)
             assert errno_of(lambda: os.lstat(m.path(name))) == errno.ENOENT, name
     finally:
@@ -527,7 +500,7 @@ def test_calls_on_a_hung_source_end_in_etimedout_and_the_mount_answers(mount):
         assert "big.dat" in outer.stderr() or "d/never.jsonl" in outer.stderr()
     finally:
         if child.poll() is None:
-            abort_connection(outer.mnt)
+            control.abort(str(outer.mnt))
             child.kill()
             child.communicate(timeout=30)
         if stopped:
