@@ -29,6 +29,8 @@ class Epochs:
         """A file's own override, else the nearest directory's, else the mount's epoch."""
         if relpath in self.files:
             return self.files[relpath]
+        if not self.dirs:  # asked for every entry of a listing and every lookup
+            return self.epoch
         d = relpath  # a directory's own setting first (then its parents')
         while d:
             if d in self.dirs:

@@ -195,8 +195,9 @@ class Tree:
                 except (FileNotFoundError, NotADirectoryError):
                     continue
         out = []
+        prefix = relpath + "/" if relpath else ""
         for name, st in sorted(pairs, key=lambda p: p[0]):
-            p = self._describe(os.path.join(relpath, name) if relpath else name, name, st, at)
+            p = self._describe(prefix + name, name, st, at)
             if p is not None:
                 out.append(p)
         with self._lock:
@@ -274,7 +275,7 @@ class Tree:
             os.close(dfd)
 
     def _probe_at(self, dfd: int, relpath: str, name: str, at: float) -> Probe | None:
-        child = os.path.join(relpath, name) if relpath else name
+        child = f"{relpath}/{name}" if relpath else name  # a listed name: no slash in it
         fmt = self.format(child)
         try:
             if fmt is None or not needs_last_byte(fmt):
