@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from .formats.base import FramingError, WindowCheck
+from .formats.npy import Columns
 from .index import RecordIndex
 from .layout import Layout, assemble, id_runs
 from .sources.base import Members, Reader, Runs, Source, take_requests
@@ -38,6 +39,7 @@ try:
 except ImportError:  # pragma: no cover - depends on the build (or an older build of it)
     _build_window = _gather_mapped = _cached_pages = None
 from .strategies.base import Plan
+from .transposed import load_columns
 
 GATHER = "compiled" if _build_window is not None else "numpy"
 """Which window build serves: ``numpy`` (several times slower) means the compiled module
@@ -213,8 +215,12 @@ class View:
 
     def __init__(self, path: str, index: RecordIndex, plan: Plan, source: Source | None = None,
                  frame: tuple[bytes, bytes] | None = None, meter: Meter | None = None,
-                 check: WindowCheck | None = None, distrust: Callable[[RecordIndex], None] | None = None) -> None:
+                 check: WindowCheck | None = None, distrust: Callable[[RecordIndex], None] | None = None,
+                 columns: Columns | None = None) -> None:
+        """``columns``: the rows are strided (a Fortran-order ``.npy``), gathered by
+        `transposed.load_columns`; ``frame`` must then carry the C-order header."""
         self.path = path
+        self.columns = columns
         self.check = check
         self.distrust = distrust  # told of an index a window check found wrong
         self.index = index
@@ -258,6 +264,8 @@ class View:
         """
         self.source.check()
         plan = self.plan if plan is None else plan
+        if self.columns is not None:
+            return self._load_columns(k, plan, out), scratch
         runs = self._runs(plan, k)
         size = self.layout.window_size(k) if plan is self.plan else int(plan.window_sizes[k])
         ids = plan.window(k)
@@ -298,6 +306,20 @@ class View:
         if ahead and k + 1 < plan.n_windows:
             self.hint(k + 1, plan)
         return window, scratch
+
+    def _load_columns(self, k: int, plan: Plan, out: np.ndarray | None) -> np.ndarray:
+        """Window k of an array whose rows are strided, from its columns (no hints, no stage)."""
+        ids = np.asarray(plan.window(k), np.int64)
+        size = len(ids) * self.columns.itemsize * self.columns.count
+        if out is None or len(out) < size:
+            out = np.empty(size, np.uint8)
+        take_requests()
+        window = load_columns(self.source, self.index, self.columns, ids, out)
+        self.source.verify_open()
+        self._check(window, ids)
+        if self.meter is not None:
+            self.meter(len(window), 0, take_requests())
+        return window
 
     def _check(self, window: np.ndarray, ids: np.ndarray) -> None:
         """The window check (`formats.base.gather_check`); a failure names the file the record
@@ -347,6 +369,8 @@ class View:
     def hint(self, k: int, plan: Plan | None = None) -> None:
         """Ask the kernel to read window k's long runs (every run while the source is cold) into
         the page cache (returns at once)."""
+        if self.columns is not None:
+            return  # the runs are of rows, not of the columns' bytes
         self._advise(self._runs(self.plan if plan is None else plan, k), every=self._cold)
 
     def _runs(self, plan: Plan, k: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -1,7 +1,12 @@
 """NumPy ``.npy`` arrays: each row along axis 0 is a record; the header is kept first.
 
 The view keeps the source header byte for byte, so ``numpy.load`` reads it as the same array
-with its rows permuted.  A 0-d array is a single record (the view equals the file).  Arrays whose
+with its rows permuted.  A Fortran-order array (``fortran_order: True``, as pandas'
+``to_numpy()`` saved by ``np.save`` often is) keeps its row index: record i is row i, bounds as
+if the rows were stored in C order, so it gets the plan a C-order copy of it would get.  Its rows
+are not contiguous in the file, so its windows are gathered column by column
+(`shufflefs.transposed`) and its view is a C-order array: the header says ``fortran_order:
+False`` (rewritten at the same length).  A 0-d array is a single record (the view equals the file).  Arrays whose
 rows have no bytes (``shape[0] == 0``, or a zero-sized row such as ``shape (5, 0)``) have no
 records: every order of empty rows is the same bytes.
 """
@@ -40,6 +45,12 @@ class NpyHeader:
     def row_bytes(self) -> int:
         return self.dtype.itemsize * math.prod(self.shape[1:])
 
+    @property
+    def transposed(self) -> bool:
+        """Rows are strided in the file (Fortran order with more than one element per row);
+        a 1-d or one-column Fortran array has the bytes of its C-order twin."""
+        return self.fortran_order and math.prod(self.shape[1:]) > 1
+
 
 def read_npy_header(data: np.ndarray, path: str) -> NpyHeader:
     """Parse and check the header with numpy's own parser; refuse what rows cannot describe."""
@@ -71,8 +82,6 @@ def read_npy_header(data: np.ndarray, path: str) -> NpyHeader:
         raise FormatError(path, 8 + nlen, f"negative dimension in shape {shape}")
     if dtype.hasobject:
         raise FormatError(path, 8 + nlen, f"object dtype {dtype} holds pickled data, not fixed-size rows")
-    if fortran and len(shape) > 1:
-        raise FormatError(path, 8 + nlen, "Fortran-ordered arrays do not store rows contiguously")
     return NpyHeader(version, header_end, tuple(shape), bool(fortran), dtype)
 
 
@@ -131,7 +140,8 @@ def header_with_rows(header: bytes, rows: int, path: str) -> bytes:
     h = read_npy_header(np.frombuffer(header, np.uint8), path)
     if not h.shape:
         raise FormatError(path, 0, "a 0-d array has no rows to share out")
-    d = {"descr": npformat.dtype_to_descr(h.dtype), "fortran_order": h.fortran_order, "shape": (rows, *h.shape[1:])}
+    # every view is C order: a Fortran array's rows are gathered into it (`shufflefs.transposed`)
+    d = {"descr": npformat.dtype_to_descr(h.dtype), "fortran_order": False, "shape": (rows, *h.shape[1:])}
     fp = io.BytesIO()
     try:
         npformat.write_array_header_1_0(fp, d)
@@ -142,9 +152,47 @@ def header_with_rows(header: bytes, rows: int, path: str) -> bytes:
 
 
 def row_kind(header: bytes, path: str) -> tuple:
-    """What rows of two arrays must share to be pooled: dtype, row shape and order."""
+    """What rows of two arrays must share to be pooled: dtype, row shape and layout (rows
+    contiguous or strided: a pool's windows are gathered one way, so C and Fortran members of
+    more than one column do not pool)."""
     h = read_npy_header(np.frombuffer(header, np.uint8), path)
-    return (h.dtype.str if not h.dtype.names else h.dtype.descr, h.shape[1:], h.fortran_order, len(h.shape))
+    layout = "fortran" if h.transposed else "rows"
+    return (h.dtype.str if not h.dtype.names else h.dtype.descr, h.shape[1:], layout, len(h.shape))
+
+
+@dataclass(frozen=True)
+class Columns:
+    """How a Fortran-order array's rows lie: element (i, c) of a member of ``n`` rows (c the
+    Fortran-order index within a row of ``tail`` elements) at data offset ``(c * n + i) *
+    itemsize``."""
+
+    itemsize: int
+    tail: tuple[int, ...]
+
+    @property
+    def count(self) -> int:
+        return math.prod(self.tail)
+
+
+def columns_of(header: bytes, path: str) -> Columns | None:
+    """The column layout of an array whose rows are strided (`NpyHeader.transposed`), else None."""
+    h = read_npy_header(np.frombuffer(header, np.uint8), path)
+    return Columns(h.dtype.itemsize, h.shape[1:]) if h.transposed else None
+
+
+def c_order_header(header: bytes, path: str) -> bytes:
+    """``header`` saying ``fortran_order: False``, at its own length (a whole view keeps the
+    file's size): the dictionary rewritten into the header's padding."""
+    h = read_npy_header(np.frombuffer(header, np.uint8), path)
+    d = {"descr": npformat.dtype_to_descr(h.dtype), "fortran_order": False, "shape": h.shape}
+    nlen = _LENGTH_BYTES[h.version]
+    text = ("{" + "".join(f"'{k}': {v!r}, " for k, v in sorted(d.items())) + "}").encode(  # as numpy writes it
+        "utf8" if h.version == (3, 0) else "latin1")
+    room = len(header) - 8 - nlen - 1  # the dictionary, spaces, then a newline
+    if len(text) > room:
+        raise FormatError(path, 8 + nlen, "the header has no room to say fortran_order: False "
+                          "(save the array in C order: numpy.save(f, numpy.ascontiguousarray(a)))")
+    return header[: 8 + nlen] + text + b" " * (room - len(text)) + b"\n"
 
 
 FORMATS = (NpyFormat,)

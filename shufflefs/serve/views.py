@@ -23,6 +23,7 @@ import numpy as np
 
 from ..config import MountConfig
 from ..formats import gather_check
+from ..formats.npy import Columns, c_order_header, columns_of
 from ..prefetch import WindowCache
 from ..shared_tasks import SharedTasks
 from ..sources.base import Source, Store
@@ -181,21 +182,46 @@ class Views:
     def _new_view(self, node: Node, plan: Plan, stage: Stage | None) -> View:
         """Blocking: the node's view over its source, with its epoch's ``stage`` in front when
         staging (released when the view closes, or now if it cannot be made)."""
+        frame, columns = node.frame, None
         try:
+            if node.fmt.name == "npy":
+                frame, columns = self._npy_columns(node)
             source = self._source(node)
         except BaseException:
             if stage is not None:
                 self.stages.release(stage)
             raise
+        if stage is not None and columns is not None:  # a stage holds rows' bytes, not columns'
+            self.stages.release(stage)
+            stage = None
         if stage is not None:  # the view's source now releases the stage when it closes
             source = StagedSource(source, stage, functools.partial(self.stages.release, stage))
         try:
-            return View(self.store.path(node.relpath), node.index, plan, source, node.frame,
+            return View(self.store.path(node.relpath), node.index, plan, source, frame,
                         meter=self.read_bytes.meter(node.epoch),
-                        check=gather_check(node.fmt, self.config.verify), distrust=self.planner.distrust_for(node))
+                        check=gather_check(node.fmt, self.config.verify), distrust=self.planner.distrust_for(node),
+                        columns=columns)
         except BaseException:
             source.close()
             raise
+
+    def _npy_columns(self, node: Node) -> tuple[tuple[bytes, bytes] | None, Columns | None]:
+        """Blocking: an ``.npy`` view's frame and, if its file stores rows strided (Fortran
+        order), their columns (`transposed`) with the whole view's header saying C order."""
+        index = node.index
+        head = index.member_frames[node.pool.shard][1] if node.pool is not None else index.header_end
+        if not head:
+            return node.frame, None
+        src = self.store.open(node.relpath, node.stamp)
+        try:
+            header = src.read_range(0, head)
+        finally:
+            src.close()
+        path = self.store.path(node.relpath)
+        columns = columns_of(header, path)
+        if columns is None or node.frame is not None:  # a share's header is rewritten already
+            return node.frame, columns
+        return (c_order_header(header, path), b""), columns
 
     async def _stage_target(self, node: Node) -> StageTarget:
         """What a view's stages hold: its file's (or pool's) version, partitioned for this rank."""

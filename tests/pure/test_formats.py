@@ -32,6 +32,7 @@ from shufflefs.formats import (
     resolve_format,
     scan_file,
 )
+from shufflefs.formats.npy import Columns, c_order_header, columns_of, header_with_rows, row_kind
 from shufflefs.formats.lines import record_ends
 from shufflefs.index import IndexCache, RecordIndex
 
@@ -286,13 +287,20 @@ def test_npy_zero_dim_is_one_record() -> None:
     assert idx.n == 1 and idx.trailer_start == len(data) and idx.lengths.tolist() == [8]
 
 
-def test_npy_fortran_1d_is_fine_2d_is_refused() -> None:
+def test_npy_fortran_rows_are_indexed_like_their_c_twin() -> None:
     one = npy_bytes(np.asfortranarray(np.arange(5)))
     assert NpyFormat().scan(arr(one), "f.npy").n == 5
-    two = npy_bytes(np.asfortranarray(np.arange(6).reshape(2, 3)))
-    assert b"'fortran_order': True" in two
-    with pytest.raises(FormatError, match="Fortran"):
-        NpyFormat().scan(arr(two), "f.npy")
+    a = np.arange(24, dtype=np.int32).reshape(4, 3, 2)
+    f, c = npy_bytes(np.asfortranarray(a)), npy_bytes(a)
+    assert b"'fortran_order': True" in f
+    fi, ci = NpyFormat().scan(arr(f), "f.npy"), NpyFormat().scan(arr(c), "c.npy")
+    assert np.array_equal(fi.bounds, ci.bounds)
+    assert columns_of(f[: fi.header_end], "f.npy") == Columns(4, (3, 2))
+    assert columns_of(c[: ci.header_end], "c.npy") is None
+    assert columns_of(one[:128], "f.npy") is None  # one column: the bytes of its C twin
+    assert c_order_header(f[: fi.header_end], "f.npy") == c[: ci.header_end]
+    assert row_kind(f[: fi.header_end], "f") != row_kind(c[: ci.header_end], "c")
+    assert b"'fortran_order': False" in header_with_rows(f[: fi.header_end], 2, "f.npy")
 
 
 def test_npy_refuses_object_dtype() -> None:
