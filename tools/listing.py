@@ -1,6 +1,6 @@
 """How fast a mounted directory of many small files lists, and what listing costs the daemon.
 
-    python tools/listing.py [--files 100000] [--dir DIR] [--keep]
+    python tools/listing.py [--files 100000] [--dir DIR] [--keep] [--code DIR]
 
 Writes ``--files`` small files into one directory of a source tree (JSON lines, a quarter of
 them without a final newline so that their views are one byte longer, and every tenth a plain
@@ -9,7 +9,8 @@ them without a final newline so that their views are one byte longer, and every 
 ``ls -l`` of the source directory itself in the same run.  For each it reports the daemon's CPU
 time (steadier than wall time when the machine is busy: the load average is printed), its
 resident memory grown while listing (``RssAnon``) per entry, its peak, the inodes it holds
-afterwards and the index cache entries written (listing must write none).
+afterwards and the index cache entries written (listing must write none).  ``--code`` runs the
+daemon of another checkout (``git archive COMMIT | tar -x -C DIR``) on the same files, to compare.
 """
 
 from __future__ import annotations
@@ -71,14 +72,14 @@ def rss(pid: int) -> dict[str, int]:
 class Daemon:
     """One ``shufflefs mount -f`` started here and stopped by its PID."""
 
-    def __init__(self, src: Path, mnt: Path, cache: Path, log: Path) -> None:
+    def __init__(self, src: Path, mnt: Path, cache: Path, log: Path, code: Path = REPO) -> None:
         self.mnt, self.cache = mnt, cache
         mnt.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env = dict(os.environ, PYTHONPATH=str(code) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         with open(log, "ab") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "shufflefs", "mount", "-f", str(src), str(mnt), "--cache-dir", str(cache)],
-                stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env)
+                stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env, cwd=code)  # -m: its own package
         deadline = time.monotonic() + MOUNT_TIMEOUT
         while not mounted(mnt):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -112,7 +113,7 @@ def cache_entries(cache: Path) -> int:
     return sum(len(files) for _, _, files in os.walk(cache)) if cache.exists() else 0
 
 
-def run(base: Path, n: int) -> list[dict]:
+def run(base: Path, n: int, code: Path = REPO) -> list[dict]:
     src = base / "src"
     d = src / "d"
     if not d.exists() or sum(1 for _ in os.scandir(d)) != n:
@@ -125,7 +126,7 @@ def run(base: Path, n: int) -> list[dict]:
     for name, cmd in COMMANDS.items():
         cache = base / "cache"
         shutil.rmtree(cache, ignore_errors=True)
-        daemon = Daemon(src, base / "mnt", cache, base / "daemon.log")
+        daemon = Daemon(src, base / "mnt", cache, base / "daemon.log", code)
         try:
             before, cpu = rss(daemon.proc.pid), cpu_seconds(daemon.proc.pid)
             seconds = timed(cmd, daemon.mnt / "d")
@@ -147,15 +148,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=100_000, help="files in the listed directory")
     ap.add_argument("--dir", type=Path, help="work directory (default: a temporary one, removed)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (reused by the next run)")
+    ap.add_argument("--code", type=Path, default=REPO,
+                    help="the shufflefs checkout whose daemon runs (default: this one)")
     args = ap.parse_args(argv)
     base = args.dir or Path(tempfile.mkdtemp(prefix="shufflefs-listing-"))
     base.mkdir(parents=True, exist_ok=True)
     try:
-        rows = run(base, args.files)
+        rows = run(base, args.files, args.code.resolve())
     finally:
         if not args.keep and args.dir is None:
             shutil.rmtree(base, ignore_errors=True)
-    print(f"{args.files} files, one directory")
+    print(f"{args.files} files, one directory, code in {args.code}")
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"{'command':<16} {'seconds':>8} {'x source':>9} {'daemon cpu':>10} {'B/entry':>8} {'peak MiB':>9} "
           f"{'inodes':>7} {'cached':>7}")
