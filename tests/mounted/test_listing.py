@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import errno
+import json
 import os
 import stat
 import subprocess
@@ -203,3 +204,39 @@ def test_ls_l_stops_asking_for_security_and_acl_attributes(mount):
     assert m.xattr("epoch", "a.jsonl") == "3"
     assert "a.jsonl" in subprocess.run(["ls", "-l", str(m.path())], capture_output=True, text=True,
                                        check=True).stdout
+
+
+@pytest.mark.parametrize("args", [("--rank", "1", "--world-size", "2"), ("--pool", "*.jsonl")])
+def test_an_epoch_change_is_seen_at_once_in_shares_parts_and_pools(mount, args):
+    """A rank's share, a loader part (``.parts/2/1/``) and a shard of a pool, each stat'ed just
+    before: the next stat and open after the epoch change show the new epoch's size and bytes.
+    Holds: SEMANTICS.md#epochs-visible"""
+    files = {f"{name}.jsonl": b"".join(b'{"s": %d, "i": %d}\n' % (i, j) for j in range(50 + 40 * i))
+             for i, name in enumerate("abc")}  # no shard names: pooled only by --pool
+    m = mount(files, "--seed", "5", *args)
+    if "--pool" in args:
+        assert json.loads(m.xattr("info", "a.jsonl"))["pool_shards"] == 3
+    paths = [m.path(rel) for rel in files] + [m.path(".parts/2/1/" + rel) for rel in files]
+
+    def seen() -> list[tuple[int, int, bytes]]:
+        out = []
+        for p in paths:
+            st = os.stat(p)
+            with open(p, "rb") as f:
+                data = f.read()
+            assert len(data) == st.st_size, p  # the stat just before the open was of the same epoch
+            out.append((st.st_size, st.st_mtime_ns, data))
+        return out
+
+    by_epoch = {}
+    for epoch in (0, 1, 2, 1, 0):
+        for p in paths:
+            os.stat(p)
+        m.set_epoch(epoch)
+        got = seen()
+        for (size, mtime, data), p in zip(got, paths):
+            source = m.src / p.name
+            assert mtime == source.stat().st_mtime_ns + epoch * 1_000_000_000, (epoch, p)
+        assert by_epoch.setdefault(epoch, got) == got, epoch  # each epoch's bytes, every time
+    assert by_epoch[0] != by_epoch[1]
+    assert m.stats()["errors"] == 0
