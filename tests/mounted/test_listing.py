@@ -132,12 +132,6 @@ def test_a_file_changed_or_removed_right_after_a_listing_opens_as_it_is_now(moun
         changed.write_bytes(_text(2))
 
 
-def _kernel_keeps_names(m) -> bool:
-    """Whether the daemon gives views' names to the kernel for a while (kernels with FUSE's name
-    expiry notification, Linux 6.16); without it every use of a view's path is a lookup anyway."""
-    return "names of views are not cached" not in m.stderr()
-
-
 def test_an_epoch_change_is_seen_at_once_by_stat_and_open_of_a_path_just_stated(mount):
     """The kernel keeps a looked-up view's name; an epoch change (mount, directory, file) makes it
     drop them before the setxattr returns, so the very next stat and open show the new epoch.
