@@ -248,8 +248,10 @@ class Views(RuleBasedStateMachine):
     def read_whole(self, i: int, rel: str, chunk: int) -> None:
         path = self.mounts[i].path(rel)
         want = self.want(i, rel)
-        assert os.stat(path).st_size == len(want)
         with open(path, "rb", buffering=0) as f:
+            # the open checks the source's version; a stat of the path may show the version
+            # before a change for up to a second (SEMANTICS.md#tree-attrs)
+            assert os.fstat(f.fileno()).st_size == len(want)
             got = b"".join(iter(lambda: f.read(chunk), b""))
         assert got == want, f"{STRATEGIES[i]} {rel} at epoch {self.epoch_of(i, rel)}: wrong bytes"
 
