@@ -314,7 +314,7 @@ class ShuffleFS(pyfuse3.Operations):
 
     @_guard
     async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
-        return xattrs.names(self.catalog.tree.node(inode))
+        return xattrs.names(self.catalog.tree.node(inode), self.catalog)
 
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         if name.startswith(UNSUPPORTED_XATTRS):  # asked of every file by ls -l: the cheapest answer

@@ -14,6 +14,10 @@ PROG = "shufflefs"
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
+REMOTE_BLOCK = 8 << 20
+"""``--block-size`` of an object-store source when none is given: a ranged GET costs a round trip
+(tens of ms), so blocks are large enough that the transfer, not the latency, dominates."""
+
 
 def _message(e: BaseException) -> str:
     return str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)

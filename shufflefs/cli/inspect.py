@@ -16,7 +16,7 @@ from ..config import (
     format_buffer,
     parse_buffer,
 )
-from ..strategies.base import ShuffleSpec, resolve_spec
+from ..strategies.base import FEW_BLOCKS, ShuffleSpec, resolve_spec
 from .common import (
     EXIT_OK,
     EXIT_USAGE,
@@ -56,6 +56,8 @@ class _Inspected:
     """Column name -> `Plan`."""
     data: Any = None
     """The source bytes (uint8 array), once read."""
+    auto_block: bool = True
+    """Whether the block size is the automatic one (for the advice on files of few blocks)."""
 
 
 def _parse_strategy_list(text: str | None, parser: argparse.ArgumentParser) -> list[tuple[str, str, int | float | None]]:
@@ -153,7 +155,7 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
     plan = make_plan(index, spec, epoch, rank, world, part, parts, costs=costs)
     name = (f"{spec.strategy}" + (f" rank {rank}/{world}" if world > 1 else "")
             + (f" part {part}/{parts}" if parts > 1 else ""))
-    return _Inspected(source, fmt, index, spec, epoch, {name: plan})
+    return _Inspected(source, fmt, index, spec, epoch, {name: plan}, auto_block=bool(info.get("block_size_auto", True)))
 
 
 def _inspect_cache(given: Path | None, parent: Path, parser: argparse.ArgumentParser) -> Any:
@@ -205,7 +207,7 @@ def _inspect_source(args: argparse.Namespace, parser: argparse.ArgumentParser) -
                            buffer=base.buffer if buffer is None else buffer, page_size=base.page_size)
         _check_strategy(spec, parser)
         plans[column] = make_plan(index, spec, v["epoch"])
-    return _Inspected(path, fmt, index, base, v["epoch"], plans)
+    return _Inspected(path, fmt, index, base, v["epoch"], plans, auto_block=v["block_size"] is None)
 
 
 def _label_source(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
@@ -315,8 +317,10 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
                         title=title, subtitles=notes)
         except OSError as e:
             raise CliError(f"{args.png}: {e.strerror or e}") from None
+    few = 0 < (rep.blocks or 0) < FEW_BLOCKS
+    auto = got.auto_block
     if args.json:
-        out = {"path": os.path.abspath(args.path), "source": str(got.source), "mounted": mounted,
+        out = {"few_blocks": few, "path": os.path.abspath(args.path), "source": str(got.source), "mounted": mounted,
                "format": got.fmt.name, "epoch": got.epoch, "seed": got.spec.seed,
                "block_size": got.spec.block_size, "page_size": got.spec.page_size,
                "label": label_source.describe() if label_source else None,
@@ -332,6 +336,9 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         label_text = f", {labels.n_labels} labels by {label_source.describe()} ({shown}{', ...' if labels.n_labels > 10 else ''})"
     print(f"{where}")
     print(f"{rep.records} records in {rep.blocks or 0} blocks of {_param('block_size', got.spec.block_size)}{label_text}")
+    if few:
+        print(f"  few blocks: fewer than {FEW_BLOCKS}, so block barely shuffles this file and corgipile only within "
+              "its buffer; " + ("use --strategy full or once for files this small" if auto else "lower --block-size"))
     for name, note in notes.items():
         if note:
             print(f"  {name}: {note}")

@@ -19,13 +19,8 @@ from ..config import (
 from ..index import default_cache_dir
 from ..sources import scheme_of
 from ..strategies.base import ShuffleSpec
-from .common import EXIT_FAIL, EXIT_OK, PROG, _inside
+from .common import EXIT_FAIL, EXIT_OK, PROG, REMOTE_BLOCK, _inside
 from .options import MOUNT_KEYS, STORE_KEYS, Resolved, _cli_name, resolve_options
-
-REMOTE_BLOCK = 8 << 20
-"""``--block-size`` of an object-store source when none is given: a ranged GET costs a round trip
-(tens of ms), so blocks are large enough that the transfer, not the latency, dominates."""
-
 
 def _check_writable_dir(path: Path, what: str, parser: argparse.ArgumentParser) -> None:
     try:

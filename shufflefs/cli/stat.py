@@ -10,7 +10,7 @@ from ..config import (
     STATS_XATTR,
     format_buffer,
 )
-from .common import EXIT_OK, CliError, _human, get_xattr
+from .common import EXIT_OK, REMOTE_BLOCK, CliError, _human, get_xattr
 
 
 def cmd_stat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -42,6 +42,7 @@ def format_stats(stats: dict) -> str:
         lines.append(("gather", gather + (f"  (code in {code})" if code else "")
                       + ("" if gather == "compiled" else "  WARNING: the compiled module is missing, "
                          "windows are built several times slower; reinstall shufflefs")))
+    block_size, source = s.get("block_size"), str(s.get("source", ""))
     params = [f"{k}={_param(k, take(k))}" for k in ("seed", "block_size", "buffer", "page_size") if k in s]
     lines.append(("strategy", "  ".join([str(take("strategy", "?")), *params])))
     rank, world, even = take("rank", None), take("world", None), take("even", "none")
@@ -51,8 +52,7 @@ def format_stats(stats: dict) -> str:
     if balance:
         lines.append(("balance", f"by {field or 'byte length'}  random_level={level}"))
     for name, blocks in (take("few_blocks", None) or {}).items():
-        lines.append(("few blocks", f"{name}: {blocks} block(s) of the --block-size given: block and corgipile "
-                                    "barely shuffle it; lower --block-size (or leave it auto)"))
+        lines.append(("few blocks", f"{name}: {blocks} block(s) {_few_blocks(block_size, source)}"))
     pooling, globs = take("pooling", None), take("pool_globs", None) or []
     if pooling is not None:
         lines.append(("pools", ("shard sets by name" + (", declared: " + ", ".join(globs) if globs else ""))
@@ -93,6 +93,7 @@ def format_stats(stats: dict) -> str:
         lines.append(("cache dir", str(take("cache_dir"))))
     recent = take("last_errors", None)
     errors_ = take("errors", None)
+    failing = take("paths_with_errors", 0)
     for key, value in s.items():
         if isinstance(value, dict):
             value = "  ".join(f"{k}={v}" for k, v in value.items())
@@ -100,13 +101,25 @@ def format_stats(stats: dict) -> str:
             value = ", ".join(map(str, value))
         lines.append((key.replace("_", " "), str(value)))
     if errors_ is not None:
-        lines.append(("errors", str(errors_)))
+        lines.append(("errors", str(errors_) + (f"  ({failing} path(s) failing now; the reason: getfattr -n "
+                                                "user.shufflefs.error FILE)" if failing else "")))
     width = max(len(k) for k, _ in lines)
     out = [f"{k:<{width}}  {v}".rstrip() for k, v in lines]
     if recent:
         out.append("recent errors:")
         out.extend(f"  {line}" for line in (recent if isinstance(recent, list) else [recent]))
     return "\n".join(out)
+
+
+def _few_blocks(block_size: Any, source: str) -> str:
+    """Why a file has few blocks and what to do, by where its block size came from."""
+    if block_size == "auto":
+        return ("of the automatic size (at least a page): block barely shuffles it, corgipile only within "
+                "its buffer; use --strategy full or once for files this small")
+    size = _param("block_size", block_size)
+    origin = " (the object-store default)" if "://" in source and block_size == REMOTE_BLOCK else ""
+    return (f"of {size}{origin}: block barely shuffles it, corgipile only within its buffer; "
+            "lower --block-size")
 
 
 def _duration(seconds: float) -> str:

@@ -96,7 +96,11 @@ class Catalog:
     def fail(self, what: str, relpath: str, epoch: int, offset: int | None, e: BaseException) -> Reply:
         """Log and count an error a reader will see, and turn it into the errno it gets."""
         where = f" at view offset {offset}" if offset is not None else ""
-        self.stats.error(f"{what} {relpath} (epoch {epoch}){where}: {e}")
+        reply = self._errno(what, relpath, e)
+        self.stats.error(f"{what} {relpath} (epoch {epoch}){where}: {e}", relpath, reply.errno)
+        return reply
+
+    def _errno(self, what: str, relpath: str, e: BaseException) -> Reply:
         if isinstance(e, ShuffleError):
             return Reply(e.errno)
         if isinstance(e, FileNotFoundError):
@@ -345,7 +349,7 @@ class Catalog:
                 data = await self.workers.run(h.source.read, off, size, limiter=self.windows.limiter)
             except OSError as e:
                 raise self.fail("read", node.relpath, node.epoch, off, e) from None
-            self.stats.served(len(data))
+            self.stats.served(len(data), node.relpath, h.opened)
             return data
         if node.broken is not None:
             raise Reply(node.broken.errno)
@@ -357,7 +361,7 @@ class Catalog:
                 node.broken = e
             raise self.fail("read", node.relpath, node.epoch, off, e) from None
         n = len(data)
-        self.stats.served(n)
+        self.stats.served(n, node.relpath, h.opened)
         h.last_end = off + n
         return data
 

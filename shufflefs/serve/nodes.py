@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from typing import TYPE_CHECKING
 
 from ..formats import Format
@@ -114,10 +115,11 @@ class Handle:
     which sits at view bytes ``[lo, hi)``, and where its last read ended.  A pass-through file's
     handle holds its open ``source``."""
 
-    __slots__ = ("node", "source", "last_end", "slot", "k", "lo", "hi", "shift")
+    __slots__ = ("node", "source", "last_end", "slot", "k", "lo", "hi", "shift", "opened")
 
     def __init__(self, node: Node, source: object | None = None) -> None:
         self.node, self.source, self.last_end = node, source, 0
+        self.opened = time.monotonic_ns()  # a read after an error clears it only through a later open
         self.slot: Slot | None = None
         self.k = -1  # the view window ``slot`` holds
         self.lo, self.hi = 0, -1  # no window: no read is inside it

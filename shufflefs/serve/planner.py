@@ -27,7 +27,7 @@ from ..pooled import PooledIndex
 from ..shared_tasks import SharedTasks
 from ..sources.base import Store
 from ..strategies import Plan, make_plan
-from ..strategies.base import FEW_BLOCKS
+from ..strategies.base import FEW_BLOCKS, effective_block_size
 from ..strategies.slices import SlicePlan, slice_edges
 from .nodes import Node
 from .workers import Workers
@@ -305,18 +305,23 @@ class Planner:
         return plan, await self.workers.run(Layout, index, plan, head, trail, limiter=self.workers.index)
 
     def _note_few_blocks(self, node: Node, index: RecordIndex) -> None:
-        """A block size the user set that leaves a file (or pool) few blocks: say so once."""
-        size = self.spec.block_size
-        if size is None or self.spec.strategy not in ("block", "corgipile", "pls"):
+        """A file (or pool) of fewer than `FEW_BLOCKS` blocks, which block orders barely shuffle:
+        say so once (a warning for a size the user set, an info line for the automatic size,
+        whose floor of a page leaves every file under 8 pages few blocks)."""
+        if self.spec.strategy not in ("block", "corgipile", "pls") or index.data_bytes <= 0:
             return
+        size = effective_block_size(self.spec, index.data_bytes)
         name = node.pool.pool.key if node.pool is not None else node.relpath
         blocks = -(-index.data_bytes // size)
         if blocks >= FEW_BLOCKS or name in self.few_blocks:
             return
         if len(self.few_blocks) < 1000:
             self.few_blocks[name] = blocks
-        log.warning("%s: %d block(s) of %d bytes: fewer than %d blocks, so block and corgipile barely shuffle it; "
-                    "lower --block-size (or leave it automatic)", name, blocks, size, FEW_BLOCKS)
+        given = self.spec.block_size is not None
+        log.log(logging.WARNING if given else logging.INFO,
+                "%s: %d block(s) of %d bytes: fewer than %d blocks, so block orders barely shuffle it%s", name,
+                blocks, size, FEW_BLOCKS, "; lower --block-size" if given else
+                " (the automatic size is at least a page); use --strategy full or once for files this small")
 
     async def _make_plan(self, node: Node, index: RecordIndex, cost_key: tuple) -> Plan:
         """`make_plan` on a worker thread, with the records' costs for ``--balance`` (kept per

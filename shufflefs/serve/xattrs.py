@@ -1,7 +1,9 @@
 """The extended attributes a mount shows (``user.shufflefs.*``) and its state for ``stat``.
 
 The epoch attribute is the only writable one; the others describe a view's plan (built if
-needed), or the mount (on the root)."""
+needed), or the mount (on the root).  ``user.shufflefs.error`` of a file is the last error a
+reader of its path got (`stats.PathErrors`), listed only while there is one, so that the reason
+for an errno is one ``getfattr`` away instead of in the daemon's log."""
 
 from __future__ import annotations
 
@@ -18,35 +20,43 @@ from ..index import default_cache_dir
 from ..stats import fit as fit_stats
 from ..view import GATHER
 from .catalog import Catalog
-from .nodes import DIR, ROOT, VIEW, Node, Reply
+from .nodes import DIR, FILE, ROOT, VIEW, Node, Reply
 
 log = logging.getLogger("shufflefs")
 
 X_EPOCH, X_STATS, X_PID = EPOCH_XATTR.encode(), STATS_XATTR.encode(), PID_XATTR.encode()
+X_ERROR = (XATTR_PREFIX + "error").encode()
 VIEW_ATTRS = [X_EPOCH] + [
     (XATTR_PREFIX + n).encode()
     for n in ("strategy", "seed", "records", "windows", "format", "block_size", "buffer", "info")
 ]
 ROOT_ATTRS = [X_EPOCH, X_STATS, X_PID]
-OURS = frozenset(VIEW_ATTRS + ROOT_ATTRS)
+OURS = frozenset(VIEW_ATTRS + ROOT_ATTRS + [X_ERROR])
 EPOCH_VALUE = re.compile(rb"(0|[1-9][0-9]{0,9})\n?")
 """An epoch as the attribute reads back (decimal, no sign, no leading zero), plus at most one
 trailing newline (``echo N > ...``-style tools add one).  Nothing else: a value such as ``" 1"``
 or ``"01"`` is more likely a mistake in a script than an epoch."""
 
 
-def names(node: Node) -> list[bytes]:
+def names(node: Node, cat: Catalog | None = None) -> list[bytes]:
+    """The node's attributes; with ``cat``, also ``user.shufflefs.error`` while its path has one."""
     if node.ino == ROOT:
         return list(ROOT_ATTRS)
     if node.kind == DIR:
         return [X_EPOCH]
+    failed = [X_ERROR] if cat is not None and node.relpath in cat.stats.paths else []
     if node.kind == VIEW:
-        return list(VIEW_ATTRS)
-    return []
+        return list(VIEW_ATTRS) + failed
+    return failed if node.kind == FILE else []
 
 
 async def get(cat: Catalog, node: Node, name: bytes) -> bytes:
     """ENODATA for a name the node does not have."""
+    if name == X_ERROR and node.kind in (VIEW, FILE):
+        line = cat.stats.paths.get(node.relpath)
+        if line is None:
+            raise Reply(errno.ENODATA)
+        return line.encode()
     if name not in names(node):
         raise Reply(errno.ENODATA)
     if name == X_EPOCH:
@@ -107,7 +117,8 @@ def parse_epoch(value: bytes, where: str = "") -> int:
 
 
 def remove(node: Node, name: bytes) -> None:
-    raise Reply(errno.EPERM if name in names(node) else errno.ENODATA)
+    ours = name in names(node) or (name == X_ERROR and node.kind in (VIEW, FILE))
+    raise Reply(errno.EPERM if ours else errno.ENODATA)
 
 
 def _exchange_counts(cat: Catalog) -> dict[str, str]:
