@@ -236,7 +236,9 @@ def _check_mountpoint(config: MountConfig, src: Path | None) -> str | None:
     cache_dir = config.cache_dir if config.cache_dir is not None else default_cache_dir()
     rcache = os.path.realpath(cache_dir)
     if rsrc is not None and _inside(rcache, rsrc):
-        return f"cache directory {cache_dir} is inside the source {src}, which is never written (use --cache-dir)"
+        fix = "give a --cache-dir outside it" if config.cache_dir is None else "choose a --cache-dir outside it"
+        which = "the default cache directory" if config.cache_dir is None else "--cache-dir"
+        return f"{which} {cache_dir} is inside the source {src}, which is never written: {fix}"
     if _inside(rcache, rmnt):
         return f"cache directory {cache_dir} is inside the mount point {mnt}"
     problem = check_own_dir(cache_dir, "cache directory", "--cache-dir")

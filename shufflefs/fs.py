@@ -15,10 +15,10 @@ notification (kernels before 6.16) views keep ``entry_timeout=0``.  Listings are
 stamps a listed name with its cache generation when it reads the reply, which may be after an
 epoch change the reply predates, so a listed view is looked up once (answered from the listing,
 `serve.tree.LISTING_TTL`).  ``security.*`` and ``system.*`` attributes are ENOTSUP without
-entering the catalog: ``ls -l`` then stops asking for them on this mount.  ``.npy`` and
-fixed-size views are served through the page cache (``keep_cache``) and so support shared
-``mmap``; every other view uses ``direct_io`` (reads arrive as the application issued them, no
-copy into the page cache).
+entering the catalog: ``ls -l`` then stops asking for them on this mount.  Views are
+served through the page cache with ``keep_cache`` (a view inode's bytes never change), so shared
+``mmap`` works on every view; with ``--direct-io`` every view but ``.npy`` and fixed-size ones uses
+``direct_io`` instead (reads arrive as the application issued them; shared mappings fail).
 """
 
 from __future__ import annotations

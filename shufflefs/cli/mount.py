@@ -39,8 +39,9 @@ def _cache_dir(given: Path | None, source: Path, parser: argparse.ArgumentParser
     real, src = os.path.realpath(cache_dir), os.path.realpath(source)
     which = "cache directory" if given is not None else "default cache directory"
     if real == src or _inside(real, src):
+        fix = "choose a --cache-dir outside it" if given is not None else "give a --cache-dir outside it"
         parser.error(f"{which} {str(cache_dir)!r} is inside the source {str(source)!r}, which is never "
-                     "written; choose another with --cache-dir")
+                     f"written: {fix}")
     problem = check_own_dir(cache_dir, which, "--cache-dir")
     if problem:
         parser.error(problem)

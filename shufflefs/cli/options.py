@@ -87,7 +87,9 @@ def _buffer(value: Any) -> int | float:
     if isinstance(b, float) and b < MIN_BUFFER_FRACTION:
         raise ValueError(f"a buffer share must be at least {MIN_BUFFER_FRACTION * 100:g}%: {value!r}")
     if isinstance(b, int) and not MIN_BUFFER <= b <= MAX_SIZE:
-        raise ValueError(f"a buffer must be between {format_size(MIN_BUFFER)} and {format_size(MAX_SIZE)}: {value!r}")
+        bare = isinstance(value, (str, int)) and str(value).strip().isdigit()
+        hint = f" (a share of each file's record bytes is {str(value).strip()}%, mebibytes {str(value).strip()}MiB)" if bare else ""
+        raise ValueError(f"a buffer must be between {format_size(MIN_BUFFER)} and {format_size(MAX_SIZE)}: {value!r}{hint}")
     return b
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import __version__
 from ..config import (
@@ -43,12 +43,20 @@ def _default_cache_text() -> str:
     return str(default_cache_dir())
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is the one line that matters and where the options are, not the whole
+    usage block (which for ``mount`` buries the error under 15 lines)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n(options: {self.prog} --help)\n")
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     from ..strategies import STRATEGIES
 
     strategies = _strategy_lines()
     raw = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Mount a dataset directory read-only; every data file shows its records in a "
         "fresh shuffled order each epoch.",
@@ -75,7 +83,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     g.add_argument("--block-size", metavar="SIZE|auto",
                    help="bytes per block, the unit of storage reads and of block shuffling, 512 B to 1GiB; "
                         "auto (default): per file, the largest power of two up to 1/64 of its record bytes, "
-                        "between --page-size and 4MiB, so that every file has dozens of blocks to permute")
+                        "between --page-size and 4MiB: 64 blocks or more from 256KiB of records, fewer below "
+                        "(files under 8 pages have fewer than 8 blocks: shufflefs stat names them)")
     g.add_argument("--buffer", metavar="SIZE|P%", help="shuffle buffer: bytes (4KiB to 1TiB), or a percentage of each "
                    "file's record bytes (0.01%% to 100%%) (default 64MiB)")
     g.add_argument("--seed", metavar="N", help="seed of every order, 0 to 2**63-1 (default 0)")
@@ -109,7 +118,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                    help="number of ranks (default $WORLD_SIZE, else 1)")
     g.add_argument("--even", choices=EVEN_MODES, default=None,
                    help="equal record counts per rank: none (default: every record exactly once, "
-                        "counts may differ by a block's records), pad (short ranks repeat some of "
+                        "counts differ by at most one record), pad (short ranks repeat some of "
                         "their records, like DistributedSampler) or drop (long ranks leave their "
                         "last records out)")
     g.add_argument("--balance", action="store_true", default=None,

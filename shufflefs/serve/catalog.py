@@ -38,9 +38,12 @@ from .workers import META_DEADLINE, Timeout, Workers
 log = logging.getLogger("shufflefs")
 
 PAGE_CACHE_FORMATS = frozenset({"npy", "fixed"})
-"""Formats served through the page cache, because their usual readers map them (``numpy.load(...,
-mmap_mode='r')``, ``numpy.memmap``) and a shared mmap of a direct_io file fails with ENODEV.  Safe
-because a view inode's bytes never change; every other view uses direct_io (faster here)."""
+"""Formats served through the page cache even with ``--direct-io``, because their usual readers
+map them (``numpy.load(..., mmap_mode='r')``, ``numpy.memmap``) and a shared mmap of a direct_io
+file fails with ENODEV (libfuse 3.14 cannot ask for FUSE_DIRECT_IO_ALLOW_MMAP).  Without
+``--direct-io`` every view is served through the page cache, since CSV, JSON and Arrow readers
+map files too (``pandas.read_csv`` of files from 5 MB on).  Safe because a view inode's bytes
+never change: a new epoch, source version or part is a new inode (`tree.Tree`)."""
 
 
 class Catalog:
@@ -337,10 +340,9 @@ class Catalog:
             raise Reply(errno.ESTALE)
         node.trusted = True
 
-    @staticmethod
-    def page_cache(node: Node) -> bool:
+    def page_cache(self, node: Node) -> bool:
         """Whether the kernel may cache the node's bytes (see `PAGE_CACHE_FORMATS`)."""
-        return node.kind != VIEW or node.fmt.name in PAGE_CACHE_FORMATS
+        return node.kind != VIEW or not self.config.direct_io or node.fmt.name in PAGE_CACHE_FORMATS
 
     async def read(self, h: Handle, off: int, size: int) -> Any:
         node = h.node

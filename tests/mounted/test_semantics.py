@@ -221,7 +221,7 @@ def test_view_attributes_and_inodes(mount):
 def test_shared_mappings_of_direct_io_views_are_enodev_private_ones_work(mount):
     """Holds: SEMANTICS.md#views-pagecache, SEMANTICS.md#errors-enodev"""
     arr = np.arange(3000, dtype="<i8").reshape(1000, 3)
-    m = mount({"a.jsonl": LINES, "n.npy": npy_bytes(arr)}, *ARGS)
+    m = mount({"a.jsonl": LINES, "n.npy": npy_bytes(arr)}, *ARGS, "--direct-io")
     want = read(m.path("a.jsonl"))
     fd = os.open(m.path("a.jsonl"), os.O_RDONLY)
     try:
