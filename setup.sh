@@ -37,9 +37,13 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 if [ "${1:-}" = test ]; then
-  # The CPU build of PyTorch first: an unpinned `torch` requirement would otherwise pull the
-  # newest release with several GB of CUDA packages.
-  .venv/bin/python -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+  # PyTorch first, pinned (TORCH_SPEC, default torch==2.13.0), so that the test extras do not pull
+  # the newest release. On an ordinary Linux x86_64 machine pip's default index serves the CUDA
+  # build (with several GB of CUDA packages); the tests need only the CPU build, which PyTorch
+  # publishes on its own CPU wheel index: to install that one, point PIP_EXTRA_INDEX_URL (or
+  # PIP_INDEX_URL) at it and, where its versions carry a local tag, TORCH_SPEC at one
+  # (e.g. TORCH_SPEC='torch==2.13.0+cpu'). pip reads both from the environment.
+  .venv/bin/python -m pip install -q "${TORCH_SPEC:-torch==${TORCH_VERSION:-2.13.0}}"
   PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -e '.[test]'
 else
   PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q -e .

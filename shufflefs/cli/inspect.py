@@ -58,6 +58,8 @@ class _Inspected:
     """The source bytes (uint8 array), once read."""
     auto_block: bool = True
     """Whether the block size is the automatic one (for the advice on files of few blocks)."""
+    members: list[Path] | None = None
+    """A pooled shard: the pool's source files, whose data regions the pooled index runs through."""
 
 
 def _parse_strategy_list(text: str | None, parser: argparse.ArgumentParser) -> list[tuple[str, str, int | float | None]]:
@@ -113,8 +115,12 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
     """Rebuild the plan of a mounted view from its attributes and the source file."""
     from ..costs import record_costs
     from ..formats import load_or_build_index, make_format
+    import numpy as np
+
     from ..index import IndexCache
+    from ..pooled import PooledIndex
     from ..strategies import make_plan
+    from ..strategies.slices import SlicePlan, slice_edges
 
     given = [k for k in (*INSPECT_SHUFFLE_KEYS, "format", "record_size", "header_bytes", "cache_dir", "config", "strategies")
              if getattr(args, k, None)]
@@ -124,9 +130,10 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
     root = _mount_root(args.path)
     if root is None:
         raise CliError(f"{args.path}: cannot find the root of its shufflefs mount")
-    if "pool" in info:
-        raise CliError(f"{args.path}: shard {info.get('shard')} of the pool {info['pool']!r}; inspect analyses "
-                       "the order of one file (inspect a member in the source, or mount with --no-pool)")
+    if "pool" in info and (info.get("pool_declared") or args.verify):
+        raise CliError(f"{args.path}: shard {info.get('shard')} of the pool {info['pool']!r} declared by --pool"
+                       if not args.verify else f"{args.path}: --verify does not apply to a pooled shard"
+                       "; inspect a member in the source, or a view of a mount made with --no-pool")
     try:
         stats = json.loads(get_xattr(root, STATS_XATTR))
         fmt = make_format(info["format"], info.get("format_params") or {})
@@ -150,12 +157,46 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
             parser.error(f"argument --epoch: {e}")
         if args.verify and epoch != view_epoch:
             parser.error(f"--verify reads the view, which is in epoch {view_epoch}, not {epoch}")
-    index = load_or_build_index(source, fmt, IndexCache(Path(stats["cache_dir"])))
-    costs = record_costs(str(source), index, spec.balance_field, fmt.name) if spec.balance else None
-    plan = make_plan(index, spec, epoch, rank, world, part, parts, costs=costs)
+    cache = IndexCache(Path(stats["cache_dir"]))
     name = (f"{spec.strategy}" + (f" rank {rank}/{world}" if world > 1 else "")
             + (f" part {part}/{parts}" if parts > 1 else ""))
-    return _Inspected(source, fmt, index, spec, epoch, {name: plan}, auto_block=bool(info.get("block_size_auto", True)))
+    auto = bool(info.get("block_size_auto", True))
+    if "pool" in info:
+        members = _pool_members(source, info, fmt, cache)
+        index = PooledIndex([m for _, m in members])
+        if spec.balance:
+            raise CliError(f"{args.path}: a pooled shard of a --balance mount cannot be inspected")
+        stream = make_plan(index, spec, epoch, rank, world, part, parts)
+        edges = slice_edges(int(np.asarray(stream.window_records).sum()), len(members))
+        shard = int(info["shard"])
+        plan = SlicePlan(stream, int(edges[shard]), int(edges[shard + 1]), shard, len(members))
+        return _Inspected(source, fmt, index, spec, epoch, {f"{name} shard {shard}/{len(members)}": plan},
+                          auto_block=auto, members=[p for p, _ in members])
+    index = load_or_build_index(source, fmt, cache)
+    costs = record_costs(str(source), index, spec.balance_field, fmt.name) if spec.balance else None
+    plan = make_plan(index, spec, epoch, rank, world, part, parts, costs=costs)
+    return _Inspected(source, fmt, index, spec, epoch, {name: plan}, auto_block=auto)
+
+
+def _pool_members(source: Path, info: dict, fmt: Any, cache: Any) -> list[tuple[Path, Any]]:
+    """The source files of a shard's name-recognised pool, in shard order, with their indexes: the
+    files of its directory whose names share its pattern (`pools.shard_key`), as the mount found
+    them; a different count than the mount's means the directory changed (run again)."""
+    from ..formats import load_or_build_index
+    from ..pools import path_order, shard_key
+
+    key = shard_key(source.name)
+    found = []
+    for entry in os.scandir(source.parent) if key is not None else ():
+        k = shard_key(entry.name)
+        if k is not None and k[0] == key[0] and entry.is_file(follow_symlinks=False):
+            found.append((k[1], entry.name))
+    found.sort(key=lambda f: (f[0], path_order(f[1])))
+    paths = [source.parent / name for _, name in found]
+    if len(paths) != int(info.get("pool_shards", -1)) or source not in paths:
+        raise CliError(f"{source}: its pool {info['pool']!r} has {info.get('pool_shards')} shards in the mount, "
+                       f"{len(paths)} files here; the source changed (run again)")
+    return [(p, load_or_build_index(p, fmt, cache)) for p in paths]
 
 
 def _inspect_cache(given: Path | None, parent: Path, parser: argparse.ArgumentParser) -> Any:
@@ -208,6 +249,21 @@ def _inspect_source(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         _check_strategy(spec, parser)
         plans[column] = make_plan(index, spec, v["epoch"])
     return _Inspected(path, fmt, index, base, v["epoch"], plans, auto_block=v["block_size"] is None)
+
+
+def _pooled_data(got: _Inspected) -> Any:
+    """The data regions of a pool's members, concatenated: the bytes its pooled offsets address."""
+    import numpy as np
+
+    from ..labels import read_source
+
+    parts = []
+    for path, (size, head, tail) in zip(got.members or [], got.index.member_frames):
+        data = read_source(path)
+        if len(data) != size:
+            raise CliError(f"{path}: the file changed while it was being inspected; run again")
+        parts.append(data[head:tail])
+    return np.concatenate(parts) if parts else np.zeros(0, np.uint8)
 
 
 def _label_source(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
@@ -285,7 +341,9 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             got = _inspect_source(args, parser)
             mounted = False
         labels = None
-        if label_source is not None or args.verify:
+        if (label_source is not None or args.verify) and got.members is not None:
+            got.data = _pooled_data(got)
+        elif label_source is not None or args.verify:
             got.data = read_source(got.source)
             _check_stamp(got.source, got.index)
         if label_source is not None:

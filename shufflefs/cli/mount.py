@@ -109,7 +109,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     _check_strategy(spec, parser)
     cache_dir = Path(v["cache_dir"]) if v["cache_dir"] is not None else default_cache_dir()
     problem = check_paths(MountConfig(args.source if remote else Path(args.source), Path(args.mountpoint),
-                                      cache_dir=cache_dir, stage_dir=v["stage_dir"]))
+                                      cache_dir=cache_dir if v["cache_dir"] is not None else None, stage_dir=v["stage_dir"]))
     if problem:
         parser.error(problem)
     unwritable = cache_unwritable(cache_dir)  # not an error: the daemon keeps new indexes itself

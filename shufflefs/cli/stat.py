@@ -30,6 +30,7 @@ def format_stats(stats: dict) -> str:
     """Readable lines for the known fields of ``user.shufflefs.stats``; any others are listed after."""
     s = dict(stats)
     take = s.pop
+    source = str(s.get("source", ""))
     lines: list[tuple[str, str]] = []
 
     pid, uptime = take("pid", None), take("uptime_s", None)
@@ -42,7 +43,7 @@ def format_stats(stats: dict) -> str:
         lines.append(("gather", gather + (f"  (code in {code})" if code else "")
                       + ("" if gather == "compiled" else "  WARNING: the compiled module is missing, "
                          "windows are built several times slower; reinstall shufflefs")))
-    block_size, source = s.get("block_size"), str(s.get("source", ""))
+    block_size = s.get("block_size")
     params = [f"{k}={_param(k, take(k))}" for k in ("seed", "block_size", "buffer", "page_size") if k in s]
     lines.append(("strategy", "  ".join([str(take("strategy", "?")), *params])))
     rank, world, even = take("rank", None), take("world", None), take("even", "none")

@@ -51,8 +51,9 @@ class ShuffleSpec:
 
 AUTO_BLOCK_MAX = 4 * MiB
 AUTO_BLOCKS = 64
-"""An automatic block is at most 1/AUTO_BLOCKS of a file's record bytes: every file then has
-dozens of blocks to permute (a file of one block would be served in source order)."""
+"""An automatic block is at most 1/AUTO_BLOCKS of a file's record bytes, so a file has dozens of
+blocks to permute (a file of one block would be served in source order) unless it is smaller than
+AUTO_BLOCKS pages: a block is never smaller than a page, and such files are reported."""
 FEW_BLOCKS = 8
 """Below this many blocks, block and corgipile barely shuffle a file (reported for sizes the
 user set)."""
