@@ -112,6 +112,9 @@ class MountConfig:
     verify: str = "frames"
     """``frames``: check every record's checksums (TFRecord) in every window as it is gathered;
     ``index``: only when the index is built."""
+    direct_io: bool = False
+    """Serve every view but npy and fixed-size ones with ``direct_io`` (no page cache): shared
+    mappings of them fail with ENODEV.  False: every view goes through the page cache."""
     cache_warning: str | None = None
     """Why ``cache_dir`` cannot be written (`cache_unwritable`) and where new indexes go instead,
     or None: set by the command line (a background mount prints it) and by the daemon (its log,

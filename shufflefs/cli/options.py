@@ -185,6 +185,7 @@ OPTIONS: dict[str, _Option] = {
     "random_level": _Option(_fraction, 0.0),
     "cache_dir": _Option(_path, None),
     "no_pool": _Option(_flag, False),
+    "direct_io": _Option(_flag, False),
     "record_size": _Option(_size_in(1, MAX_BLOCK), None),
     "header_bytes": _Option(_size_or_zero, None),
     "log_file": _Option(_path, None),

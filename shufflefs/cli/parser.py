@@ -160,6 +160,13 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     g.add_argument("--log-file", metavar="FILE", help="append the daemon's log here")
     g.add_argument("-v", "--verbose", action="count", default=None, help="more output (repeatable)")
     g.add_argument("-f", "--foreground", action="store_true", default=None, help="run the daemon in this process")
+    g.add_argument("--direct-io", action="store_true", default=None,
+                   help="serve views other than .npy and fixed-size ones with direct_io, bypassing "
+                        "the page cache (the serving of earlier versions; faster on some machines, "
+                        "see the README's Performance section). What breaks: a shared mmap of those "
+                        "views fails with ENODEV, so pandas.read_csv of a CSV over a few MB, "
+                        "numpy.memmap and pyarrow.memory_map fail; private mappings (MAP_PRIVATE) "
+                        "and read() work")
     g.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
     p = subs["epoch"] = sub.add_parser(
