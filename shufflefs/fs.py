@@ -169,6 +169,14 @@ def attributes(node: Node, st: Stat | None = None, listing: bool = False,
     return a
 
 
+def _invalidate(inodes: list[int]) -> None:
+    for ino in inodes:
+        try:
+            pyfuse3.invalidate_inode(ino, attr_only=False)
+        except OSError:  # forgotten by the kernel meanwhile (ENOENT), or not supported
+            pass
+
+
 class ShuffleFS(pyfuse3.Operations):
     """The operations of one mount.  Call `start` with a nursery before serving requests."""
 
@@ -183,6 +191,8 @@ class ShuffleFS(pyfuse3.Operations):
         self._next_fh = 1
         self.names = KernelNames()
         self.view_entry = 0.0  # seconds the kernel keeps a looked-up view's name (see `start`)
+        self.paged: set[int] = set()  # view inodes opened through the page cache (`drop_past_pages`)
+        self._nursery: trio.Nursery | None = None
 
     @property
     def index_cache(self) -> Any:
@@ -191,6 +201,7 @@ class ShuffleFS(pyfuse3.Operations):
     def start(self, nursery: trio.Nursery) -> None:
         """Once mounted: views' names are cached by the kernel if it can be told to drop them."""
         self.catalog.start(nursery)
+        self._nursery = nursery
         if self.names.attach():
             self.view_entry = META_TIMEOUT
             self.catalog.names_cached = True
@@ -287,6 +298,8 @@ class ShuffleFS(pyfuse3.Operations):
         if node.kind != VIEW:
             return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=False)
         page_cache = self.catalog.page_cache(node)
+        if page_cache:
+            self.paged.add(node.ino)
         return pyfuse3.FileInfo(fh=fh, direct_io=not page_cache, keep_cache=page_cache)
 
     @_guard
@@ -309,6 +322,9 @@ class ShuffleFS(pyfuse3.Operations):
         h = self._handles.pop(fh, None)
         if h is not None:
             self.catalog.release(h)
+            if h.node.ino in self.paged and self._past(h.node) and self._nursery is not None:
+                self.paged.discard(h.node.ino)
+                self._nursery.start_soon(trio.to_thread.run_sync, _invalidate, [h.node.ino])
 
     # ------------------------------------------------------------------ extended attributes
 
@@ -330,10 +346,32 @@ class ShuffleFS(pyfuse3.Operations):
         """An epoch change is answered once the kernel has dropped every name it keeps, so that
         the next path walk looks the new epoch's inodes up."""
         xattrs.set(self.catalog, self.catalog.tree.node(inode), name, value)
+        if name == xattrs.X_EPOCH and self._nursery is not None:
+            self._nursery.start_soon(self.drop_past_pages)
         if name == xattrs.X_EPOCH and self.view_entry and not self.names.expire():
             self.view_entry = 0.0
             self.catalog.names_cached = False
             await trio.sleep(META_TIMEOUT + 0.05)  # the names given out before expire by then
+
+    def _past(self, node: Node) -> bool:
+        """A view no handle holds whose epoch is no longer its file's."""
+        return node.opens == 0 and node.epoch != self.catalog.views.epoch_of(node.epoch_path)
+
+    async def drop_past_pages(self) -> None:
+        """Tell the kernel to drop the cached pages of views whose epoch has passed and that no
+        handle (nor mapping) holds: it would keep them until memory runs short (an inode stays in
+        its cache after its name expires), beside the new epoch's.  Dropped pages of a view that is
+        opened again (its epoch set back) are read again, the same bytes."""
+        past = []
+        for ino in list(self.paged):
+            node = self.catalog.tree.nodes.get(ino)
+            if node is None:
+                self.paged.discard(ino)
+            elif self._past(node):
+                self.paged.discard(ino)
+                past.append(ino)
+        if past:  # on a thread: the kernel locks each page, and a page may wait for a read of ours
+            await trio.to_thread.run_sync(_invalidate, past)
 
     @_guard
     async def removexattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:

@@ -13,6 +13,8 @@ Generates (or takes, ``--data DIR``) two datasets, JSON Lines of ~1 KiB records 
   paired       the speed targets' measurements: contenders mounted at once and read in rotating
                order for several rounds (median of per-round ratios), first pass vs later passes
                on fresh mounts, and a dataset larger than memory (a memory cgroup; see paired.py)
+  serving      the default serving (page cache, shared mappings work) against --direct-io, none
+               and corgipile warm, in paired rounds (see serving.py)
   torch        a PyTorch map-style Dataset + RandomSampler, one pread per record (DataLoader)
   streaming    MosaicML Streaming: MDS conversion, then a local StreamingDataset epoch (py1e)
   once-copy    Shuffle Once: a shuffled copy written once, then read front to back
@@ -57,6 +59,7 @@ sys.path[:0] = [str(TOOLS), str(REPO)]
 
 from bench import alternatives, data, proc, reads, timings  # noqa: E402
 from bench.paired import Paired  # noqa: E402
+from bench.serving import Serving  # noqa: E402
 from bench.reads import Reading  # noqa: E402
 from bench.report import MiB, Report, Row  # noqa: E402
 from bench.targets import targets  # noqa: E402
@@ -68,7 +71,7 @@ from shufflefs.index import IndexCache, RecordIndex  # noqa: E402
 from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan  # noqa: E402
 
 STRATEGY_ORDER = ("none", "corgipile", "block", "full", "lirs-page", "window", "once")
-SECTIONS = ("raw", "passthrough", "views", "paired", "torch", "streaming", "once-copy", "index", "remount", "epoch", "s3")
+SECTIONS = ("raw", "passthrough", "views", "paired", "serving", "torch", "streaming", "once-copy", "index", "remount", "epoch", "s3")
 DATASETS = ("lines", "fixed")
 PT_MODES = ("direct_io", "page cache")
 RAW = "raw source"
@@ -134,6 +137,7 @@ class Bench:
         self.remount_s: float | None = None
         self.epoch_first_s: float | None = None
         self.paired: Paired | None = None
+        self.serving: Serving | None = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -287,6 +291,11 @@ class Bench:
         self.paired.run()
         self.report.section("Paired rounds (what the speed targets are judged on)", self.paired.lines)
 
+    def run_serving(self) -> None:
+        self.serving = Serving(self, self.args.rounds)
+        self.serving.run()
+        self.report.section("Serving modes: page cache (default) against --direct-io", self.serving.lines)
+
     def _memory_line(self, strategy: str, ds: Dataset, rows: list[Row]) -> str:
         sizes = make_plan(ds.index, self.spec(strategy), 0).window_sizes
         window = int(max(sizes)) if len(sizes) else 0
@@ -336,7 +345,7 @@ class Bench:
                 rep.compare(row, rep.find(ds, RAW, rd, cache), f"raw {rd} {cache}")
             elif row.what.startswith("view "):
                 if cache == "warm":
-                    mode = "page cache" if ds == "fixed" else "direct_io"
+                    mode = self.view_mode(ds)
                     rep.compare(row, rep.find(ds, pt_name(mode), rd, cache), f"passthrough {mode} {rd}")
                 else:
                     rep.compare(row, rep.find(ds, RAW, rd, cache), f"raw {rd} {cache}")
@@ -349,13 +358,17 @@ class Bench:
                 rep.compare(row, base, f"corgipile {same} {cache}", by="records_per_s")
         rep.section("Targets", targets(self))
 
+    def view_mode(self, ds: str) -> str:
+        """How the views of dataset ``ds`` are served: the passthrough mode they compare with."""
+        return "direct_io" if ds != "fixed" and "--direct-io" in shlex.split(self.args.mount_args) else "page cache"
+
     # ------------------------------------------------------------------ run
 
     def run(self) -> Report:
         self.prepare()
         self.report.header = self.header()
         steps = [("raw", self.run_raw), ("passthrough", self.run_passthrough), ("views", self.run_views),
-                 ("paired", self.run_paired),
+                 ("paired", self.run_paired), ("serving", self.run_serving),
                  ("torch", self.run_torch), ("streaming", self.run_streaming), ("once-copy", self.run_once_copy),
                  ("index", self.run_index), ("remount", self.run_remount), ("epoch", self.run_epoch),
                  ("s3", self.run_s3)]
@@ -393,9 +406,9 @@ class Bench:
             "Columns: `x base` is this row's rate over the baseline named in `base` (same dataset, reader and "
             "cache state; for alternatives, records/s over the corgipile view read the same way, or by the "
             "Python loop where the alternative has its own reader); `x none` "
-            "is the rate over the `none` view's. Views of lines use direct_io and are compared warm with the "
-            "passthrough in direct_io mode; fixed-size views go through the page cache (so `mmap` works) and "
-            "are compared with the passthrough in page-cache mode. Cold views are compared with the cold raw "
+            "is the rate over the `none` view's. Views go through the page cache (so shared `mmap` works) and "
+            "are compared warm with the passthrough in page-cache mode (with `--direct-io` in `--mount-args`, "
+            "views of lines use direct_io and are compared with the passthrough in direct_io mode). Cold views are compared with the cold raw "
             "read. `warm, 1st`: a view's first pass after mounting (index loaded from its cache, window buffers "
             "touched for the first time), not used in ratios. The Python loop reads `st_blksize` bytes at a "
             "time: 4 KiB from the source and the passthrough, 1 MiB from views (shufflefs sets it). "

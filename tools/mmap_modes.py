@@ -7,8 +7,11 @@
 A mode is a daemon started with extra environment (``PYTHONPATH`` and ``LD_LIBRARY_PATH`` values
 are prepended to the current ones; ``{mode}`` and ``{strategy}`` in a value are replaced, e.g. for
 one log file per daemon), such as a prototype's switches or a pyfuse3 built against another
-libfuse; ``--code`` is the shufflefs the daemons import (default: this checkout).  Every mode is
-mounted once per strategy, all at once; then:
+libfuse; ``--code`` is the shufflefs the daemons import (default: this checkout).  Two keys are
+not environment: ``args`` adds mount options (``+`` separates them: ``args=--direct-io``) and ``ra``
+sets the mount's readahead in KiB once it serves (bdi ``read_ahead_kb``, root), e.g.
+``--mode dio:args=--direct-io --mode ra4:ra=4096``.  Every mode is mounted once per strategy, all
+at once; then:
 
   checks  on one epoch of each mode's first strategy: ``mmap`` (MAP_SHARED and MAP_PRIVATE,
           PROT_READ) of the views of ``--file`` and ``--csv``, the mapped bytes compared with
@@ -48,6 +51,10 @@ CHUNK = 16 << 20
 PATH_VARS = ("PYTHONPATH", "LD_LIBRARY_PATH")
 
 
+MODE_KEYS = ("args", "ra")
+"""Keys of a mode that are not environment variables."""
+
+
 def parse_mode(text: str) -> tuple[str, dict[str, str]]:
     name, _, rest = text.partition(":")
     env = {}
@@ -67,10 +74,14 @@ def daemon_env(code: Path, extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def readahead_kb(mnt: Path) -> str:
+def _knob(mnt: Path) -> Path:
     dev = os.stat(mnt).st_dev
+    return Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+
+
+def readahead_kb(mnt: Path) -> str:
     try:
-        return Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb").read_text().strip()
+        return _knob(mnt).read_text().strip()
     except OSError as e:
         return f"? ({e.strerror})"
 
@@ -196,12 +207,17 @@ def main() -> int:
                 mnt = work / f"mnt-{name}-{strategy}"
                 mnt.mkdir(exist_ok=True)
                 cmd = [sys.executable, "-P", "-m", "shufflefs", "mount", "-f", str(src), str(mnt),
-                       "--cache-dir", str(cache), "--strategy", strategy, *args.mount_args.split()]
+                       "--cache-dir", str(cache), "--strategy", strategy, *args.mount_args.split(),
+                       *filter(None, extra.get("args", "").split("+"))]
                 env = daemon_env(code, {k: v.replace("{mode}", name).replace("{strategy}", strategy)
-                                        for k, v in extra.items()})
+                                        for k, v in extra.items() if k not in MODE_KEYS})
                 d = proc.FuseDaemon(cmd, mnt, work / f"{name}-{strategy}.log", env)
                 daemons[(name, strategy)] = d.start()
         time.sleep(0.5)  # the daemons set their readahead once serving
+        for (name, strategy), d in daemons.items():
+            ra = dict(modes)[name].get("ra")
+            if ra:
+                _knob(d.mountpoint).write_text(ra)
         print(f"source {src / args.file}: {(src / args.file).stat().st_size / 1e9:.2f} GB; code {code}")
         for (name, strategy), d in daemons.items():
             print(f"  {name:14} {strategy:10} pid {d.pid:7}  read_ahead_kb {readahead_kb(d.mountpoint)}")

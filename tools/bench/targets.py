@@ -49,6 +49,13 @@ def targets(bench: Any) -> list[str]:
         for s in ("none", "corgipile"):
             pair(f"first pass of a fresh {s} mount >= 0.8x its later passes (paired)", paired.first_ratio(s),
                  lambda v: v >= 0.8)
+    serving = getattr(bench, "serving", None)
+    if serving is not None and serving.rates:
+        pair("warm corgipile >= 0.85x none view, both served through the page cache (serving rounds)",
+             serving.ratio("default/corgipile", "default/none"), lambda v: v >= 0.85)
+        for s in ("none", "corgipile"):
+            pair(f"warm {s}: page cache (default) vs --direct-io (serving rounds, report)",
+                 serving.ratio(f"default/{s}", f"direct-io/{s}"), None)
     if paired is not None and paired.penalty:
         p = paired.penalty
         line("larger than memory: corgipile >= 10x full", ratio(p.get("corgipile"), p.get("full")), lambda v: v >= 10)
@@ -56,7 +63,7 @@ def targets(bench: Any) -> list[str]:
         line("larger than memory: lirs-page between full and corgipile (1 = yes)", between, lambda v: v == 1.0,
              fmt="{:.0f}")
     for ds in [d.name for d in bench.datasets]:
-        mode = "page cache" if ds == "fixed" else "direct_io"
+        mode = bench.view_mode(ds)
         cp = "view corgipile"
         pt = f"C passthrough ({mode})"
         line(f"{ds}: warm corgipile 1 MiB reads >= 0.7x C passthrough ({mode}), single rows",
