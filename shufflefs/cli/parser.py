@@ -164,7 +164,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                    help="serve views other than .npy and fixed-size ones with direct_io, bypassing "
                         "the page cache (the serving of earlier versions; faster on some machines, "
                         "see the README's Performance section). What breaks: a shared mmap of those "
-                        "views fails with ENODEV, so pandas.read_csv of a CSV over a few MB, "
+                        "views fails with ENODEV, so pandas.read_csv of a CSV over a few MB and "
                         "numpy.memmap fail; private mappings (MAP_PRIVATE, as pyarrow.memory_map makes) "
                         "and read() work")
     g.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
