@@ -35,16 +35,34 @@ HUNG_AFTER = control.CONTROL_TIMEOUT
 it as hung: then it ends the FUSE connection, detaches the mount and ends the daemon."""
 
 
-def _hung(mnt: str, within: float) -> bool:
-    """Whether the daemon leaves requests unanswered for ``within`` seconds (sampled: a request
-    answered meanwhile shows as the count dropping to zero at some sample)."""
+def _writes(pid: int | None) -> int | None:
+    """Write calls the process has made (``syscw``): every FUSE reply is one."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("syscw:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _hung(mnt: str, within: float, pid: int | None) -> bool:
+    """Whether the daemon leaves requests unanswered for ``within`` seconds: requests wait at
+    every sample (a request answered meanwhile shows as the count dropping to zero at some
+    sample), and the daemon writes nothing (every reply is a write: a busy daemon whose readers
+    keep a request in flight at all times is answering, not hung)."""
     end = time.monotonic() + within
+    before = _writes(pid)
     while True:
         n = control.waiting(mnt)
         if not n:
             return False
         if time.monotonic() >= end:
-            return True
+            after = _writes(pid)
+            return before is None or after is None or after == before
         time.sleep(0.1)
 
 
@@ -97,7 +115,7 @@ def cmd_umount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         raise CliError("neither fusermount3 nor umount was found")
     if result.returncode != 0 and control.is_shufflefs(mnt):
         detail = (result.stderr or result.stdout).strip() or f"{result.args[0]} exit status {result.returncode}"
-        if result.returncode == 124 or _hung(mnt, HUNG_AFTER):
+        if result.returncode == 124 or _hung(mnt, HUNG_AFTER, pid):
             _force(mnt, pid)
             return EXIT_OK
         hint = ""

@@ -283,3 +283,39 @@ def test_umount_finds_the_daemon_by_its_pid_file(mount):
     assert r.returncode == 0, r.stderr
     assert m.wait(10) == 0
     assert not pid_file.exists()
+
+
+def test_umount_of_a_busy_mount_whose_daemon_answers_leaves_it_alone(mount):
+    """Readers that keep requests in flight all the time make a mount busy, not hung: the
+    daemon goes on answering, so `shufflefs umount` refuses (naming --lazy) and the readers
+    finish.  Holds: SEMANTICS.md#umount-busy"""
+    m = mount({"a.jsonl": LINES * 40}, "--direct-io", "--buffer", "64KiB", "--block-size", "4KiB")
+    code = """
+import os, sys, threading, time
+path, stop = sys.argv[1], time.monotonic() + float(sys.argv[2])
+def read():
+    while time.monotonic() < stop:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while os.read(fd, 1 << 16):
+                pass
+        finally:
+            os.close(fd)
+ts = [threading.Thread(target=read) for _ in range(4)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print("done")
+"""
+    readers = subprocess.Popen([sys.executable, "-c", code, str(m.path("a.jsonl")), "12"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        time.sleep(1.0)
+        r = shufflefs("umount", str(m.mnt), timeout=60)
+        assert r.returncode != 0 and "--lazy" in r.stderr, r.stderr
+        assert is_mounted(m.mnt) and m.proc.poll() is None
+        out, err = readers.communicate(timeout=60)
+        assert out.strip() == "done", err
+    finally:
+        if readers.poll() is None:
+            readers.kill()
+            readers.communicate()
