@@ -206,6 +206,28 @@ def expected_label_mix_tv(label_counts: Sequence[int] | np.ndarray, k: int) -> f
     return 0.5 * total
 
 
+def expected_block_mix_tv(blocks: int, labels: int = 10) -> float:
+    """Expected `label_mix_tv` of a buffer of ``blocks`` single-label blocks, each of one of
+    ``labels`` equally common labels drawn uniformly (a fully label-sorted file of many more
+    blocks than a buffer holds; drawing without replacement only mixes better).
+
+    The label counts are multinomial(n, 1/L), so E[TV] = L/2 E|X/n - 1/L| with X ~ Bin(n, 1/L),
+    and de Moivre's mean absolute deviation gives it exactly:
+    E[TV] = (L v / n) C(n, v) p^v (1-p)^(n-v+1), p = 1/L, v = floor(n/L) + 1;
+    about sqrt((L-1) / (2 pi n)) for large n.
+    """
+    n, L = int(blocks), int(labels)
+    if n < 1 or L < 1:
+        raise ValueError(f"blocks and labels must be >= 1, got {blocks} and {labels}")
+    v = n // L + 1
+    if v > n:  # one label: every window has the file's mix
+        return 0.0
+    p = 1.0 / L
+    log_term = (math.lgamma(n + 1) - math.lgamma(v + 1) - math.lgamma(n - v + 1)
+                + v * math.log(p) + (n - v + 1) * math.log1p(-p))
+    return L * v / n * math.exp(log_term)
+
+
 def expected_same_block_pairs(block_of_record: np.ndarray, ids: np.ndarray | None = None) -> float:
     """Exact expected `same_block_pairs` of a uniform permutation, for any batch size: each pair
     of batch positions holds a uniformly random pair of distinct records, so the answer is

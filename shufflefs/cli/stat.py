@@ -10,6 +10,7 @@ from ..config import (
     STATS_XATTR,
     format_buffer,
 )
+from ..strategies.base import MIX_ASSUMPTION
 from .common import EXIT_OK, REMOTE_BLOCK, CliError, _human, get_xattr
 
 
@@ -54,6 +55,10 @@ def format_stats(stats: dict) -> str:
         lines.append(("balance", f"by {field or 'byte length'}  random_level={level}"))
     for name, blocks in (take("few_blocks", None) or {}).items():
         lines.append(("few blocks", f"{name}: {blocks} block(s) {_few_blocks(block_size, source)}"))
+    for name, got in (take("small_buffers", None) or {}).items():
+        lines.append(("small buffer", f"{name}: {got.get('blocks_per_buffer')} blocks per buffer, expected label mix "
+                                      f"{got.get('expected_label_mix')} (TV {MIX_ASSUMPTION}; 0 is a perfect mix): "
+                                      "set --block-size smaller or --buffer larger"))
     pooling, globs = take("pooling", None), take("pool_globs", None) or []
     if pooling is not None:
         lines.append(("pools", ("shard sets by name" + (", declared: " + ", ".join(globs) if globs else ""))

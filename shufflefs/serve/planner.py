@@ -27,7 +27,7 @@ from ..pooled import PooledIndex
 from ..shared_tasks import SharedTasks
 from ..sources.base import Store
 from ..strategies import Plan, make_plan
-from ..strategies.base import FEW_BLOCKS, effective_block_size
+from ..strategies.base import BUFFER_BLOCKS, FEW_BLOCKS, MIX_ASSUMPTION, buffer_label_mix, effective_block_size
 from ..strategies.slices import SlicePlan, slice_edges
 from .nodes import Node
 from .workers import Workers
@@ -60,6 +60,7 @@ class Planner:
         self._costs: OrderedDict[tuple, np.ndarray] = OrderedDict()  # --balance-field
         self._pool_plans: OrderedDict[tuple, Plan] = OrderedDict()  # the pooled streams shards cut up
         self.few_blocks: dict[str, int] = {}  # files with fewer than FEW_BLOCKS of a size the user set
+        self.small_buffers: dict[str, dict] = {}  # files whose buffer holds fewer than BUFFER_BLOCKS blocks
         # indexes a window check found wrong (`distrust`, told from loading threads): forgotten
         # by the trio thread at its next use of the memos (`_drain`)
         self._lock = threading.Lock()
@@ -270,6 +271,7 @@ class Planner:
                 self.memory.release(node.ino)
                 raise
             self._note_few_blocks(node, index)
+            self._note_small_buffer(node, index)
             if node.size < 0:  # a rank's share or a shard: sized by its plan (a negative size
                 node.size = layout.size  # reaching the kernel would make the inode bad: EIO)
             elif layout.size != node.size:
@@ -322,6 +324,23 @@ class Planner:
                 "%s: %d block(s) of %d bytes: fewer than %d blocks, so block orders barely shuffle it%s", name,
                 blocks, size, FEW_BLOCKS, "; lower --block-size" if given else
                 " (the automatic size is at least a page); use --strategy full or once for files this small")
+
+    def _note_small_buffer(self, node: Node, index: RecordIndex) -> None:
+        """A file (or pool) whose buffer holds fewer than `BUFFER_BLOCKS` of its blocks, so that
+        block and corgipile mix few runs of one label: warn once, with the expected label mix."""
+        if self.spec.strategy not in ("block", "corgipile") or index.data_bytes <= 0:
+            return
+        name = node.pool.pool.key if node.pool is not None else node.relpath
+        if name in self.small_buffers:
+            return
+        blocks, mix = buffer_label_mix(self.spec, index.data_bytes, node.parts)
+        if blocks >= BUFFER_BLOCKS or mix == 0.0:
+            return
+        if len(self.small_buffers) < 1000:
+            self.small_buffers[name] = {"blocks_per_buffer": blocks, "expected_label_mix": round(mix, 3)}
+        log.warning("%s: a buffer holds %d blocks (fewer than %d): expected label mix %.3f (TV %s; 0 is a "
+                    "perfect mix); set --block-size smaller or --buffer larger", name, blocks, BUFFER_BLOCKS,
+                    mix, MIX_ASSUMPTION)
 
     async def _make_plan(self, node: Node, index: RecordIndex, cost_key: tuple) -> Plan:
         """`make_plan` on a worker thread, with the records' costs for ``--balance`` (kept per

@@ -18,6 +18,7 @@ from ..config import EPOCH_XATTR, MAX_EPOCH, PID_XATTR, STATS_XATTR, XATTR_PREFI
 from ..errors import ShuffleError
 from ..index import default_cache_dir
 from ..stats import fit as fit_stats
+from ..strategies.base import MIX_ASSUMPTION, buffer_label_mix
 from ..view import GATHER
 from .catalog import Catalog
 from .nodes import DIR, FILE, ROOT, VIEW, Node, Reply
@@ -92,6 +93,10 @@ async def get(cat: Catalog, node: Node, name: bytes) -> bytes:
         "source_size": node.stamp.size,
         "view_size": node.size,
     }
+    if spec.strategy in ("block", "corgipile") and node.index is not None and node.index.data_bytes > 0:
+        blocks, mix = buffer_label_mix(spec, node.index.data_bytes, node.parts)
+        info.update(blocks_per_buffer=blocks, expected_label_mix=round(mix, 3),
+                    expected_label_mix_for=MIX_ASSUMPTION)
     if node.pool is not None:
         info.update(pool=node.pool.pool.key, pool_shards=len(node.pool.pool.members),
                     pool_declared=node.pool.pool.declared)
@@ -143,6 +148,7 @@ def describe(cat: Catalog) -> dict[str, Any]:
         seed=spec.seed,
         block_size="auto" if spec.block_size is None else spec.block_size,
         few_blocks=dict(cat.planner.few_blocks),
+        small_buffers=dict(cat.planner.small_buffers),
         buffer=format_buffer(spec.buffer),
         page_size=spec.page_size,
         rank=config.rank,

@@ -70,6 +70,30 @@ def effective_block_size(spec: ShuffleSpec, data_bytes: int) -> int:
     return int(max(spec.page_size, min(size, AUTO_BLOCK_MAX)))
 
 
+BUFFER_BLOCKS = 64
+"""Below this many blocks per buffer, block and corgipile mix labels poorly (a warning)."""
+MIX_LABELS = 10
+"""The label count the expected label mix is stated for (the daemon does not know the labels)."""
+MIX_ASSUMPTION = f"for {MIX_LABELS} equally common labels, fully sorted"
+
+
+def blocks_per_buffer(spec: ShuffleSpec, data_bytes: int, parts: int = 1) -> int:
+    """Blocks in one buffer of a file (or pool) of ``data_bytes`` record bytes, as block and
+    corgipile plans take them: a part's buffer bytes over the effective block size, at least 1."""
+    buffer = max(1, spec.buffer_bytes(data_bytes) // max(1, parts))
+    return max(1, buffer // effective_block_size(spec, data_bytes))
+
+
+def buffer_label_mix(spec: ShuffleSpec, data_bytes: int, parts: int = 1) -> tuple[int, float]:
+    """Blocks per buffer and the expected label mix of a buffer (`quality.expected_block_mix_tv`,
+    `MIX_ASSUMPTION`); 0 when one buffer holds every block of the file."""
+    from ..quality import expected_block_mix_tv
+
+    n = blocks_per_buffer(spec, data_bytes, parts)
+    blocks = -(-int(data_bytes) // effective_block_size(spec, data_bytes))
+    return n, (0.0 if n >= blocks else expected_block_mix_tv(n, MIX_LABELS))
+
+
 def resolve_spec(spec: ShuffleSpec, index: RecordIndex) -> ShuffleSpec:
     """``spec`` with its block size fixed for ``index`` (unchanged if the user set one)."""
     if spec.block_size is not None:
