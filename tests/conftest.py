@@ -61,6 +61,24 @@ def is_mounted(path: Path | str) -> bool:
     return os.path.abspath(path) in shufflefs_mounts()
 
 
+def process_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie counts: it no longer runs)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    """Poll ``check`` until it holds; fail the test naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for {what}")
+        time.sleep(0.01)
+
+
 def bounded(code: str, *args: str, mnt: Path, timeout: float = 90.0) -> subprocess.CompletedProcess:
     """``code`` in a child Python; a child still running after ``timeout`` is a hang: the mount's
     FUSE connection is ended (every call waiting on it returns), the child killed, and the test

@@ -378,7 +378,7 @@ class Bench:
                 step()
         self.finish()
         self.report.header += ["", f"Run took {time.perf_counter() - self.started:.0f} s; load average at the "
-                                   f"end: {_loadavg()}."]
+                                   f"end: {proc.loadavg()}."]
         return self.report
 
     def header(self) -> list[str]:
@@ -394,14 +394,14 @@ class Bench:
         sizes = ", ".join(f"{d.name} {d.size / 1e6:.0f} MB / {d.n:,} records" for d in self.datasets)
         return [
             "## shufflefs benchmark", "",
-            f"`{cmd}` on {time.strftime('%Y-%m-%d %H:%M')}: {_cpu()} ({os.cpu_count()} CPUs), "
-            f"{_mem_gib():.0f} GiB RAM, Linux {platform.release()}, Python {platform.python_version()}, "
+            f"`{cmd}` on {time.strftime('%Y-%m-%d %H:%M')}: {proc.cpu_name()} ({os.cpu_count()} CPUs), "
+            f"{proc.mem_gib():.0f} GiB RAM, Linux {platform.release()}, Python {platform.python_version()}, "
             + ", ".join(versions) + ".",
             "",
             f"Datasets: {sizes}. Mounts: `--block-size {a.block_size} --buffer {a.buffer}` "
             f"{a.mount_args}. Reads stop after {a.max_seconds:g} s (epoch then extrapolated, `~`). "
             f"Cold = after `echo 3 > /proc/sys/vm/drop_caches`{'' if self.cold else ' (not run: needs root, or --no-cold)'}. "
-            f"Load average at the start: {_loadavg()}.",
+            f"Load average at the start: {proc.loadavg()}.",
             "",
             "Columns: `x base` is this row's rate over the baseline named in `base` (same dataset, reader and "
             "cache state; for alternatives, records/s over the corgipile view read the same way, or by the "
@@ -418,25 +418,6 @@ class Bench:
             "limits), RSS = VmHWM (reset before each row), which also counts the pages of source files that "
             "record-level views copy from a mapping (page cache shared with every reader of those files).",
         ]
-
-
-def _cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def _mem_gib() -> float:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
-
-
-def _loadavg() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -494,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.update_docs:
         from bench import docs
 
-        machine = f"{_cpu()} ({os.cpu_count()} CPUs, {_mem_gib():.0f} GiB RAM)"
+        machine = f"{proc.cpu_name()} ({os.cpu_count()} CPUs, {proc.mem_gib():.0f} GiB RAM)"
         for path in docs.update(report, text, REPO, machine):
             print(f"bench: wrote {path}", file=sys.stderr)
     return 0

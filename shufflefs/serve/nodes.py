@@ -4,7 +4,6 @@ errno a request ends with.  No FUSE import: the adapter (`shufflefs.fs`) maps th
 
 from __future__ import annotations
 
-import errno
 import os
 import time
 from typing import TYPE_CHECKING

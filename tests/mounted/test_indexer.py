@@ -15,13 +15,13 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import crc32c
 import numpy as np
 import pytest
 
+from conftest import process_gone, wait_for
 from faulty_formats import AppendingFormat, GatedFormat, SigbusFormat, TruncatingFormat
 from shufflefs.errors import FormatError, StaleSourceError
 from shufflefs.formats import FORMATS, CsvFormat, FixedFormat, LinesFormat, NpyFormat, TFRecordFormat
@@ -39,22 +39,6 @@ def builder():
         yield b
     finally:
         b.shutdown()
-
-
-def wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"gave up waiting for {what}")
-        time.sleep(0.01)
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def same(a: RecordIndex, b: RecordIndex) -> bool:
@@ -216,7 +200,7 @@ def test_shutdown_stops_a_running_scan_and_a_later_build_starts_afresh(tmp_path)
         t.join(WAIT)
         assert len(result) == 1 and isinstance(result[0], StaleSourceError) and result[0].message == STOPPED
         worker = int(started.read_text())
-        wait_for(lambda: gone(worker), f"worker {worker} to end")
+        wait_for(lambda: process_gone(worker), f"worker {worker} to end")
         assert same(b.build(p, LinesFormat(), tmp_path / "cache"), scan_file(p, LinesFormat()))
     finally:
         b.shutdown()
@@ -302,7 +286,7 @@ def test_the_daemon_survives_a_dead_indexing_process(mount) -> None:
     assert workers, "the index was not built in an indexing process"
     for w in workers:
         os.kill(w, signal.SIGBUS)
-    wait_for(lambda: all(gone(w) for w in workers), "the indexing processes to die")
+    wait_for(lambda: all(process_gone(w) for w in workers), "the indexing processes to die")
 
     check("b.jsonl")  # indexed by a fresh worker
     check("c.jsonl")
@@ -316,7 +300,7 @@ def test_the_daemon_survives_a_dead_indexing_process(mount) -> None:
     descendants += [w for d in descendants for w in _children(d)]
     m.stop()
     assert m.returncode == 0, m.stderr()
-    wait_for(lambda: all(gone(d) for d in descendants), "the daemon's processes to end")
+    wait_for(lambda: all(process_gone(d) for d in descendants), "the daemon's processes to end")
 
 
 def test_workers_end_with_a_killed_daemon(tmp_path) -> None:
@@ -341,10 +325,10 @@ def test_workers_end_with_a_killed_daemon(tmp_path) -> None:
         assert "multiprocessing.forkserver" in _cmdline(server)
         proc.kill()  # no shutdown: the daemon's processes must still end
         proc.wait(WAIT)
-        wait_for(lambda: gone(worker) and gone(server), "the orphaned indexing processes to end")
+        wait_for(lambda: process_gone(worker) and process_gone(server), "the orphaned indexing processes to end")
     finally:
         proc.kill()
         proc.wait(WAIT)
         for pid in (worker, server):
-            if pid is not None and not gone(pid):
+            if pid is not None and not process_gone(pid):
                 os.kill(pid, signal.SIGKILL)

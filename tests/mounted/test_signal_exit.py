@@ -15,27 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import process_gone, wait_for
 from test_indexer import _children, _cmdline, _workers
 
 from shufflefs.daemon import EXIT_GRACE
 
 LINES = 100_000_000
 """8-byte lines: an 800 MB file whose scan takes seconds (and whose index 800 MB)."""
-
-
-def wait_for(check, what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def test_sigterm_during_an_index_build_exits_at_once_and_leaves_nothing(mount, tmp_path):
@@ -59,7 +45,7 @@ def test_sigterm_during_an_index_build_exits_at_once_and_leaves_nothing(mount, t
         os.kill(m.pid, signal.SIGTERM)
         code = m.wait(timeout=30)
         took = time.monotonic() - t0
-        wait_for(lambda: all(gone(h) for h in helpers), "the daemon's processes to end")
+        wait_for(lambda: all(process_gone(h) for h in helpers), "the daemon's processes to end")
         log = m.stderr()
         assert code == 0 and took < EXIT_GRACE, log
         assert "still running" not in log and "leaked" not in log and "Traceback" not in log, log

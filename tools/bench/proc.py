@@ -8,6 +8,7 @@ unmount), so nothing outlives the benchmark.
 from __future__ import annotations
 
 import os
+import platform
 import re
 import signal
 import subprocess
@@ -197,3 +198,23 @@ class FuseDaemon:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def cpu_name() -> str:
+    """The CPU model, for the report's header."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def mem_gib() -> float:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
