@@ -151,6 +151,13 @@ def special_file_error(path: str, mode: int) -> OSError:
     return OSError(errno.ENXIO, f"{_kind(mode)}, not a regular file: never opened", path)
 
 
+def reopen(pinned: int, flags: int = os.O_RDONLY) -> int:
+    """The file held by the ``O_PATH`` descriptor ``pinned``, opened for reading through
+    ``/proc/self/fd``: the same inode whatever its name names now, opened with ``O_NONBLOCK``
+    (the caller checked its type on ``pinned``).  ``FileNotFoundError`` without ``/proc``."""
+    return os.open(f"/proc/self/fd/{pinned}", flags | os.O_NONBLOCK | os.O_CLOEXEC)
+
+
 def open_path(path: str | os.PathLike, flags: int = os.O_RDONLY) -> int:
     """``os.open(path, flags)``, resolved beneath its confined root if it has one.
 
@@ -171,19 +178,19 @@ def open_path(path: str | os.PathLike, flags: int = os.O_RDONLY) -> int:
         if not (stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and flags & os.O_DIRECTORY)):
             raise special_file_error(path, mode)
         try:
-            fd = os.open(f"/proc/self/fd/{pinned}", flags | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = reopen(pinned, flags)  # the same inode, already checked
         except FileNotFoundError:  # no /proc: open the name again, without blocking, and check it
             fd = _open_any(path, flags | os.O_NONBLOCK)
+            try:
+                st = os.fstat(fd)
+                if not (stat.S_ISREG(st.st_mode) or (stat.S_ISDIR(st.st_mode) and flags & os.O_DIRECTORY)):
+                    raise special_file_error(path, st.st_mode)
+            except BaseException:
+                os.close(fd)
+                raise
     finally:
         os.close(pinned)
-    try:
-        st = os.fstat(fd)
-        if not (stat.S_ISREG(st.st_mode) or (stat.S_ISDIR(st.st_mode) and flags & os.O_DIRECTORY)):
-            raise special_file_error(path, st.st_mode)
-        os.set_blocking(fd, not flags & os.O_NONBLOCK)  # O_NONBLOCK was for the open only
-    except BaseException:
-        os.close(fd)
-        raise
+    os.set_blocking(fd, not flags & os.O_NONBLOCK)  # O_NONBLOCK was for the open only
     return fd
 
 

@@ -52,7 +52,7 @@ def _last_byte(pinned: int, size: int) -> int | None:
     through ``/proc/self/fd`` (the same inode: never a FIFO or device swapped in under its name);
     None if unreadable (the open reports the error, and its plan the size)."""
     try:
-        fd = os.open(f"/proc/self/fd/{pinned}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = resolve.reopen(pinned)
     except OSError:
         return None
     try:
