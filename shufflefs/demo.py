@@ -2,7 +2,7 @@
 
 Sorted-by-label data is the case where not shuffling hurts training most (CorgiPile's
 clustered datasets): the first hundred source records all share one label, while the first
-hundred records of a CorgiPile view mix several.
+hundred records of a shuffled view (the default, stratified CorgiPile) mix several.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ WORDS = (
     "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu"
 ).split()
 
-DEMO_MOUNT_OPTIONS = ["--strategy", "corgipile", "--block-size", "4KiB", "--buffer", "10%"]
+DEMO_MOUNT_OPTIONS = ["--block-size", "4KiB", "--buffer", "10%"]
 """Small blocks, so a 300 KB file has enough of them for a window to draw from several labels."""
 
 

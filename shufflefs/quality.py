@@ -228,6 +228,42 @@ def expected_block_mix_tv(blocks: int, labels: int = 10) -> float:
     return L * v / n * math.exp(log_term)
 
 
+def expected_stratified_mix_tv(blocks: int, strata: int, labels: int = 10, offsets: int = 16) -> float:
+    """Expected `label_mix_tv` of a stratified buffer (`strategies.stratified`) over a fully
+    label-sorted file of ``blocks`` one-label blocks (label of block b: ``b * labels // blocks``).
+
+    The buffer takes one uniformly drawn block from each of ``strata`` contiguous strata, so a
+    label's count is a sum of independent Bernoulli draws, one per stratum that holds the label
+    in part (a Poisson binomial, computed exactly); averaged over ``offsets`` rotations of the
+    strata, as the order rotates them every epoch.
+    """
+    B, S, L = int(blocks), int(strata), int(labels)
+    if B < 1 or S < 1 or L < 1:
+        raise ValueError(f"blocks, strata and labels must be >= 1, got {blocks}, {strata}, {labels}")
+    S = min(S, B)
+    B = min(B, 64 * S)  # finer blocks change the strata's label shares by under 1/64 of a block
+    label = np.arange(B, dtype=I64) * L // B
+    share = np.bincount(label, minlength=L) / B
+    edges = np.arange(S + 1, dtype=I64) * (B // S) + np.minimum(np.arange(S + 1), B % S)
+    total = 0.0
+    shifts = sorted({int(o) * B // max(1, offsets) for o in range(max(1, offsets))})
+    for shift in shifts:
+        rolled = np.roll(label, -shift)
+        stratum = np.repeat(np.arange(S, dtype=I64), np.diff(edges))
+        p = np.bincount(stratum * L + rolled, minlength=S * L).reshape(S, L) / np.diff(edges)[:, None]
+        tv = 0.0
+        for lab in range(L):
+            q = p[:, lab]
+            sure = int(np.sum(q >= 1.0))
+            dist = np.ones(1)
+            for x in q[(q > 0) & (q < 1)]:
+                dist = np.concatenate((dist * (1 - x), [0.0])) + np.concatenate(([0.0], dist * x))
+            counts = sure + np.arange(len(dist))
+            tv += float(np.sum(dist * np.abs(counts / S - share[lab])))
+        total += tv / 2
+    return total / len(shifts)
+
+
 def expected_same_block_pairs(block_of_record: np.ndarray, ids: np.ndarray | None = None) -> float:
     """Exact expected `same_block_pairs` of a uniform permutation, for any batch size: each pair
     of batch positions holds a uniformly random pair of distinct records, so the answer is

@@ -70,7 +70,7 @@ from shufflefs.formats import load_or_build_index, make_format  # noqa: E402
 from shufflefs.index import IndexCache, RecordIndex  # noqa: E402
 from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan  # noqa: E402
 
-STRATEGY_ORDER = ("none", "corgipile", "block", "full", "lirs-page", "window", "once")
+STRATEGY_ORDER = ("none", "stratified", "corgipile", "block", "full", "lirs-page", "window", "once")
 SECTIONS = ("raw", "passthrough", "views", "paired", "serving", "torch", "streaming", "once-copy", "index", "remount", "epoch", "s3")
 DATASETS = ("lines", "fixed")
 PT_MODES = ("direct_io", "page cache")
@@ -177,7 +177,8 @@ class Bench:
     def spec(self, strategy: str) -> ShuffleSpec:
         buffer = self.args.buffer
         buf = float(buffer.strip()[:-1]) / 100 if buffer.strip().endswith("%") else parse_size(buffer)
-        return ShuffleSpec(strategy=strategy, seed=0, block_size=parse_size(self.args.block_size), buffer=buf)
+        block = None if self.args.block_size == "auto" else parse_size(self.args.block_size)
+        return ShuffleSpec(strategy=strategy, seed=0, block_size=block, buffer=buf)
 
     def next_epoch(self, mnt: Path) -> None:
         """A fresh epoch for every pass: new view inodes, so no pass is served from an earlier one's pages."""
@@ -437,7 +438,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--datasets", default=",".join(DATASETS))
     ap.add_argument("--readers", default=",".join(reads.READERS))
     ap.add_argument("--workers", default="0,2", help="DataLoader workers for the pread Dataset (default 0,2)")
-    ap.add_argument("--block-size", default="4MiB")
+    ap.add_argument("--block-size", default="auto", help="--block-size of every mount (default auto: the mounts' own)")
     ap.add_argument("--buffer", default="64MiB")
     ap.add_argument("--mount-args", default="", help="extra `shufflefs mount` options, quoted as one argument")
     ap.add_argument("--remount-records", help="records of the remount test (default 10M; 1M with --quick)")

@@ -117,7 +117,7 @@ def main() -> int:
     p.add_argument("--size", default="2GiB")
     p.add_argument("--memory", default="640MiB", help="memory limit of the cgroup (daemon + reader + their page cache)")
     p.add_argument("--max-seconds", type=float, default=30.0)
-    p.add_argument("--block-size", default="4MiB")
+    p.add_argument("--block-size", default="auto")
     p.add_argument("--buffer", default="64MiB")
     p.add_argument("--strategies", default="corgipile,full,lirs-page")
     p.add_argument("--dir", default=None)

@@ -167,7 +167,7 @@ MiB = 1 << 20
 VERIFY_MODES = ("frames", "index")
 
 OPTIONS: dict[str, _Option] = {
-    "strategy": _Option(_strategy, "corgipile"),
+    "strategy": _Option(_strategy, "stratified"),
     "block_size": _Option(_auto_or(_size_in(MIN_BLOCK, MAX_BLOCK)), None),
     "buffer": _Option(_buffer, 64 * MiB),
     "seed": _Option(_integer(0, MAX_SEED), 0),

@@ -79,12 +79,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("source", metavar="SRC", help="dataset directory")
     p.add_argument("mountpoint", metavar="MNT", help="empty directory to mount on")
     g = p.add_argument_group("shuffling")
-    g.add_argument("--strategy", choices=list(STRATEGIES), metavar="S", help="shuffle strategy (default corgipile; listed below)")
+    g.add_argument("--strategy", choices=list(STRATEGIES), metavar="S", help="shuffle strategy (default stratified; listed below)")
     g.add_argument("--block-size", metavar="SIZE|auto",
                    help="bytes per block, the unit of storage reads and of block shuffling, 512 B to 1GiB; "
-                        "auto (default): per file, the largest power of two up to 1/64 of its record bytes, "
-                        "between --page-size and 4MiB: 64 blocks or more from 256KiB of records, fewer below "
-                        "(files under 8 pages have fewer than 8 blocks: shufflefs stat names them)")
+                        "auto (default): per file, the largest power of two up to 1/512 of the buffer (a "
+                        "buffer draws from hundreds of blocks), but not below what the storage reads near "
+                        "full speed (the size `shufflefs advise` measured for the source's device, else "
+                        "128KiB), nor above 4MiB or 1/64 of the file's record bytes, nor below --page-size; "
+                        "8MiB on object storage. With --world-size above 1 a measurement is not used (every "
+                        "rank must cut the same blocks): give --block-size")
     g.add_argument("--buffer", metavar="SIZE|P%", help="shuffle buffer: bytes (4KiB to 1TiB), or a percentage of each "
                    "file's record bytes (0.01%% to 100%%) (default 64MiB)")
     g.add_argument("--seed", metavar="N", help="seed of every order, 0 to 2**63-1 (default 0)")

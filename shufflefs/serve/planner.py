@@ -27,7 +27,8 @@ from ..pooled import PooledIndex
 from ..shared_tasks import SharedTasks
 from ..sources.base import Store
 from ..strategies import Plan, make_plan
-from ..strategies.base import BUFFER_BLOCKS, FEW_BLOCKS, MIX_ASSUMPTION, buffer_label_mix, effective_block_size
+from ..strategies.base import (BLOCK_STRATEGIES, BUFFER_BLOCKS, FEW_BLOCKS, MIX_ASSUMPTION, buffer_label_mix,
+                               effective_block_size)
 from ..strategies.slices import SlicePlan, slice_edges
 from .nodes import Node
 from .workers import Workers
@@ -310,7 +311,7 @@ class Planner:
         """A file (or pool) of fewer than `FEW_BLOCKS` blocks, which block orders barely shuffle:
         say so once (a warning for a size the user set, an info line for the automatic size,
         whose floor of a page leaves every file under 8 pages few blocks)."""
-        if self.spec.strategy not in ("block", "corgipile", "pls") or index.data_bytes <= 0:
+        if self.spec.strategy not in (*BLOCK_STRATEGIES, "pls") or index.data_bytes <= 0:
             return
         size = effective_block_size(self.spec, index.data_bytes)
         name = node.pool.pool.key if node.pool is not None else node.relpath
@@ -328,7 +329,7 @@ class Planner:
     def _note_small_buffer(self, node: Node, index: RecordIndex) -> None:
         """A file (or pool) whose buffer holds fewer than `BUFFER_BLOCKS` of its blocks, so that
         block and corgipile mix few runs of one label: warn once, with the expected label mix."""
-        if self.spec.strategy not in ("block", "corgipile") or index.data_bytes <= 0:
+        if self.spec.strategy not in BLOCK_STRATEGIES or index.data_bytes <= 0:
             return
         name = node.pool.pool.key if node.pool is not None else node.relpath
         if name in self.small_buffers:

@@ -18,7 +18,7 @@ from ..config import EPOCH_XATTR, MAX_EPOCH, PID_XATTR, STATS_XATTR, XATTR_PREFI
 from ..errors import ShuffleError
 from ..index import default_cache_dir
 from ..stats import fit as fit_stats
-from ..strategies.base import MIX_ASSUMPTION, buffer_label_mix
+from ..strategies.base import BLOCK_STRATEGIES, MIX_ASSUMPTION, RUNS_ASSUMPTION, buffer_label_mix, runs_label_mix
 from ..view import GATHER
 from .catalog import Catalog
 from .nodes import DIR, FILE, ROOT, VIEW, Node, Reply
@@ -93,10 +93,13 @@ async def get(cat: Catalog, node: Node, name: bytes) -> bytes:
         "source_size": node.stamp.size,
         "view_size": node.size,
     }
-    if spec.strategy in ("block", "corgipile") and node.index is not None and node.index.data_bytes > 0:
+    if spec.strategy in BLOCK_STRATEGIES and node.index is not None and node.index.data_bytes > 0:
         blocks, mix = buffer_label_mix(spec, node.index.data_bytes, node.parts)
         info.update(blocks_per_buffer=blocks, expected_label_mix=round(mix, 3),
                     expected_label_mix_for=MIX_ASSUMPTION)
+        if spec.strategy == "stratified":
+            info.update(expected_label_mix_runs=round(runs_label_mix(spec, node.index.data_bytes, node.parts), 3),
+                        expected_label_mix_runs_for=RUNS_ASSUMPTION)
     if node.pool is not None:
         info.update(pool=node.pool.pool.key, pool_shards=len(node.pool.pool.members),
                     pool_declared=node.pool.pool.declared)

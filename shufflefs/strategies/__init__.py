@@ -19,13 +19,14 @@ from .even import EvenPlan
 from .lirs import FullShufflePlan, PageShufflePlan
 from .partial_local import PartialLocalPlan
 from .sliding_window import SlidingWindowPlan
+from .stratified import StratifiedPlan
 from .units import check_params
 
 STRATEGIES: dict[str, type[Plan]] = {
     p.name: p
     for p in (
         NoShufflePlan, ShuffleOncePlan, FullShufflePlan, PageShufflePlan,
-        BlockOnlyPlan, CorgiPilePlan, SlidingWindowPlan, PartialLocalPlan,
+        BlockOnlyPlan, CorgiPilePlan, StratifiedPlan, SlidingWindowPlan, PartialLocalPlan,
     )
 }
 

@@ -21,7 +21,7 @@ LOCAL_MODES = ("uniform", "corgipile")
 class ShuffleSpec:
     """The user's choice of strategy and its parameters; identical on every rank and mount."""
 
-    strategy: str = "corgipile"
+    strategy: str = "stratified"
     seed: int = 0
     block_size: int | None = None
     """Bytes per block; None: automatic per file (`effective_block_size`)."""
@@ -42,6 +42,9 @@ class ShuffleSpec:
     """The cost of a JSONL record for ``balance``: this numeric field (None: its byte length)."""
     random_level: float = 0.0
     """``balance``: seeded noise added to the costs before sorting, 0 (none) to 1 (their range)."""
+    block_floor: int | None = None
+    """The smallest automatic block size (None: `AUTO_BLOCK_FLOOR`); a mount sets it from the
+    storage's measurement (`shufflefs advise`) when one is cached for the source's device."""
 
     def buffer_bytes(self, data_bytes: int) -> int:
         if isinstance(self.buffer, float):
@@ -54,27 +57,48 @@ AUTO_BLOCKS = 64
 """An automatic block is at most 1/AUTO_BLOCKS of a file's record bytes, so a file has dozens of
 blocks to permute (a file of one block would be served in source order) unless it is smaller than
 AUTO_BLOCKS pages: a block is never smaller than a page, and such files are reported."""
+AUTO_BUFFER_BLOCKS = 512
+"""An automatic block is at most 1/AUTO_BUFFER_BLOCKS of the buffer, so that a buffer draws from
+hundreds of blocks: the label mix of a buffer of n one-label blocks falls only as 1/sqrt(n)
+(`quality.expected_block_mix_tv`: 0.31 for 16 blocks, 0.053 for 512, against 0.037 for a uniform
+shuffle's windows of 1,000 records over 10 labels)."""
+AUTO_BLOCK_FLOOR = 128 << 10
+"""The smallest automatic block where no measurement of the storage is cached: random reads of
+128 KiB blocks, hinted a window at a time as views load them, still run near a sequential read
+on the disks measured (`tools/cold_io.py`).  A 64 MiB buffer then holds 512 blocks."""
 FEW_BLOCKS = 8
 """Below this many blocks, block and corgipile barely shuffle a file (reported for sizes the
 user set)."""
 
 
+def _pow2_floor(n: int) -> int:
+    n = max(1, int(n))
+    return 1 << (n.bit_length() - 1)
+
+
 def effective_block_size(spec: ShuffleSpec, data_bytes: int) -> int:
     """The block size a file (or pool) of ``data_bytes`` record bytes is shuffled with: the
-    user's, or the largest power of two at most ``data_bytes / AUTO_BLOCKS``, within
-    ``[page_size, AUTO_BLOCK_MAX]``."""
+    user's, or the largest power of two at most the buffer over `AUTO_BUFFER_BLOCKS` but not
+    below the storage's floor (``spec.block_floor``, else `AUTO_BLOCK_FLOOR`), nor above
+    `AUTO_BLOCK_MAX` or ``data_bytes / AUTO_BLOCKS``; at least a page.
+
+    A pure function of the spec and the file's size, so every rank computes the same blocks."""
     if spec.block_size is not None:
         return spec.block_size
-    target = max(1, int(data_bytes) // AUTO_BLOCKS)
-    size = 1 << (target.bit_length() - 1)
-    return int(max(spec.page_size, min(size, AUTO_BLOCK_MAX)))
+    floor = spec.block_floor if spec.block_floor is not None else AUTO_BLOCK_FLOOR
+    by_buffer = max(_pow2_floor(spec.buffer_bytes(data_bytes) // AUTO_BUFFER_BLOCKS), _pow2_floor(floor))
+    size = min(by_buffer, AUTO_BLOCK_MAX, _pow2_floor(int(data_bytes) // AUTO_BLOCKS))
+    return int(max(spec.page_size, size))
 
 
+BLOCK_STRATEGIES = ("block", "corgipile", "stratified")
+"""The strategies whose windows are buffers of whole blocks: blocks per buffer set their mix."""
 BUFFER_BLOCKS = 64
 """Below this many blocks per buffer, block and corgipile mix labels poorly (a warning)."""
 MIX_LABELS = 10
 """The label count the expected label mix is stated for (the daemon does not know the labels)."""
 MIX_ASSUMPTION = f"for {MIX_LABELS} equally common labels, fully sorted"
+RUNS_ASSUMPTION = f"for {MIX_LABELS} equally common labels in one-label blocks, in random order"
 
 
 def blocks_per_buffer(spec: ShuffleSpec, data_bytes: int, parts: int = 1) -> int:
@@ -85,13 +109,30 @@ def blocks_per_buffer(spec: ShuffleSpec, data_bytes: int, parts: int = 1) -> int
 
 
 def buffer_label_mix(spec: ShuffleSpec, data_bytes: int, parts: int = 1) -> tuple[int, float]:
-    """Blocks per buffer and the expected label mix of a buffer (`quality.expected_block_mix_tv`,
-    `MIX_ASSUMPTION`); 0 when one buffer holds every block of the file."""
+    """Blocks per buffer and the expected label mix of a buffer over a fully sorted file
+    (`MIX_ASSUMPTION`): `quality.expected_block_mix_tv` for block and corgipile, whose random
+    blocks make sorted and shuffled runs alike, `quality.expected_stratified_mix_tv` for
+    stratified; 0 when one buffer holds every block of the file."""
+    from ..quality import expected_block_mix_tv, expected_stratified_mix_tv
+
+    n = blocks_per_buffer(spec, data_bytes, parts)
+    blocks = -(-int(data_bytes) // effective_block_size(spec, data_bytes))
+    if n >= blocks:
+        return n, 0.0
+    if spec.strategy == "stratified":
+        return n, expected_stratified_mix_tv(blocks, n, MIX_LABELS)
+    return n, expected_block_mix_tv(n, MIX_LABELS)
+
+
+def runs_label_mix(spec: ShuffleSpec, data_bytes: int, parts: int = 1) -> float:
+    """The expected label mix of a buffer when the file's one-label blocks come in random order
+    (`quality.expected_block_mix_tv`): what every block order gets from data without a trend,
+    stratified included."""
     from ..quality import expected_block_mix_tv
 
     n = blocks_per_buffer(spec, data_bytes, parts)
     blocks = -(-int(data_bytes) // effective_block_size(spec, data_bytes))
-    return n, (0.0 if n >= blocks else expected_block_mix_tv(n, MIX_LABELS))
+    return 0.0 if n >= blocks else expected_block_mix_tv(n, MIX_LABELS)
 
 
 def resolve_spec(spec: ShuffleSpec, index: RecordIndex) -> ShuffleSpec:

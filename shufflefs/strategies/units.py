@@ -30,9 +30,9 @@ def salt(label: str) -> int:
 
 def check_params(spec: ShuffleSpec) -> None:
     """Reject parameters no strategy can honour (the strategy name is checked by `make_plan`)."""
-    for name in ("block_size", "page_size"):
+    for name in ("block_size", "page_size", "block_floor"):
         v = getattr(spec, name)
-        if v is None and name == "block_size":  # automatic: resolved per file
+        if v is None and name != "page_size":  # automatic: resolved per file
             continue
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
             raise ValueError(f"{name} must be a positive number of bytes, got {v!r}")
@@ -227,6 +227,8 @@ class UnitPlan(CutPlan):
         k0 = int(np.searchsorted(per_unit, a, side="right")) - 1
         k1 = int(np.searchsorted(per_unit, b, side="left"))
         units = order[k0:k1] if b > a else order[:0]
+        self.first_position = k0 if b > a else 0
+        """Position of the share's first unit in the epoch's unit order (`unit_order`)."""
         lo, hi = self.firsts[units], self.firsts[units + 1]
         if len(units):  # the share may start and end inside a unit
             lo[0] += a - int(per_unit[k0])

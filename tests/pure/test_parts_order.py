@@ -15,7 +15,7 @@ from test_strategies import ALL, make_index
 RNG = np.random.default_rng(7)
 INDEX = make_index(RNG.integers(20, 220, 6000), header=10, trailer=5)
 CONCATENATED = ["none", "once", "full", "lirs-page", "block", "pls"]
-SAME_RECORDS = ["corgipile", "window"]
+SAME_RECORDS = ["corgipile", "stratified", "window"]
 
 
 def order(plan) -> np.ndarray:

@@ -162,7 +162,7 @@ def test_a_billion_records_cost_per_block_memory_only():
     tracemalloc.start()
     try:
         summary = BlockSummary.synthetic(10**9)
-        plan = make_plan(summary, ShuffleSpec(strategy="corgipile"), 1, 3, 1024)
+        plan = make_plan(summary, ShuffleSpec(strategy="corgipile", block_size=4 << 20), 1, 3, 1024)
         ids = plan.window(plan.n_windows - 1)
         peak = tracemalloc.get_traced_memory()[1]
     finally:

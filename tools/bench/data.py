@@ -25,8 +25,21 @@ def _bar(path: Path, total: int) -> tqdm:
     return tqdm(total=total, unit="B", unit_scale=True, desc=f"generating {path.name}", disable=None, leave=False)
 
 
+LABELS = 10
+LINE_BYTES = 1020
+"""About the mean length of a generated line: labels are cut at multiples of size / this."""
+
+
+def line_labels(ids: np.ndarray, size: int) -> np.ndarray:
+    """The ``label`` of the generated lines ``ids`` of a file of ``size`` bytes: sorted, 10 labels
+    of about equal count (the case where the order matters most for training)."""
+    n = max(1, size // LINE_BYTES)
+    return np.minimum(np.asarray(ids, np.int64) * LABELS // n, LABELS - 1)
+
+
 def make_lines(path: Path, size: int, seed: int = 0) -> None:
-    """JSONL records of 800..1250 bytes (about 1 KiB), at least ``size`` bytes in total."""
+    """JSONL records of 800..1250 bytes (about 1 KiB), at least ``size`` bytes in total, sorted by
+    ``label`` (`line_labels`)."""
     rnd = np.random.default_rng(seed)
     letters = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789", np.uint8)
     written, i = 0, 0
@@ -35,8 +48,9 @@ def make_lines(path: Path, size: int, seed: int = 0) -> None:
             pads = rnd.integers(760, 1210, 4096)
             text = letters[rnd.integers(0, len(letters), int(pads.sum()))].tobytes()
             parts, pos = [], 0
+            labels = line_labels(np.arange(i, i + len(pads)), size).tolist()
             for j, p in enumerate(pads.tolist()):
-                parts.append(b'{"id": %d, "label": %d, "text": "%s"}\n' % (i + j, (i + j) % 10, text[pos: pos + p]))
+                parts.append(b'{"id": %d, "label": %d, "text": "%s"}\n' % (i + j, labels[j], text[pos: pos + p]))
                 pos += p
             chunk = b"".join(parts)
             f.write(chunk)

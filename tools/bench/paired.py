@@ -7,9 +7,11 @@ read one after the other in an order rotated every round; a target's ratio is th
 rounds of the ratio within each round, so drift falls on both sides of it alike.
 
 * warm and cold rounds of the JSON lines dataset, 1 MiB reads: the raw file (cold), the C
-  passthrough (direct_io), and the views of ``none``, ``corgipile``, ``full`` and ``lirs-page``
-  (warm; ``none`` and ``corgipile`` cold), each read at a new epoch, after one pass of each view
-  that is not measured (the first pass of a mount is measured on its own, next);
+  passthrough (direct_io), and the views of ``none``, ``stratified`` (the default),
+  ``corgipile``, ``full`` and ``lirs-page`` (warm; ``none``, ``stratified`` and ``corgipile``
+  cold), each read at a new epoch, after one pass of each view that is not measured (the first
+  pass of a mount is measured on its own, next); and the label mix of every view's order in the
+  same mounts (the dataset is sorted by label: `data.line_labels`), beside a uniform shuffle's;
 * first pass after mounting against the passes after it, on fresh mounts of ``none`` and
   ``corgipile`` in alternating order;
 * a dataset larger than memory: `lirs_penalty` (daemon and reader in a memory cgroup well
@@ -19,16 +21,23 @@ rounds of the ratio within each round, so drift falls on both sides of it alike.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
 from pathlib import Path
 from typing import Any, Callable
 
-from bench import proc, reads
+import numpy as np
+
+from bench import data, proc, reads
+from shufflefs import quality
+from shufflefs.strategies import ShuffleSpec, make_plan
 
 EPOCH_ATTR = "user.shufflefs.epoch"
-WARM_VIEWS = ("none", "corgipile", "full", "lirs-page")
-COLD_VIEWS = ("none", "corgipile")
+WARM_VIEWS = ("none", "stratified", "corgipile", "full", "lirs-page")
+COLD_VIEWS = ("none", "stratified", "corgipile")
+MIX_WINDOW = 1000
+"""Records per stretch of the label-mix measure (`quality.label_mix_tv`)."""
 FIRST_VIEWS = ("none", "corgipile")
 RAW, PASSTHROUGH = "raw", "passthrough"
 PENALTY_MEMORY = 640 << 20
@@ -52,6 +61,8 @@ class Paired:
         self.rates: dict[str, dict[str, list[float]]] = {}  # cache -> contender -> GB/s per round
         self.first: dict[str, list[float]] = {}  # strategy -> first pass / later passes, per round
         self.penalty: dict[str, float] = {}  # strategy -> GB/s in the memory cgroup
+        self.mix: dict[str, tuple[float, dict]] = {}  # view -> (label mix, the view's info)
+        self.uniform_mix: float | None = None
         self.lines: list[str] = []
         self.notes: list[str] = []  # what was not run, and why
         self.epoch = 10_000  # epochs of their own, apart from the main tables'
@@ -119,6 +130,7 @@ class Paired:
                     reads.read_chunks(self._view(mnt, source.name)(), 1 << 20, b.args.max_seconds)
                 self.rates["warm"] = self._rounds("warm", self._contenders("warm", WARM_VIEWS, mounts, pt, source),
                                                   source)
+                self._measure_mix(mounts, source)
             # the record-level views are unmounted first: the pages they copied from stay mapped in
             # their daemons while their views are open, and the page cache cannot drop mapped pages
             if b.cold:
@@ -136,6 +148,27 @@ class Paired:
             if s in mounts:
                 contenders[s] = self._view(mounts[s], source.name)
         return contenders
+
+    def _measure_mix(self, mounts: dict[str, Path], source: Path) -> None:
+        """The label mix of each mounted view at its current epoch: its plan rebuilt from the view's
+        own ``user.shufflefs.info`` (strategy, automatic block size, buffer, seed, epoch)."""
+        ds = next(d for d in self.b.datasets if d.name == "lines")
+        labels = data.line_labels(np.arange(ds.index.n), ds.size)
+        uniform = np.random.default_rng(self.b.args.seed).permutation(ds.index.n)
+        self.uniform_mix = quality.label_mix_tv(uniform, labels, MIX_WINDOW)
+        for strategy, mnt in mounts.items():
+            info = json.loads(os.getxattr(mnt / source.name, "user.shufflefs.info"))
+            spec = ShuffleSpec(strategy=info["strategy"], seed=int(info["seed"]), block_size=int(info["block_size"]),
+                               buffer=int(info["buffer_bytes"]))
+            plan = make_plan(ds.index, spec, int(info["epoch"]))
+            order = np.concatenate([plan.window(k) for k in range(plan.n_windows)])
+            self.mix[strategy] = (quality.label_mix_tv(order, labels, MIX_WINDOW), info)
+            self.b.say(f"label mix {strategy}: {self.mix[strategy][0]:.3f} (uniform {self.uniform_mix:.3f})")
+
+    def mix_ratio(self, strategy: str) -> float | None:
+        """A view's label mix over a uniform shuffle's (1 = as well mixed)."""
+        got = self.mix.get(strategy)
+        return got[0] / self.uniform_mix if got is not None and self.uniform_mix else None
 
     def _run_first(self, source: Path) -> None:
         b = self.b
@@ -179,7 +212,7 @@ class Paired:
         work = b.work / "penalty"
         work.mkdir(exist_ok=True)
         try:
-            for strategy in ("corgipile", "full", "lirs-page"):
+            for strategy in ("stratified", "corgipile", "full", "lirs-page"):
                 gbps, _, _ = lirs_penalty.measure(strategy, source.parent, work, cg, b.args.max_seconds,
                                                   b.args.block_size, b.args.buffer, cache_dir=b.cache_dir)
                 self.penalty[strategy] = gbps
@@ -209,6 +242,16 @@ class Paired:
             if per:
                 out.append(f"- {s}: median {statistics.median(per):.2f} ({', '.join(f'{x:.2f}' for x in per)})")
         out.append("")
+        if self.mix:
+            out += [f"Label mix of each view's order in these mounts (the dataset is sorted by label, 10 labels; mean "
+                    f"total-variation distance of each {MIX_WINDOW:,} consecutive records' labels from the file's; 0 is "
+                    "a perfect mix), against a uniform shuffle of the same records:", "",
+                    "| view | block size | blocks per buffer | label mix | / uniform |", "|---|---|---|---|---|"]
+            for s, (m, info) in self.mix.items():
+                blocks = info.get("blocks_per_buffer", "-") if s != "none" else "-"
+                size = f"{int(info['block_size']) >> 10} KiB" if s in ("none", "stratified", "corgipile") else "-"
+                out.append(f"| {s} | {size} | {blocks} | {m:.3f} | {m / self.uniform_mix:.2f} |")
+            out += [f"| uniform shuffle | - | - | {self.uniform_mix:.3f} | 1.00 |", ""]
         if self.penalty:
             corgi = self.penalty.get("corgipile")
             out += [f"Larger than memory (`tools/lirs_penalty.py`: daemon and reader in a memory cgroup of "

@@ -37,6 +37,14 @@ def targets(bench: Any) -> list[str]:
         line(text + _rounds(r), None if r is None else r[0], ok)
 
     if paired is not None and paired.rates:
+        pair("warm stratified (the default) >= 0.85x none view (paired)", paired.ratio("warm", "stratified", "none"),
+             lambda v: v >= 0.85)
+        pair("cold stratified (the default) >= 0.8x none view (paired)", paired.ratio("cold", "stratified", "none"),
+             lambda v: v >= 0.8)
+        line("label mix of the default view <= 2x a uniform shuffle's (sorted labels, same run)",
+             paired.mix_ratio("stratified"), lambda v: v <= 2.0)
+        line("label mix of corgipile at the automatic block size, over a uniform shuffle's (report)",
+             paired.mix_ratio("corgipile"), None)
         pair("warm corgipile >= 0.9x none view (paired)", paired.ratio("warm", "corgipile", "none"), lambda v: v >= 0.9)
         pair("warm corgipile >= 0.7x C passthrough direct_io (paired)", paired.ratio("warm", "corgipile", "passthrough"),
              lambda v: v >= 0.7)
