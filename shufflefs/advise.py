@@ -2,8 +2,17 @@
 
 Block shuffling pays off where storage is slow at small random reads and fast at large ones
 (CorgiPile, Appendix A).  `probe` measures exactly that on the files already under a dataset
-directory: random reads of each block size from 4 KiB to 16 MiB against a sequential read, at
-queue depth 1 like the daemon's window loads.  The files are only read, never written.
+directory: random reads of each block size from 4 KiB to 16 MiB against a sequential read, two
+ways: at queue depth 1 (``O_DIRECT``, one read at a time), and the way the views load a cold
+window (`shufflefs.view.View.hint`): ``posix_fadvise(WILLNEED)`` on every block of a window of
+`WINDOW` bytes and of the next window, then buffered 1 MiB preads in ascending offset order from
+one thread, so that the kernel's readahead of the hinted ranges sets the queue depth.  The block
+size is recommended from the latter, against a buffered sequential read (the kernel's readahead).
+The files are only read, never written.  `shufflefs.advise_cache` keeps the result per device
+(`measured_block_floor` is what a mount reads).
+
+Measured with ``tools/cold_io.py`` (2-core VM, virtio disk with 8 MiB readahead, 8 GiB file, page
+cache dropped): see `COLD_FLOOR`.
 
 Reads use ``O_DIRECT`` into page-aligned buffers so that the page cache cannot serve them; where
 a filesystem refuses ``O_DIRECT`` the probe falls back to buffered reads, evicts the files' cached
@@ -14,6 +23,8 @@ either way; reading more data than they hold, at random offsets, keeps them hone
 `recommend` picks the smallest block size reaching ``target`` (90%) of sequential throughput and
 splits a memory budget into the shuffle buffer: the daemon keeps about three windows per file
 being read (the one served, the next one loading, one spare), so ``buffer = budget / 3``.
+`for_mix` sizes the buffer for a shuffle-quality target instead: the blocks per buffer at which
+the expected label mix of 1,000-record windows (`shufflefs.quality`) is at most a given value.
 """
 
 from __future__ import annotations
@@ -27,6 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .advise_cache import FLOOR_TARGET, floor_of, measured_block_floor
+
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK_SIZES = tuple(4 * KiB << i for i in range(13))
 """4 KiB, 8 KiB, ..., 16 MiB."""
@@ -37,6 +50,17 @@ WINDOWS_KEPT = 3
 SMALL_DATA = 1 << 30
 """Less data than this under SRC: reads repeat and caches below the OS may inflate the figures."""
 MAX_FILES = 256
+WINDOW = 64 * MiB
+"""Bytes of blocks per window in the views-depth measurement (a typical shuffle buffer)."""
+READ_CHUNK = MiB
+"""Bytes per pread of the views-depth measurement (`shufflefs.view.READ_CHUNK`)."""
+COLD_FLOOR = 128 * KiB
+"""Smallest block read near full speed cold at the views' depth on this project's VM (2 cores,
+virtio disk, 8 MiB readahead; ``tools/cold_io.py``, 8 GiB file, 64 MiB windows, 2026-11-25):
+WILLNEED on a window's blocks then ascending preads read 16/32/64/128/256 KiB blocks at 758/892/
+1370/2086/2033 MB/s against 1.9-2.5 GB/s for 0.5-4 MiB blocks (0.96 of that at 128 KiB, 0.63 at
+64 KiB) and 0.7-1.3 GB/s for a sequential read; one thread preading at depth 1 gets 153/280/403/
+892 MB/s at 16-128 KiB, 16-32 threads and io_uring at depth 64 about the WILLNEED figures."""
 
 
 class AdviseError(Exception):
@@ -64,10 +88,20 @@ class ProbeResult:
     """True if every read used O_DIRECT."""
     sequential: Measurement
     random: list[Measurement]
+    """Queue depth 1 (O_DIRECT where allowed), against `sequential`."""
     warnings: list[str] = field(default_factory=list)
+    windowed: list[Measurement] = field(default_factory=list)
+    """At the views' depth (WILLNEED on a window's and the next window's blocks, ascending
+    buffered preads), against `buffered_sequential`."""
+    buffered_sequential: Measurement | None = None
+    window_bytes: int = WINDOW
 
     def fraction(self, m: Measurement) -> float:
         seq = self.sequential.mb_per_s
+        return m.mb_per_s / seq if seq > 0 else 0.0
+
+    def window_fraction(self, m: Measurement) -> float:
+        seq = self.buffered_sequential.mb_per_s if self.buffered_sequential is not None else 0.0
         return m.mb_per_s / seq if seq > 0 else 0.0
 
 
@@ -186,6 +220,72 @@ def _random_phase(files: _Files, block: int, seconds: float, rnd: np.random.Gene
                 return Measurement(block, reads, nbytes, time.perf_counter() - t0)
 
 
+class _Slots:
+    """Distinct random blocks of ``block`` bytes over the files (each file cut into whole blocks),
+    in the order of an affine permutation of all of them, ``per`` at a time, sorted by file and
+    offset as a view's window reads them; when all are used the files are evicted and a new
+    permutation starts."""
+
+    def __init__(self, files: _Files, block: int, rnd: np.random.Generator) -> None:
+        self.files, self.block, self.rnd = files, block, rnd
+        self.eligible = np.flatnonzero(files.sizes >= block)
+        self.cum = np.concatenate(([0], np.cumsum(files.sizes[self.eligible] // block)))
+        self.n = int(self.cum[-1])
+        self._restart()
+
+    def _restart(self) -> None:
+        n = max(self.n, 1)
+        a = int(self.rnd.integers(n // 3 + 1, n)) if n > 2 else 1
+        while np.gcd(a, n) != 1:
+            a += 1
+        self.a, self.c, self.i = a, int(self.rnd.integers(n)), 0
+
+    def take(self, per: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.i + per > self.n:
+            self.files.evict(getattr(os, "POSIX_FADV_NORMAL", 0))
+            self._restart()
+        g = (np.arange(self.i, self.i + per, dtype=np.int64) * self.a + self.c) % self.n
+        self.i += per
+        slot = np.searchsorted(self.cum, g, side="right") - 1
+        which, offset = self.eligible[slot], (g - self.cum[slot]) * self.block
+        order = np.lexsort((offset, which))
+        return which[order], offset[order]
+
+
+def _window_phase(files: _Files, block: int, seconds: float, rnd: np.random.Generator, buf: memoryview,
+                  window: int = WINDOW) -> Measurement | None:
+    """Random blocks read the way `shufflefs.view.View` loads windows of a cold source: before
+    each window, WILLNEED on every block of it and of the next window (the kernel reads them
+    ahead, as many at once as it queues), then the window's blocks in ascending order by
+    `READ_CHUNK` preads from this one thread.  Buffered descriptors (``files``)."""
+    slots = _Slots(files, block, rnd)
+    if slots.n == 0:
+        return None
+    per = max(1, min(window // block, slots.n // 4))
+    files.evict(getattr(os, "POSIX_FADV_NORMAL", 0))
+    will = getattr(os, "POSIX_FADV_WILLNEED", 3)
+
+    def hint(w: tuple[np.ndarray, np.ndarray]) -> None:
+        for i, off in zip(w[0].tolist(), w[1].tolist()):
+            os.posix_fadvise(files.fds[i], off, block, will)
+
+    reads = nbytes = 0
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    current = slots.take(per)
+    while True:
+        following = slots.take(per)
+        hint(current)
+        hint(following)
+        for i, off in zip(current[0].tolist(), current[1].tolist()):
+            for at in range(off, off + block, READ_CHUNK):
+                nbytes += files.read(i, at, buf[: min(READ_CHUNK, off + block - at)])
+                reads += 1
+                if reads >= 2 and time.perf_counter() >= deadline:
+                    return Measurement(block, reads, nbytes, time.perf_counter() - t0)
+        current = following
+
+
 class _Sequential:
     """Front-to-back reads of ``block`` bytes from a random aligned start in the largest file,
     continuing into the next files (and wrapping); measured in slices that resume where the
@@ -225,9 +325,12 @@ def probe(source: str | os.PathLike, seconds: float = 5.0, block_sizes: tuple[in
           seed: int | None = None, direct: bool = True) -> ProbeResult:
     """Random reads of each block size and a sequential read over the files under ``source``.
 
-    ``seconds`` is shared between the block sizes (one share each) and the sequential read (two
-    shares, the denominator of every fraction), which is taken in slices between the random
-    measurements so that a drift in the machine's load affects both sides alike.
+    Each block size is read twice: at queue depth 1 (`_random_phase`, O_DIRECT where allowed)
+    and at the views' depth (`_window_phase`, buffered).  ``seconds`` is shared between those
+    (one share each) and two sequential reads (two shares each: O_DIRECT reads of the largest
+    block size, the denominator at depth 1, and buffered 1 MiB reads with the kernel's readahead,
+    the denominator at the views' depth), each taken in slices between the random measurements
+    so that a drift in the machine's load affects both sides alike.
     Raises `AdviseError` if ``source`` holds no file of at least 4 KiB.
     """
     if seconds <= 0:
@@ -240,23 +343,38 @@ def probe(source: str | os.PathLike, seconds: float = 5.0, block_sizes: tuple[in
     total = sum(s for _, s in found)
     rnd = np.random.default_rng(seed)
     largest = max(block_sizes)
-    share = seconds / (len(block_sizes) + 2)
+    share = seconds / (2 * len(block_sizes) + 4)
     seq_slice = 2 * share / (len(block_sizes) + 1)
-    area = mmap.mmap(-1, largest)  # page-aligned, as O_DIRECT needs
+    area = mmap.mmap(-1, max(largest, READ_CHUNK))  # page-aligned, as O_DIRECT needs
     buf = memoryview(area)
     files = _Files(found, direct)
     try:
+        buffered = _Files(found, False) if hasattr(os, "posix_fadvise") else None
+    except BaseException:
+        files.close()
+        raise
+    try:
         seq = _Sequential(files, largest, rnd, buf)
+        bseq = _Sequential(buffered, READ_CHUNK, rnd, buf) if buffered is not None else None
         seq.slice(seq_slice)
-        randoms = []
+        if bseq is not None:
+            bseq.slice(seq_slice)
+        randoms, windowed = [], []
         for block in sorted(block_sizes):
             m = _random_phase(files, block, share, rnd, buf)
             if m is not None:
                 randoms.append(m)
             seq.slice(seq_slice)
+            if bseq is not None:
+                m = _window_phase(buffered, block, share, rnd, buf)
+                if m is not None:
+                    windowed.append(m)
+                bseq.slice(seq_slice)
         used_direct = files.direct
     finally:
         files.close()
+        if buffered is not None:
+            buffered.close()
         buf.release()
         area.close()
     sequential = seq.total()
@@ -276,26 +394,29 @@ def probe(source: str | os.PathLike, seconds: float = 5.0, block_sizes: tuple[in
     skipped = [b for b in block_sizes if b > int(max(s for _, s in found))]
     if skipped:
         warnings.append(f"no file is large enough for random reads of {_size(min(skipped))} and more")
-    return ProbeResult(os.fspath(source), len(found), total, used_direct, sequential, randoms, warnings)
+    return ProbeResult(os.fspath(source), len(found), total, used_direct, sequential, randoms, warnings,
+                       windowed, bseq.total() if bseq is not None else None)
 
 
 # --------------------------------------------------------------------------- advice
 
 
-def recommend(result: ProbeResult, budget: int, target: float = 0.9) -> Advice:
-    """The smallest block size from which on every measured size reaches ``target`` of sequential
-    throughput (so one lucky measurement of a small size does not decide), and the buffer:
-    ``budget / 3`` rounded down to whole blocks (and whole MiB), with its blocks per window."""
+def recommend(result: ProbeResult, budget: int, target: float = FLOOR_TARGET) -> Advice:
+    """The smallest block size reaching ``target`` of sequential throughput with the next larger
+    size and 3/4 of the larger ones (`shufflefs.advise_cache.floor_of`) at the views' depth
+    (at queue depth 1 if the probe has no such measurements), and the buffer: ``budget / 3``
+    rounded down to whole blocks (and whole MiB), with its blocks per window."""
     if budget <= 0:
         raise ValueError("budget must be positive")
-    if not result.random:
+    views = bool(result.windowed)
+    rows = result.windowed if views else result.random
+    fraction = result.window_fraction if views else result.fraction
+    if not rows:
         raise AdviseError("no random reads were measured")
-    ordered = sorted(result.random, key=lambda m: m.block_size)
-    block = None
-    for m in reversed(ordered):
-        if result.fraction(m) < target:
-            break
-        block = m.block_size
+    ordered = sorted(rows, key=lambda m: m.block_size)
+    block = floor_of([{"block_size": m.block_size, "f": fraction(m)} for m in ordered], target, "f")
+    if block is not None and fraction(next(m for m in ordered if m.block_size == block)) < target:
+        block = None  # floor_of's fallback: no size reaches the target
     reaches = block is not None
     notes = []
     if block is None:
@@ -318,20 +439,35 @@ def recommend(result: ProbeResult, budget: int, target: float = 0.9) -> Advice:
 
 def format_report(result: ProbeResult, advice: Advice) -> str:
     mode = "O_DIRECT" if result.direct else "buffered (no O_DIRECT)"
+    views = bool(result.windowed)
     lines = [
         f"storage under {result.source}: {result.files} files, {_size(result.data_bytes)}; "
-        f"{mode} reads at queue depth 1",
+        f"{mode} reads at queue depth 1"
+        + (f", and as the views read (WILLNEED on windows of {_size(result.window_bytes)} of blocks, "
+           "ascending buffered preads)" if views else ""),
         "",
     ]
-    rows = [["read", "reads", "MB/s", "of sequential", ""]]
-    for m in sorted(result.random, key=lambda m: m.block_size):
-        rows.append([f"random {_size(m.block_size)}", str(m.reads), f"{m.mb_per_s:.1f}", f"{result.fraction(m):.2f}",
-                     "<- recommended" if m.block_size == advice.block_size else ""])
+    qd1 = {m.block_size: m for m in result.random}
+    win = {m.block_size: m for m in result.windowed}
+    rows = [["read", "reads", "MB/s", "of sequential"] + (["views MB/s", "of sequential"] if views else []) + [""]]
+    for b in sorted(set(qd1) | set(win)):
+        q, w = qd1.get(b), win.get(b)
+        row = [f"random {_size(b)}", str(q.reads) if q else "-", f"{q.mb_per_s:.1f}" if q else "-",
+               f"{result.fraction(q):.2f}" if q else "-"]
+        if views:
+            row += [f"{w.mb_per_s:.1f}" if w else "-", f"{result.window_fraction(w):.2f}" if w else "-"]
+        rows.append(row + ["<- recommended" if b == advice.block_size else ""])
     s = result.sequential
-    rows.append(["sequential", str(s.reads), f"{s.mb_per_s:.1f}", "1.00", f"({_size(s.block_size)} reads)"])
+    row = ["sequential", str(s.reads), f"{s.mb_per_s:.1f}", "1.00"]
+    if views:
+        bs = result.buffered_sequential
+        row += [f"{bs.mb_per_s:.1f}" if bs else "-", "1.00"]
+    rows.append(row + [f"({_size(s.block_size)} O_DIRECT" + ("; 1 MiB buffered)" if views else ")")])
     lines += aligned(rows)
     lines.append("")
-    reach = (f"the smallest from which on every size reaches {advice.target:.0%} of sequential throughput"
+    depth = "at the views' depth" if views else "at queue depth 1"
+    reach = (f"the smallest reaching {advice.target:.0%} of sequential throughput {depth}, with the next size "
+             "and 3/4 of the larger ones"
              if advice.reaches_target else f"no block size reached {advice.target:.0%} of sequential throughput")
     lines.append(f"block size: {_size(advice.block_size)} ({reach})")
     lines.append(f"buffer:     {_size(advice.buffer)} = {advice.blocks_per_window} blocks per window "
@@ -369,5 +505,5 @@ def _flag(n: int) -> str:
     return str(n)
 
 
-__all__ = ["BLOCK_SIZES", "AdviseError", "Advice", "Measurement", "ProbeResult", "data_files", "format_report",
-           "probe", "recommend"]
+__all__ = ["BLOCK_SIZES", "Advice", "AdviseError", "Measurement", "ProbeResult", "aligned", "data_files",
+           "format_report", "measured_block_floor", "probe", "recommend"]

@@ -1,16 +1,46 @@
-"""``shufflefs advise``: measure the storage and recommend a block size and buffer."""
+"""``shufflefs advise``: measure the storage, recommend a block size and buffer, and cache the
+measurement for the source's device (`shufflefs.advise_cache`, read by mounts)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
+from . import parser as _parser
 from .common import EXIT_OK, CliError
 from .options import _size
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of this module's own: the quality target and the cache."""
+    from ..advise_target import DEFAULT_TARGET_MIX
+
+    p.add_argument("--target-mix", metavar="X", default=str(DEFAULT_TARGET_MIX),
+                   help="label-mix target for windows of 1,000 records over 10 labels: recommend the blocks "
+                   f"per buffer whose expected mix is at most X (default {DEFAULT_TARGET_MIX}, within 2x of a "
+                   "uniform shuffle's 0.038), the buffer and the memory it costs, locally and on object storage")
+    p.add_argument("--no-save", action="store_true",
+                   help="do not cache the measurement for the source's device (by default it is saved under "
+                   "the shufflefs cache directory, advise/, where mounts read the block-size floor)")
+
+
+_base_add_advise_parser = getattr(_parser._add_advise_parser, "__wrapped__", _parser._add_advise_parser)
+
+
+def _add_advise_parser(sub: Any, subs: dict[str, argparse.ArgumentParser]) -> None:
+    _base_add_advise_parser(sub, subs)
+    add_arguments(subs["advise"])
+
+
+_add_advise_parser.__wrapped__ = _base_add_advise_parser  # type: ignore[attr-defined]
+_parser._add_advise_parser = _add_advise_parser  # the parser module builds the subcommand; these options are added here
+
+
 def cmd_advise(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..advise import AdviseError, format_report, probe, recommend
+    from ..advise_cache import record, save
+    from ..advise_target import for_mix, format_mix
 
     if not os.path.isdir(args.source):
         parser.error(f"source {args.source!r} is not a directory")
@@ -25,6 +55,12 @@ def cmd_advise(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     if not 0 < seconds <= 3600:
         parser.error(f"argument --seconds: must be in (0, 3600]: {args.seconds!r}")
     try:
+        target_mix = float(getattr(args, "target_mix", None) or 0.074)
+    except ValueError:
+        parser.error(f"argument --target-mix: not a number: {args.target_mix!r}")
+    if not 0.038 < target_mix < 1:
+        parser.error(f"argument --target-mix: must be above a uniform shuffle's 0.038 and below 1: {target_mix}")
+    try:
         result = probe(args.source, seconds=seconds)
         advice = recommend(result, budget)
     except AdviseError as e:
@@ -32,4 +68,12 @@ def cmd_advise(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     except OSError as e:
         raise CliError(f"{e.filename or args.source}: {e.strerror or e}") from None
     print(format_report(result, advice))
+    print()
+    print(format_mix(for_mix(target_mix, advice.block_size), advice))
+    if not getattr(args, "no_save", False):
+        try:
+            path = save(args.source, record(result))
+        except OSError as e:
+            raise CliError(f"cannot save the measurement: {e.filename or ''}: {e.strerror or e}") from None
+        print(f"\nsaved for this device (mounts read the block-size floor from it): {path}")
     return EXIT_OK

@@ -129,7 +129,7 @@ def test_probe_refuses_a_directory_without_data(tmp_path: Path) -> None:
 
 
 def test_cli_advise(source: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["advise", str(source), "--seconds", "0.5", "--budget", "64MiB"]) == 0
+    assert main(["advise", str(source), "--seconds", "0.5", "--budget", "64MiB", "--no-save"]) == 0
     out = capsys.readouterr().out
     assert "of sequential" in out and "shufflefs mount SRC MNT --block-size" in out
     with pytest.raises(SystemExit) as e:
