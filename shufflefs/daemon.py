@@ -259,6 +259,8 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
             "mounted %s at %s (strategy %s, seed %d, epoch %d, pid %d)",
             config.source, mnt, config.spec.strategy, config.spec.seed, config.epoch, os.getpid(),
         )
+        if config.block_floor_note:
+            log.info("%s", config.block_floor_note)
         trio.run(_main, fs, mnt, ready)
     except KeyboardInterrupt:
         log.info("interrupted: unmounting")

@@ -91,9 +91,18 @@ LOAD_WORK_RUNS, LOAD_WORK_RECORDS = 24, 56
 while the load runs (`window_work`): a window of runs holds its ids twice (the plan's, int64 for
 the build) and every record's view position; a record-level window also holds its runs (first,
 count, file, shift), about one per record in a sparse window."""
-HINT_RUN = 2 * READ_CHUNK
-"""Runs at least this long get the readahead hint; the kernel's own readahead covers shorter
-ones.  Measured on the same VM, cold page cache, 512 MiB of corgipile windows (4 MiB blocks)
+HINT_RUN = MAP_RUN
+"""Runs at least this long always get the readahead hint (shorter ones only while the source is
+cold, below), so that the blocks of a block order are all in flight at once: the automatic block
+is 128 KiB or more.  Measured (2026-11-25, `tools/cold_io.py`, 8 GiB file, page cache dropped,
+64 MiB of random blocks, MB/s over a sequential read's): 128 KiB blocks read by 1 MiB preads one
+at a time 892 (0.91), with WILLNEED on the window's blocks first 2,086 (2.12), 32 threads 1,272,
+io_uring at depth 64 1,836; 64 KiB 403 / 1,370; 1 MiB 1,331 / 2,534.  With hints only for runs
+of 2 MiB and more (as before), a 128 KiB block order read cold at the one-at-a-time rate.  A hint
+of cached pages costs ~2 us (512 per 64 MiB window of 128 KiB blocks: ~1 ms against a ~17 ms
+load).
+
+Measured before on the same VM, cold page cache, 512 MiB of corgipile windows (4 MiB blocks)
 loaded back to back, median of six rounds: hinting the next window after each load 1.26 GB/s,
 hinting each window's own blocks before reading them 1.13, no hint 1.14: on that virtual disk a
 deeper queue alone gained nothing, overlapping disk time with the copying did.

@@ -5,36 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
-from . import parser as _parser
 from .common import EXIT_OK, CliError
 from .options import _size
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of this module's own: the quality target and the cache."""
-    from ..advise_target import DEFAULT_TARGET_MIX
-
-    p.add_argument("--target-mix", metavar="X", default=str(DEFAULT_TARGET_MIX),
-                   help="label-mix target for windows of 1,000 records over 10 labels: recommend the blocks "
-                   f"per buffer whose expected mix is at most X (default {DEFAULT_TARGET_MIX}, within 2x of a "
-                   "uniform shuffle's 0.038), the buffer and the memory it costs, locally and on object storage")
-    p.add_argument("--no-save", action="store_true",
-                   help="do not cache the measurement for the source's device (by default it is saved under "
-                   "the shufflefs cache directory, advise/, where mounts read the block-size floor)")
-
-
-_base_add_advise_parser = getattr(_parser._add_advise_parser, "__wrapped__", _parser._add_advise_parser)
-
-
-def _add_advise_parser(sub: Any, subs: dict[str, argparse.ArgumentParser]) -> None:
-    _base_add_advise_parser(sub, subs)
-    add_arguments(subs["advise"])
-
-
-_add_advise_parser.__wrapped__ = _base_add_advise_parser  # type: ignore[attr-defined]
-_parser._add_advise_parser = _add_advise_parser  # the parser module builds the subcommand; these options are added here
 
 
 def cmd_advise(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

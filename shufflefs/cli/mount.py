@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from ..config import (
@@ -108,6 +109,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     )
     _check_strategy(spec, parser)
     cache_dir = Path(v["cache_dir"]) if v["cache_dir"] is not None else default_cache_dir()
+    spec, floor_note = _block_floor(spec, src, cache_dir, v["world_size"]) if not remote else (spec, None)
     problem = check_paths(MountConfig(args.source if remote else Path(args.source), Path(args.mountpoint),
                                       cache_dir=cache_dir if v["cache_dir"] is not None else None, stage_dir=v["stage_dir"]))
     if problem:
@@ -127,7 +129,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         source=src, mountpoint=mnt, spec=spec, epoch=v["epoch"], rank=v["rank"], world=v["world_size"],
         rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
         pool=not v["no_pool"], pool_globs=opts.pools, stage_dir=stage_dir, verify=v["verify"],
-        store_options=store_options, direct_io=v["direct_io"],
+        store_options=store_options, direct_io=v["direct_io"], block_floor_note=floor_note,
         cache_warning=None if unwritable is None else (f"cache directory {cache_dir} cannot be written "
                                                        f"({unwritable}): indexes built by this mount are "
                                                        "kept only until it ends"),
@@ -135,6 +137,26 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     if v["no_pool"] and opts.pools:
         parser.error("--pool declares a set but --no-pool turns pooling off")
     return config, opts
+
+
+def _block_floor(spec: ShuffleSpec, src: Path, cache_dir: Path, world: int) -> tuple[ShuffleSpec, str | None]:
+    """``spec`` with the floor of its automatic block size from ``shufflefs advise``'s measurement
+    of the source's device (saved in ``cache_dir/advise``), and a line saying so; unchanged with
+    a block size given, with no measurement, and with several ranks, which must all cut the same
+    blocks whatever each machine measured."""
+    if spec.block_size is not None:
+        return spec, None
+    from ..advise_cache import measured_block_floor
+
+    floor = measured_block_floor(str(src), cache_dir / "advise")
+    if floor is None:
+        return spec, None
+    if world > 1:
+        return spec, (f"a measurement of this device gives a {floor >> 10} KiB floor for automatic blocks, not "
+                      f"used with --world-size {world} (every rank must cut the same blocks): give --block-size "
+                      "on every rank to use it")
+    return replace(spec, block_floor=floor), (f"automatic blocks are at least {floor >> 10} KiB, as "
+                                              f"'shufflefs advise' measured this device (in {cache_dir / 'advise'})")
 
 
 def cmd_mount(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:

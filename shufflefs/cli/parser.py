@@ -256,11 +256,21 @@ def _add_advise_parser(sub: Any, subs: dict[str, argparse.ArgumentParser]) -> No
     p = subs["advise"] = sub.add_parser(
         "advise", help="measure the storage under SRC and recommend --block-size and --buffer",
         description="Time random reads of 4 KiB to 16 MiB against a sequential read on the files "
-        "under SRC (O_DIRECT, so the page cache cannot serve them; SRC is only read), then "
-        "recommend the smallest block size reaching about 90% of sequential throughput and a "
-        "buffer for a memory budget.",
+        "under SRC, one at a time (O_DIRECT, so the page cache cannot serve them) and as views read "
+        "them (a window's blocks hinted at once, cached pages dropped first); SRC is only read. "
+        "Recommends the smallest block size reaching about 90% of sequential throughput as views "
+        "read, a buffer for a memory budget and one for a label-mix target, and saves the "
+        "measurement for the source's device: mounts of that device take its block size as the "
+        "floor of the automatic block size.",
     )
     p.add_argument("source", metavar="SRC", help="dataset directory (its largest files are read)")
     p.add_argument("--budget", metavar="SIZE", default="1GiB",
                    help="memory the daemon may use per file read at once (default 1GiB); the buffer is a third of it")
     p.add_argument("--seconds", metavar="S", default="5", help="time to spend measuring (default 5)")
+    p.add_argument("--target-mix", metavar="X", default="0.074",
+                   help="label-mix target for windows of 1,000 records over 10 labels: recommend the blocks per "
+                   "buffer whose expected mix is at most X (default 0.074, within 2x of a uniform shuffle's "
+                   "0.038), the buffer and the memory it costs, locally and on object storage")
+    p.add_argument("--no-save", action="store_true",
+                   help="do not save the measurement for the source's device (by default it is saved under the "
+                   "shufflefs cache directory, advise/, where mounts read the floor of the automatic block size)")

@@ -47,6 +47,9 @@ def format_stats(stats: dict) -> str:
     block_size = s.get("block_size")
     params = [f"{k}={_param(k, take(k))}" for k in ("seed", "block_size", "buffer", "page_size") if k in s]
     lines.append(("strategy", "  ".join([str(take("strategy", "?")), *params])))
+    floor, floor_note = take("block_floor", None), take("block_floor_note", None)
+    if floor is not None:
+        lines.append(("block floor", f"{_human(int(floor))}: {floor_note}"))
     rank, world, even = take("rank", None), take("world", None), take("even", "none")
     balance, field, level = take("balance", False), take("balance_field", None), take("random_level", 0.0)
     if world is not None and world != 1:

@@ -18,7 +18,7 @@ from ..config import EPOCH_XATTR, MAX_EPOCH, PID_XATTR, STATS_XATTR, XATTR_PREFI
 from ..errors import ShuffleError
 from ..index import default_cache_dir
 from ..stats import fit as fit_stats
-from ..strategies.base import BLOCK_STRATEGIES, MIX_ASSUMPTION, RUNS_ASSUMPTION, buffer_label_mix, runs_label_mix
+from ..strategies.base import AUTO_BLOCK_FLOOR, BLOCK_STRATEGIES, MIX_ASSUMPTION, RUNS_ASSUMPTION, buffer_label_mix, runs_label_mix
 from ..view import GATHER
 from .catalog import Catalog
 from .nodes import DIR, FILE, ROOT, VIEW, Node, Reply
@@ -150,6 +150,9 @@ def describe(cat: Catalog) -> dict[str, Any]:
         strategy=spec.strategy,
         seed=spec.seed,
         block_size="auto" if spec.block_size is None else spec.block_size,
+        **({"block_floor": spec.block_floor or AUTO_BLOCK_FLOOR, "block_floor_note": config.block_floor_note
+            or f"the default ({AUTO_BLOCK_FLOOR >> 10} KiB): no measurement of the device"}
+           if spec.block_size is None else {}),
         few_blocks=dict(cat.planner.few_blocks),
         small_buffers=dict(cat.planner.small_buffers),
         buffer=format_buffer(spec.buffer),

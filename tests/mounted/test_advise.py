@@ -173,7 +173,7 @@ def test_benchmark_runs_end_to_end_and_prints_every_row(tmp_path: Path) -> None:
     assert text.strip() in r.stdout
     rows = [line.split("|")[1:4] for line in text.splitlines() if line.startswith("| ") and not line.startswith("| read ")]
     have = {tuple(c.strip() for c in cells) for cells in rows}
-    strategies = ("none", "corgipile", "block", "full", "lirs-page", "window", "once")
+    strategies = ("none", "stratified", "corgipile", "block", "full", "lirs-page", "window", "once")
     for cache in ("warm", "cold"):
         for reader in ("1MiB", "128KiB", "loop"):
             for what in ["raw source", "C passthrough (direct_io)", "C passthrough (page cache)",
@@ -194,7 +194,10 @@ def test_benchmark_runs_end_to_end_and_prints_every_row(tmp_path: Path) -> None:
     measured = [t for t in targets if "warm corgipile 1 MiB reads >= 0.7x" in t or "remount with a cached index" in t]
     assert len(measured) == 3 and not any(t.endswith("not measured |") for t in measured)
     paired = [t for t in targets if "(paired)" in t]  # warm and cold ratios, first passes of none and corgipile
-    assert len(paired) == 8 and not any(t.endswith("not measured |") for t in paired), paired
+    assert len(paired) == 10 and not any(t.endswith("not measured |") for t in paired), paired
+    mix = [t for t in targets if "label mix of the default view" in t]
+    assert len(mix) == 1 and not mix[0].endswith("not measured |"), mix
+    assert "Label mix of each view" in text
     assert "Larger than memory: not run" in text  # 3 MiB is no larger than any memory
     assert os.listdir(work) == []  # the work directory is gone
     with open("/proc/mounts") as f:
