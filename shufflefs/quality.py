@@ -232,19 +232,22 @@ def expected_stratified_mix_tv(blocks: int, strata: int, labels: int = 10, offse
     """Expected `label_mix_tv` of a stratified buffer (`strategies.stratified`) over a fully
     label-sorted file of ``blocks`` one-label blocks (label of block b: ``b * labels // blocks``).
 
-    The buffer takes one uniformly drawn block from each of ``strata`` contiguous strata, so a
-    label's count is a sum of independent Bernoulli draws, one per stratum that holds the label
-    in part (a Poisson binomial, computed exactly); averaged over ``offsets`` rotations of the
-    strata, as the order rotates them every epoch.
+    ``strata``: blocks per buffer.  The buffer takes one uniformly drawn block from each stratum
+    of ``ceil(blocks / strata)`` consecutive blocks, so a label's count is a sum of independent
+    Bernoulli draws, one per stratum that holds the label in part (a Poisson binomial, computed
+    exactly); averaged over ``offsets`` rotations of the strata, as the order rotates them every
+    epoch.
     """
     B, S, L = int(blocks), int(strata), int(labels)
     if B < 1 or S < 1 or L < 1:
         raise ValueError(f"blocks, strata and labels must be >= 1, got {blocks}, {strata}, {labels}")
-    S = min(S, B)
-    B = min(B, 64 * S)  # finer blocks change the strata's label shares by under 1/64 of a block
+    G = -(-B // S)  # groups; strata of G blocks, as the order cuts them
+    if G > 64:  # finer blocks change the strata's label shares by under 1/64 of a block
+        B, G = -(-B * 64 // G), 64
+    S = -(-B // G)
     label = np.arange(B, dtype=I64) * L // B
     share = np.bincount(label, minlength=L) / B
-    edges = np.arange(S + 1, dtype=I64) * (B // S) + np.minimum(np.arange(S + 1), B % S)
+    edges = np.minimum(np.arange(S + 1, dtype=I64) * G, B)
     total = 0.0
     shifts = sorted({int(o) * B // max(1, offsets) for o in range(max(1, offsets))})
     for shift in shifts:

@@ -6,7 +6,8 @@ leave a buffer's mix 0.31 from the file's (total variation), and the mix improve
 1/sqrt(n).  Stratified sampling removes that draw: the file's blocks are cut into n contiguous
 strata (the cuts rotated by a random offset each epoch), each stratum's blocks are dealt to the
 epoch's groups in a random order, one per group, and a group of n blocks is one buffer whose
-records are shuffled as CorgiPile does.  A buffer then holds every stretch of the file in its
+records are shuffled as CorgiPile does.  Strata are all as long as there are groups (the last one
+shorter), so every stretch of the file weighs the same in every buffer.  A buffer then holds every stretch of the file in its
 share, so a sorted file's buffers carry the file's label mix to within one block per label; on
 data whose order carries no trend it draws like CorgiPile.  The I/O is CorgiPile's: n blocks at
 random offsets per buffer, each read whole.
@@ -23,7 +24,7 @@ import numpy as np
 
 from .base import rng
 from .corgipile import CorgiPilePlan
-from .units import I64, salt, share_edges
+from .units import I64, salt
 
 STRATA = salt("stratified/strata")
 
@@ -31,21 +32,21 @@ STRATA = salt("stratified/strata")
 def stratified_order(n_units: int, per_group: int, gen: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """The epoch's unit order and where each group starts in it (int64, groups + 1 entries).
 
-    Units ``0..n_units-1`` (in file order, rotated by a random offset) are cut into ``s =
-    min(per_group, n_units)`` contiguous strata of ``ceil(n_units / s)`` or one fewer units; each
-    stratum deals its units to the ``G = ceil(n_units / s)`` groups by a random permutation of
-    the groups (a shorter stratum misses a random group), and each group's units come in random
-    order.  O(units) memory and time (a sort).
+    There are ``G = ceil(n_units / per_group)`` groups.  Units ``0..n_units-1`` (in file order,
+    rotated by a random offset) are cut into strata of G consecutive units (the last one
+    shorter); each stratum deals its units to the groups by a random permutation of the groups
+    (the short one to a random subset), and each group's units come in random order.  Strata of
+    equal length give every stretch of the file the same weight in every group, so a group of
+    ``s = ceil(n_units / G)`` units (or one fewer) holds the file's mix.  O(units) memory and
+    time (a sort).
     """
     if n_units <= 0:
         return np.zeros(0, I64), np.zeros(1, I64)
-    s = min(max(1, int(per_group)), n_units)
-    groups = -(-n_units // s)
-    edges = share_edges(n_units, s)
-    sizes = np.diff(edges)
-    slots = np.argsort(gen.random((s, groups)), axis=1)  # each row: a permutation of the groups
-    stratum = np.repeat(np.arange(s, dtype=I64), sizes)
-    group = slots[stratum, np.arange(n_units, dtype=I64) - edges[stratum]]
+    groups = -(-n_units // max(1, int(per_group)))
+    strata = -(-n_units // groups)
+    slots = np.argsort(gen.random((strata, groups)), axis=1)  # each row: a permutation of the groups
+    pos = np.arange(n_units, dtype=I64)
+    group = slots[pos // groups, pos % groups]
     inside = np.lexsort((gen.random(n_units), group))  # by group, random inside a group
     rotated = (inside + int(gen.integers(n_units))) % n_units
     starts = np.concatenate((np.zeros(1, I64), np.cumsum(np.bincount(group, minlength=groups)))).astype(I64)
@@ -81,5 +82,5 @@ class StratifiedPlan(CorgiPilePlan):
         return np.concatenate((np.zeros(1, I64), inner.astype(I64), np.full(1, m, I64)))
 
     def describe(self) -> dict:
-        return {**super().describe(), "strata": min(self.group_blocks, len(self.firsts) - 1),
-                "groups": len(self.group_starts) - 1}
+        groups = len(self.group_starts) - 1
+        return {**super().describe(), "strata": -(-(len(self.firsts) - 1) // max(1, groups)), "groups": groups}

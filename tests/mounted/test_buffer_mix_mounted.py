@@ -46,7 +46,7 @@ def test_a_buffer_of_16_blocks_is_reported(mount, strategy):
 
 def test_a_buffer_of_256_blocks_is_not_warned_about(mount):
 
-    m = mount({"sorted.jsonl": SORTED}, "--block-size", "4KiB", "--buffer", "1MiB")
+    m = mount({"sorted.jsonl": SORTED}, "--strategy", "corgipile", "--block-size", "4KiB", "--buffer", "1MiB")
     open(m.path("sorted.jsonl"), "rb").read()
     info = json.loads(m.xattr("info", "sorted.jsonl"))
     assert info["blocks_per_buffer"] == 256

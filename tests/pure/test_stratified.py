@@ -14,32 +14,33 @@ from hypothesis import strategies as st
 from shufflefs.quality import label_mix_tv
 from shufflefs.strategies import ShuffleSpec, make_plan
 from shufflefs.strategies.stratified import stratified_order
-from shufflefs.strategies.units import share_edges
 from test_strategies import indexes, make_index
 
 
 @settings(max_examples=200, deadline=None)
 @given(n_units=st.integers(0, 400), per_group=st.integers(1, 70), seed=st.integers(0, 2**32))
-def test_each_group_takes_at_most_one_unit_of_each_stratum(n_units, per_group, seed):
+def test_each_group_takes_one_unit_of_each_stratum_of_equal_length(n_units, per_group, seed):
     order, starts = stratified_order(n_units, per_group, np.random.default_rng(seed))
     assert np.array_equal(np.sort(order), np.arange(n_units))
     if n_units == 0:
         assert list(starts) == [0]
         return
-    s = min(per_group, n_units)
-    edges = share_edges(n_units, s)[1:]
-    groups = -(-n_units // s)
+    groups = -(-n_units // per_group)
+    strata = -(-n_units // groups)  # strata of `groups` consecutive units, the last one shorter
     assert len(starts) == groups + 1 and starts[-1] == n_units
     sizes = np.diff(starts)
-    short = s * groups - n_units  # strata one unit short: each misses one group
-    assert sizes.max() <= s and sizes.sum() == n_units and sizes.min() >= s - short
-    # the strata are contiguous in file order after one rotation: some offset puts every group's
-    # units in distinct strata
-    def distinct(r: int) -> bool:
-        return all(len(set(np.searchsorted(edges, (order[a:b] - r) % n_units, side="right").tolist())) == b - a
-                   for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()))
+    assert sizes.max() <= min(per_group, strata) and sizes.min() >= strata - 1
 
-    assert any(distinct(r) for r in range(n_units))
+    # after one rotation of the file, every group holds one unit of each full stratum
+    def one_per_stratum(r: int) -> bool:
+        full = (strata - 1) if n_units % groups else strata
+        for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+            which = ((order[a:b] - r) % n_units) // groups
+            if len(set(which.tolist())) != b - a or not set(range(full)) <= set(which.tolist()):
+                return False
+        return True
+
+    assert any(one_per_stratum(r) for r in range(n_units))
 
 
 def test_blocks_land_in_every_group_alike():
