@@ -7,6 +7,7 @@ import re
 import time
 from pathlib import Path
 
+from . import peers_docs
 from .report import Report
 
 START, END = "<!-- bench:excerpt:start -->", "<!-- bench:excerpt:end -->"
@@ -57,5 +58,5 @@ def update(report: Report, text: str, repo: Path, machine: str) -> list[Path]:
         body = re.sub(re.escape(S3_START) + ".*?" + re.escape(S3_END), lambda _: block, body, flags=re.S)
     readme.write_text(body)
     doc = repo / "docs" / "benchmark.md"
-    doc.write_text(text)
+    doc.write_text(peers_docs.keep(doc.read_text() if doc.exists() else "", text))  # the Peers section stays
     return [doc, readme]

@@ -1,0 +1,51 @@
+"""Level: pure (no mount, no daemon).
+
+``tools/peers.py``: the label mix of a read (against the whole set's label shares) agrees with
+`shufflefs.quality.label_mix_tv` where both apply, scores a sorted read near 1 - 1/L and a
+uniform permutation near the exact expectation; its section survives the main benchmark's
+rewrite of docs/benchmark.md and a re-run replaces it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from bench import peers_data, peers_docs  # noqa: E402
+from shufflefs import quality  # noqa: E402
+
+N = 100_000
+
+
+def test_label_mix_of_known_orders() -> None:
+    whole = peers_data.whole_shares(N)
+    perm = np.random.default_rng(1).permutation(N)
+    labels = peers_data.label_of(perm, N)
+    mix = peers_data.label_mix(labels, whole)
+    # the whole permutation: its own histogram is the whole set's, so both measures agree
+    assert abs(mix - quality.label_mix_tv(perm, peers_data.label_of(np.arange(N), N), 1000)) < 1e-12
+    assert abs(mix - quality.expected_label_mix_tv(np.bincount(peers_data.label_of(np.arange(N), N)), 1000)) < 0.003
+    assert abs(peers_data.label_mix(peers_data.label_of(np.arange(N), N), whole) - 0.9) < 0.01
+    # a read of only the first labels is judged against the whole set, not its own mix
+    assert peers_data.label_mix(np.repeat([0, 1], 5000)[np.random.default_rng(2).permutation(10_000)], whole) > 0.75
+
+
+def test_uniform_reference_and_entropy() -> None:
+    ref = peers_data.uniform_reference(N, 20_000)
+    assert ref["samples"] == 20_000 and ref["labels_seen"] == 10
+    assert abs(ref["mix"] - ref["expected_mix"]) < 0.003
+    sorted_read = peers_data.order_metrics(np.arange(N), peers_data.label_of(np.arange(N), N), N, 20_000)
+    assert sorted_read["entropy"] == 0.0 and ref["entropy"] > 10
+
+
+def test_section_is_kept_and_replaced(tmp_path: Path) -> None:
+    doc = tmp_path / "benchmark.md"
+    doc.write_text("## shufflefs benchmark\n\nold report\n")
+    peers_docs.write(doc, [peers_docs.START, "first run", peers_docs.END])
+    peers_docs.write(doc, [peers_docs.START, "second run", peers_docs.END])
+    body = doc.read_text()
+    assert body.count(peers_docs.START) == 1 and "second run" in body and "first run" not in body
+    kept = peers_docs.keep(body, "## shufflefs benchmark\n\nnew report\n")
+    assert "new report" in kept and "second run" in kept and "old report" not in kept
