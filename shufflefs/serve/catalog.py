@@ -139,7 +139,9 @@ class Catalog:
             stamp = SourceStamp.of(st)  # one object for the key and the node (a node per listed file)
             version = pool.stamps if pool is not None else stamp
             epoch = self.epochs.of(pool.pool.members[0] if pool is not None else relpath)
-            key, kind = ("v", relpath, epoch, version, *suffix), VIEW
+            # an index found wrong since makes a new node: a shard's or share's size follows it
+            found_wrong = self.planner.generation(("pool", pool.pool.key) if pool is not None else ("file", relpath))
+            key, kind = ("v", relpath, epoch, version, found_wrong, *suffix), VIEW
         node = self.tree.find(key)
         if node is None:
             node = self.tree.add(kind, relpath, key, st)

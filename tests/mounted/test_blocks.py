@@ -17,8 +17,11 @@ SMALL = b"".join(b'{"i": %05d}\n' % i for i in range(20000))  # 240 KB: one 4 Mi
 def test_the_automatic_block_is_a_power_of_two_from_a_page_to_4mib():
     spec = ShuffleSpec()
     assert effective_block_size(spec, 240_000) == 4096  # 1/64 is 3,750 bytes: one page at least
-    assert effective_block_size(spec, 64 << 20) == 1 << 20
-    assert effective_block_size(spec, 1 << 40) == 4 << 20
+    assert effective_block_size(spec, 64 << 20) == 128 << 10  # the 64 MiB buffer / 512
+    assert effective_block_size(spec, 1 << 40) == 128 << 10
+    assert effective_block_size(spec, 4 << 20) == 64 << 10  # a file of 4 MiB keeps 64 blocks
+    assert effective_block_size(ShuffleSpec(buffer=4 << 30), 1 << 40) == 4 << 20  # at most 4 MiB
+    assert effective_block_size(ShuffleSpec(block_floor=1 << 20), 1 << 40) == 1 << 20  # a measured floor
     assert effective_block_size(spec, 10) == 4096
     assert effective_block_size(ShuffleSpec(block_size=12345), 10) == 12345
 

@@ -194,7 +194,7 @@ def test_defaults(dataset):
     src, mnt, _ = dataset
     config, _ = _parse_mount([str(src), str(mnt)])
     assert (config.spec.strategy, config.spec.block_size, config.spec.buffer, config.spec.seed) == (
-        "corgipile", None, 64 << 20, 0)  # None: the block size is chosen per file
+        "stratified", None, 64 << 20, 0)  # None: the block size is chosen per file
     assert config.epoch == 0 and config.rules == []
     assert config.cache_dir == default_cache_dir()  # resolved up front, so it can be checked
 
@@ -376,11 +376,11 @@ def test_stat(mounted):
     assert r.returncode == 0, r.stderr
     stats = json.loads(r.stdout)
     assert stats["pid"] == mounted.pid
-    assert stats["strategy"] == "corgipile"
+    assert stats["strategy"] == "stratified"  # the default
     assert stats["bytes_served"] >= (mounted.src / "data.jsonl").stat().st_size
     r = shufflefs("stat", mounted.mnt)
     assert r.returncode == 0, r.stderr
-    assert "corgipile" in r.stdout and str(mounted.pid) in r.stdout
+    assert "stratified" in r.stdout and str(mounted.pid) in r.stdout
     assert re.search(r"^epoch\s+0$", r.stdout, re.M), r.stdout
 
 

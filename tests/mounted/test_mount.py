@@ -41,16 +41,16 @@ ARGS = ["--block-size", BLOCK, "--buffer", BUFFER, "--seed", str(SEED), "--forma
 RULES = [parse_format_option(f"*.bin=fixed:record_size={RECORD}")]
 
 
-def spec(strategy: str = "corgipile") -> ShuffleSpec:
+def spec(strategy: str = "stratified") -> ShuffleSpec:
     return ShuffleSpec(strategy=strategy, seed=SEED, block_size=parse_size(BLOCK), buffer=parse_buffer(BUFFER))
 
 
-def plan_of(src: Path, rel: str, epoch: int = 0, strategy: str = "corgipile", rank: int = 0, world: int = 1):
+def plan_of(src: Path, rel: str, epoch: int = 0, strategy: str = "stratified", rank: int = 0, world: int = 1):
     index = scan_file(src / rel, resolve_format(rel, RULES, {}))
     return index, make_plan(index, spec(strategy), epoch, rank, world)
 
 
-def reference(src: Path, rel: str, epoch: int = 0, strategy: str = "corgipile", rank: int = 0, world: int = 1) -> bytes:
+def reference(src: Path, rel: str, epoch: int = 0, strategy: str = "stratified", rank: int = 0, world: int = 1) -> bytes:
     """The bytes the view of ``rel`` must have."""
     index, plan = plan_of(src, rel, epoch, strategy, rank, world)
     return render(index, plan, (src / rel).read_bytes())
@@ -515,7 +515,7 @@ def test_xattrs_describe_views_and_mount(data: Mount):
             ("epoch", "strategy", "seed", "records", "windows", "format", "block_size", "buffer", "info")} <= names
     assert {"user.shufflefs.epoch", "user.shufflefs.stats", "user.shufflefs.pid"} <= set(os.listxattr(data.path()))
     index, plan = plan_of(data.src, "a.jsonl")
-    assert data.xattr("strategy", "a.jsonl") == "corgipile"
+    assert data.xattr("strategy", "a.jsonl") == "stratified"  # the default
     assert data.xattr("seed", "a.jsonl") == str(SEED)
     assert data.xattr("records", "a.jsonl") == "3000" == str(index.n)
     assert data.xattr("windows", "a.jsonl") == str(plan.n_windows)
@@ -525,7 +525,7 @@ def test_xattrs_describe_views_and_mount(data: Mount):
     assert info["records"] == 3000 and info["windows"] == plan.n_windows and info["format"] == "lines"
     assert data.xattr("pid") == str(data.pid)
     stats = data.stats()
-    assert stats["pid"] == data.pid and stats["strategy"] == "corgipile" and stats["seed"] == SEED
+    assert stats["pid"] == data.pid and stats["strategy"] == "stratified" and stats["seed"] == SEED
     assert stats["source"] == str(data.src) and stats["mountpoint"] == str(data.mnt)
     for key in ("epoch", "files_opened", "views", "bytes_served", "reads", "errors", "last_errors"):
         assert key in stats

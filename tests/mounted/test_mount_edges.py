@@ -36,7 +36,7 @@ ARGS = ["--block-size", BLOCK, "--buffer", BUFFER, "--seed", str(SEED), "--forma
 RULES = [parse_format_option(f"*.bin=fixed:record_size={RECORD}")]
 
 
-def reference(src: Path, rel: str | bytes, epoch: int = 0, strategy: str = "corgipile") -> bytes:
+def reference(src: Path, rel: str | bytes, epoch: int = 0, strategy: str = "stratified") -> bytes:
     """The bytes the view of ``rel`` must have."""
     path = os.path.join(os.fsencode(src), os.fsencode(rel))
     index = scan_file(path, resolve_format(os.fsdecode(rel), RULES, {}))

@@ -160,7 +160,7 @@ def test_ranks_of_a_pool_hold_every_record_once(mount):
         got = collections.Counter()
         for r, m in enumerate(ranks):
             views = [cat(m.path(n)) for n in names]
-            assert views == pooled_reference(files, names, "corgipile", epoch, r, world)
+            assert views == pooled_reference(files, names, "stratified", epoch, r, world)
             got += sum((lines(v) for v in views), collections.Counter())
         assert got == sum((lines(files[n]) for n in names), collections.Counter())
 
@@ -214,7 +214,7 @@ def test_the_epoch_of_one_shard_is_the_epoch_of_its_pool(mount):
     m.set_epoch(5, "part-00002.jsonl")
     assert [m.xattr("epoch", n) for n in names] == ["5"] * 4
     views = [cat(m.path(n)) for n in names]
-    assert views == pooled_reference(files, names, "corgipile", 5)
+    assert views == pooled_reference(files, names, "stratified", 5)
     assert m.xattr("epoch", "train.jsonl") == "0"
 
 

@@ -72,7 +72,7 @@ def test_a_single_shard_reads_in_every_reader(mount) -> None:
     view = m.path("one.tar").read_bytes()
     assert len(view) == len(data) and view != data
     index = TarFormat().scan(np.frombuffer(data, np.uint8), "one.tar")
-    assert view == render(index, make_plan(index, ShuffleSpec(strategy="corgipile", seed=11, block_size=16384,
+    assert view == render(index, make_plan(index, ShuffleSpec(strategy="stratified", seed=11, block_size=16384,
                                                                buffer=65536), 0), data)
     assert members(view) == members(data)
     if shutil.which("tar"):
@@ -164,4 +164,4 @@ def test_inspect_shows_the_label_mix_of_sorted_shards(mount) -> None:
     report = json.loads(out.stdout)
     assert report["records"] == 200 and report["labels"] == ["0", "1", "2", "3"] and report["label"] == "field cls"
     tv = {name: m["label_tv"] for name, m in report["strategies"].items()}
-    assert tv["corgipile"] < 0.3  # the source order: 0.5 (every 100 records hold two labels at most)
+    assert tv["stratified"] < 0.3  # the view's (the default); the source order: 0.5 (every 100 records hold two labels at most)

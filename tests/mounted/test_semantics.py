@@ -301,7 +301,7 @@ def test_a_pool_shards_handle_keeps_its_epoch_and_size_and_an_open_after_a_stat_
     files = shard_files()
     m = mount(files, *POOL_ARGS)
     names = sorted(SIZES)
-    refs = {e: pooled_reference(files, names, "corgipile", e) for e in range(4)}
+    refs = {e: pooled_reference(files, names, "stratified", e) for e in range(4)}  # the default
     sizes = {e: [len(v) for v in refs[e]] for e in refs}
     assert len({tuple(s) for s in sizes.values()}) > 1, "the test needs shard sizes that change"
     for i, name in enumerate(names):

@@ -110,7 +110,7 @@ def test_rank_shares_split_the_single_rank_order(index, spec, epoch, world):
     parts = rank_orders(index, spec, epoch, world)
     if spec.strategy in SAME_ORDER_ACROSS_WORLDS:
         assert np.array_equal(np.concatenate(parts), whole)
-    elif spec.strategy == "corgipile":
+    elif spec.strategy in ("corgipile", "stratified"):
         # the same block sequence, split into contiguous pieces; shuffled inside each rank's windows
         own = owners(index, spec.block_size)
         assert runs(own[np.sort(np.concatenate(parts))]) == runs(own[np.sort(whole)])
