@@ -28,9 +28,10 @@ import datetime
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from .index import write_atomically
 
 CACHE_VERSION = 1
 FLOOR_TARGET = 0.9
@@ -147,19 +148,8 @@ def save(source_dir: str | os.PathLike, record: dict[str, Any], directory: str |
     path = cache_path(identity, directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"version": CACHE_VERSION, "device": identity, **record}
-    fd, tmp = tempfile.mkstemp(prefix=".advise-", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(body, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    text = (json.dumps(body, indent=1, sort_keys=True) + "\n").encode()
+    write_atomically(path, lambda f: f.write(text), prefix=".advise-", mode=0o644)
     return path
 
 

@@ -18,6 +18,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 import numpy as np
 
@@ -254,16 +255,25 @@ class IndexCache:
                   "stamp": _stamp_fields(index.stamp)}
         bounds = np.ascontiguousarray(index.bounds, "<i8")
         meta = json.dumps({**fields, "sum": _digest(bounds, fields)})
-        fd, tmp = tempfile.mkstemp(dir=f.parent, prefix=f"{os.getpid()}-", suffix=".tmp")  # see scratch.py
+        write_atomically(f, lambda out: np.savez(out, bounds=bounds, meta=np.frombuffer(meta.encode(), dtype=np.uint8)),
+                         prefix=f"{os.getpid()}-")  # see scratch.py
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], object], prefix: str, mode: int | None = None) -> None:
+    """Write ``path`` through a temporary file beside it, flushed to disk and renamed over it, so
+    that a crash leaves the old file or the whole new one, never a part."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
+    try:
+        if mode is not None:
+            os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as out:
+            write(out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
         try:
-            with os.fdopen(fd, "wb") as out:
-                np.savez(out, bounds=bounds, meta=np.frombuffer(meta.encode(), dtype=np.uint8))
-                out.flush()
-                os.fsync(out.fileno())  # a crash must leave the old entry or the whole new one
-            os.replace(tmp, f)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
