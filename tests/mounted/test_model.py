@@ -41,7 +41,7 @@ from shufflefs.formats import resolve_format
 from shufflefs.layout import render
 from shufflefs.strategies import ShuffleSpec, make_plan
 
-STRATEGIES = ("corgipile", "full", "none")
+STRATEGIES = ("corgipile", "full", "none", "stratified")
 BLOCK, BUFFER, SEED = "1KiB", "4KiB", 13
 ARGS = ["--block-size", BLOCK, "--buffer", BUFFER, "--seed", str(SEED), "--no-pool"]
 FILES = ("a.jsonl", "t.txt", "d/b.csv", "d/c.npy")
