@@ -44,13 +44,19 @@ def stratified_order(n_units: int, per_group: int, gen: np.random.Generator) -> 
         return np.zeros(0, I64), np.zeros(1, I64)
     groups = -(-n_units // max(1, int(per_group)))
     strata = -(-n_units // groups)
-    slots = np.argsort(gen.random((strata, groups)), axis=1)  # each row: a permutation of the groups
-    pos = np.arange(n_units, dtype=I64)
-    group = slots[pos // groups, pos % groups]
-    inside = np.lexsort((gen.random(n_units), group))  # by group, random inside a group
-    rotated = (inside + int(gen.integers(n_units))) % n_units
+    small = np.int32 if groups < 2**31 and n_units < 2**31 else I64  # half the bytes of int64
+    # row s: the group each unit of stratum s goes to (a permutation of the groups); row-major,
+    # so unit position p (stratum p // groups, place p % groups) reads entry p
+    slots = gen.permuted(np.broadcast_to(np.arange(groups, dtype=small), (strata, groups)), axis=1)
+    group = slots.reshape(-1)[:n_units]
+    del slots
+    inside = gen.permutation(n_units).astype(small, copy=False)  # random order inside a group...
+    inside = inside[np.argsort(group[inside], kind="stable")]  # ...kept by a stable sort by group
     starts = np.concatenate((np.zeros(1, I64), np.cumsum(np.bincount(group, minlength=groups)))).astype(I64)
-    return rotated.astype(I64, copy=False), starts
+    inside = inside.astype(I64)
+    inside += int(gen.integers(n_units))
+    inside %= n_units
+    return inside, starts
 
 
 class StratifiedPlan(CorgiPilePlan):
