@@ -231,7 +231,8 @@ def _add_inspect_parser(sub: Any, subs: dict[str, argparse.ArgumentParser], stra
     g.add_argument("--strategies", metavar="S[@BUFFER],...",
                    help="comma-separated strategies, each optionally with its own buffer, e.g. "
                    "'none,full,corgipile,corgipile@2%%' (default: all)")
-    g.add_argument("--block-size", metavar="SIZE|auto", help="bytes per block (default auto: per file, up to 1/64 of its record bytes, 4KiB..4MiB)")
+    g.add_argument("--block-size", metavar="SIZE|auto", help="bytes per block (default auto, as a mount with no saved measurement: up to 1/512 of the buffer, "
+                   "at least 128KiB, at most 4MiB and 1/64 of the file's record bytes)")
     g.add_argument("--buffer", metavar="SIZE|P%", help="shuffle buffer, bytes or a share of the record bytes (default 64MiB)")
     g.add_argument("--seed", metavar="N", help="seed (default 0)")
     g.add_argument("--page-size", metavar="SIZE", help="page size of lirs-page (default 4096)")
