@@ -47,6 +47,7 @@ if str(REPO) not in sys.path:
 from shufflefs.strategies import STRATEGIES  # noqa: E402
 
 EPOCH_XATTR = "user.shufflefs.epoch"
+INFO_XATTR = "user.shufflefs.info"
 FORMATS = ("jsonl", "fixed")
 MODELS = ("logreg", "svm", "mlp")
 MODEL_TITLES = {"logreg": "logistic regression", "svm": "linear SVM (hinge)", "mlp": "MLP (1 hidden layer)"}
@@ -91,8 +92,9 @@ class Variant:
 
     label: str
     strategy: str
+    """The `--strategy` option; "" mounts with no strategy, block size or buffer option (defaults)."""
     buffer: str = "10%"
-    """The `--buffer` option: shapes corgipile and window; only the prefetch window elsewhere."""
+    """The `--buffer` option: shapes corgipile, stratified and window; only the prefetch window elsewhere."""
     world: int = 1
     """Simulated data-parallel ranks: one mount per rank, their batches interleaved."""
     extra: tuple[str, ...] = ()
@@ -101,7 +103,8 @@ class Variant:
 def all_variants() -> list[Variant]:
     out = [Variant("none", "none"), Variant("once", "once"), Variant("full", "full"),
            Variant("lirs-page", "lirs-page")]
-    out += [Variant(f"corgipile-{b}", "corgipile", b) for b in ("1%", "2%", "10%")]
+    out += [Variant(f"{s}-{b}", s, b) for s in ("corgipile", "stratified") for b in ("1%", "2%", "10%")]
+    out += [Variant("default", "", "")]
     out += [Variant("block", "block"), Variant("window-10%", "window", "10%")]
     out += [Variant(f"pls-q{q:g}", "pls", "10%", PLS_WORLD, (PLS_Q_OPTION, f"{q:g}")) for q in PLS_Q]
     return out
@@ -294,8 +297,8 @@ class Stored:
     def file(self) -> str:
         return "train.bin" if self.fmt == "fixed" else "train.jsonl"
 
-    def mount_args(self) -> list[str]:
-        args = ["--block-size", str(self.block_size)]
+    def mount_args(self, block_size: bool = True) -> list[str]:
+        args = ["--block-size", str(self.block_size)] if block_size else []
         if self.record_size is not None:
             args += ["--record-size", str(self.record_size)]
         return args
@@ -383,8 +386,8 @@ def view_reader(stored: Stored, variant: Variant, work: Path, seed: int, batch: 
     With ``variant.world`` > 1 every simulated rank has its own mount and the ranks' records are
     interleaved micro-batch by micro-batch, as data-parallel SGD consumes them.
     """
-    base = ["--strategy", variant.strategy, "--buffer", variant.buffer, "--seed", str(seed),
-            *stored.mount_args(), *variant.extra]
+    chosen = ["--strategy", variant.strategy, "--buffer", variant.buffer] if variant.strategy else []
+    base = [*chosen, "--seed", str(seed), *stored.mount_args(bool(variant.strategy)), *variant.extra]
     tag = f"{stored.src.name}-{variant.label.replace('%', 'pc')}"
     with ExitStack() as stack:
         mnts = []
@@ -402,6 +405,7 @@ def view_reader(stored: Stored, variant: Variant, work: Path, seed: int, batch: 
                 return parts[0]
             return interleave(parts, max(1, batch // len(parts)))
 
+        read.info = json.loads(os.getxattr(mnts[0] / stored.file, INFO_XATTR))  # what the view resolved
         yield read
 
 
@@ -465,6 +469,19 @@ class Run:
     hyper: Hyper
     curves: dict[str, Curve]
     seconds: float
+    info: dict = field(default_factory=dict)
+    """The view's `user.shufflefs.info` (rank 0's)."""
+
+    @property
+    def buffer(self) -> str:
+        return self.variant.buffer or str(self.info.get("buffer", ""))
+
+    def label(self) -> str:
+        """The variant, and for the mount's defaults what they resolved to."""
+        if self.variant.strategy:
+            return self.variant.label
+        i = self.info
+        return f"{self.variant.label}: {i.get('strategy')}, block {i.get('block_size')} B ({i.get('blocks')}), buffer {i.get('buffer')}"
 
 
 def train(data: Data, reader: Reader, models: Sequence[str], hyper: Hyper, epochs: int, seed: int,
@@ -522,16 +539,22 @@ def run_variant(stored: Stored, variant: Variant, models: Sequence[str], hyper: 
     """Train ``models`` for ``epochs`` epochs on ``stored`` read through a mount of ``variant``."""
     t0 = time.perf_counter()
     with view_reader(stored, variant, work, seed, hyper.batch) as reader:
+        info = reader.info
+        if not variant.strategy:
+            progress(f"    view defaults: {info.get('strategy')}, block size {info.get('block_size')} B, "
+                     f"buffer {info.get('buffer')}, {info.get('blocks_per_buffer')} blocks per buffer")
         curves = train(stored.data, reader, models, hyper, epochs, seed, progress)
-    return Run(stored.data.name, stored.fmt, variant, stored.block_size, stored.blocks,
-               len(stored.data.y_train), hyper, curves, time.perf_counter() - t0)
+    block_size, blocks = ((stored.block_size, stored.blocks) if variant.strategy
+                          else (info["block_size"], info["blocks"]))
+    return Run(stored.data.name, stored.fmt, variant, block_size, blocks, len(stored.data.y_train), hyper, curves,
+               time.perf_counter() - t0, info)
 
 
 # --------------------------------------------------------------------------- output
 
 
 RESULT_FIELDS = ["dataset", "format", "strategy", "model", "train_acc", "test_acc", "test_acc_last_quarter",
-                 "epochs", "block_size", "blocks", "buffer", "world", "seconds"]
+                 "epochs", "block_size", "blocks", "buffer", "world", "seconds", "view_strategy", "blocks_per_buffer"]
 
 
 def write_results(runs: Sequence[Run], out: Path, notes: Sequence[str] = ()) -> None:
@@ -543,8 +566,8 @@ def write_results(runs: Sequence[Run], out: Path, notes: Sequence[str] = ()) -> 
             for k, c in r.curves.items():
                 tail = c.test[-max(1, len(c.test) // 4):]
                 w.writerow([r.dataset, r.fmt, r.variant.label, k, f"{c.train[-1]:.4f}", f"{c.test[-1]:.4f}",
-                            f"{sum(tail) / len(tail):.4f}", len(c.test), r.block_size, r.blocks, r.variant.buffer, r.variant.world,
-                            f"{r.seconds:.1f}"])
+                            f"{sum(tail) / len(tail):.4f}", len(c.test), r.block_size, r.blocks, r.buffer, r.variant.world,
+                            f"{r.seconds:.1f}", r.info.get("strategy", ""), r.info.get("blocks_per_buffer", "")])
     with open(out / "curves.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["dataset", "format", "strategy", "model", "epoch", "train_acc", "test_acc"])
@@ -580,7 +603,7 @@ def markdown_table(runs: Sequence[Run]) -> str:
         out.write("|---|" + "---|" * len(models) + "\n")
         for r in rs:
             cells = [f"{r.curves[m].train[-1] * 100:.1f} / {r.curves[m].test[-1] * 100:.1f}" for m in models]
-            out.write(f"| {r.variant.label} | " + " | ".join(cells) + " |\n")
+            out.write(f"| {r.label()} | " + " | ".join(cells) + " |\n")
         out.write("\n")
     return out.getvalue()
 
@@ -590,6 +613,9 @@ STYLE = {
     "lirs-page": ("tab:purple", "-"), "corgipile-1%": ("#fdae6b", "-"), "corgipile-2%": ("#f16913", "-"),
     "corgipile-10%": ("#a63603", "-"), "block": ("tab:green", "--"), "window-10%": ("tab:red", "--"),
     "pls-q0": ("tab:olive", "-."), "pls-q0.1": ("tab:brown", "-."), "pls-q0.3": ("tab:pink", "-."),
+    # stratified: corgipile's colour at the same buffer, dashed; default: the mount with no options
+    "stratified-1%": ("#fdae6b", "--"), "stratified-2%": ("#f16913", "--"), "stratified-10%": ("#a63603", "--"),
+    "default": ("black", "-"),
 }
 
 
@@ -696,7 +722,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     datasets = parse_list(args.datasets) or (["digits"] if args.quick else ["digits", "synthetic"])
     models = parse_list(args.models) or list(MODELS)
     formats = parse_list(args.formats) or list(FORMATS)
-    names = parse_list(args.strategies) or (["none", "once", "corgipile-10%", "block", "window-10%"] if args.quick else None)
+    names = parse_list(args.strategies) or (["none", "once", "corgipile-10%", "stratified-10%", "block", "window-10%", "default"] if args.quick else None)
     for what, got, known in (("dataset", datasets, HYPER), ("model", models, MODELS), ("format", formats, FORMATS)):
         if bad := [x for x in got if x not in known]:
             ap.error(f"unknown {what} {bad}; known: {list(known)}")
