@@ -13,7 +13,7 @@ from .report import Report
 START, END = "<!-- bench:excerpt:start -->", "<!-- bench:excerpt:end -->"
 S3_START, S3_END = "<!-- bench:s3:start -->", "<!-- bench:s3:end -->"
 S3_SECTION = "Object storage (a local S3 server)"
-EXCERPT_VIEWS = ("none", "corgipile", "block", "window", "lirs-page", "full")
+EXCERPT_VIEWS = ("none", "stratified", "corgipile", "block", "window", "lirs-page", "full")
 RAW, PASSTHROUGH = "raw source", "C passthrough (direct_io)"
 
 
