@@ -12,7 +12,7 @@ The files are only read, never written.  `shufflefs.advise_cache` keeps the resu
 (`measured_block_floor` is what a mount reads).
 
 Measured with ``tools/cold_io.py`` (2-core VM, virtio disk with 8 MiB readahead, 8 GiB file, page
-cache dropped): see `COLD_FLOOR`.
+cache dropped): see `strategies.base.AUTO_BLOCK_FLOOR`.
 
 Reads use ``O_DIRECT`` into page-aligned buffers so that the page cache cannot serve them; where
 a filesystem refuses ``O_DIRECT`` the probe falls back to buffered reads, evicts the files' cached
@@ -54,15 +54,6 @@ WINDOW = 64 * MiB
 """Bytes of blocks per window in the views-depth measurement (a typical shuffle buffer)."""
 READ_CHUNK = MiB
 """Bytes per pread of the views-depth measurement (`shufflefs.view.READ_CHUNK`)."""
-COLD_FLOOR = 128 * KiB
-"""Smallest block read near full speed cold at the views' depth on this project's VM (2 cores,
-virtio disk, 8 MiB readahead; ``tools/cold_io.py``, 8 GiB file, 64 MiB windows, 2026-11-25):
-WILLNEED on a window's blocks then ascending preads read 16/32/64/128/256 KiB blocks at 758/892/
-1370/2086/2033 MB/s against 1.9-2.5 GB/s for 0.5-4 MiB blocks (0.96 of that at 128 KiB, 0.63 at
-64 KiB) and 0.7-1.3 GB/s for a sequential read; one thread preading at depth 1 gets 153/280/403/
-892 MB/s at 16-128 KiB, 16-32 threads and io_uring at depth 64 about the WILLNEED figures."""
-
-
 class AdviseError(Exception):
     """The probe cannot run (no readable data under the directory)."""
 

@@ -63,9 +63,14 @@ hundreds of blocks: the label mix of a buffer of n one-label blocks falls only a
 (`quality.expected_block_mix_tv`: 0.31 for 16 blocks, 0.053 for 512, against 0.037 for a uniform
 shuffle's windows of 1,000 records over 10 labels)."""
 AUTO_BLOCK_FLOOR = 128 << 10
-"""The smallest automatic block where no measurement of the storage is cached: random reads of
-128 KiB blocks, hinted a window at a time as views load them, still run near a sequential read
-on the disks measured (`tools/cold_io.py`).  A 64 MiB buffer then holds 512 blocks."""
+"""The smallest automatic block where no measurement of the storage is saved (`shufflefs
+advise`): a 64 MiB buffer then holds 512 blocks.  Measured on a 2-core VM (virtio disk, 8 MiB
+readahead; `tools/cold_io.py`, 8 GiB file, 64 MiB windows, page cache dropped, 2026-11-25):
+WILLNEED on a window's blocks then ascending preads, as views read, got 758/892/1370/2086/2033
+MB/s for 16/32/64/128/256 KiB blocks against 1.9-2.5 GB/s for 0.5-4 MiB (0.96 of that at 128 KiB,
+0.63 at 64 KiB); one pread at a time 153/280/403/892 MB/s at 16-128 KiB; 16-32 threads and
+io_uring at depth 64 about the WILLNEED figures.  Through a mount, cold, 128 KiB to 4 MiB blocks
+read alike (1.4-1.6 GB/s in paired rounds)."""
 FEW_BLOCKS = 8
 """Below this many blocks, block and corgipile barely shuffle a file (reported for sizes the
 user set)."""
