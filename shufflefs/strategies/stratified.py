@@ -3,14 +3,13 @@
 CorgiPile fills a buffer with n blocks drawn at random, so on data sorted by label (or time, or
 source) a buffer's label counts are multinomial over the blocks: 16 one-label blocks of 10 labels
 leave a buffer's mix 0.31 from the file's (total variation), and the mix improves only as
-1/sqrt(n).  Stratified sampling removes that draw: the file's blocks are cut into n contiguous
-strata (the cuts rotated by a random offset each epoch), each stratum's blocks are dealt to the
-epoch's groups in a random order, one per group, and a group of n blocks is one buffer whose
-records are shuffled as CorgiPile does.  Strata are all as long as there are groups (the last one
-shorter), so every stretch of the file weighs the same in every buffer.  A buffer then holds every stretch of the file in its
-share, so a sorted file's buffers carry the file's label mix to within one block per label; on
-data whose order carries no trend it draws like CorgiPile.  The I/O is CorgiPile's: n blocks at
-random offsets per buffer, each read whole.
+1/sqrt(n).  Stratified sampling removes that draw: with G buffers in the epoch, the file's blocks
+(rotated by a random offset each epoch) are cut into strata of G consecutive blocks, each stratum
+deals its blocks to the G buffers in a random order, one per buffer, and each buffer's records are
+shuffled as CorgiPile does.  A buffer then holds one block of every stretch of the file, each
+stretch of equal weight, so a sorted file's buffers carry the file's label mix to within one block
+per label; on data whose order carries no trend it draws like CorgiPile.  The I/O is CorgiPile's:
+n blocks at random offsets per buffer, each read whole.
 
 Every block still lands in a uniformly random group of its stratum, so every record's epoch
 position is uniform over the epoch's groups.  Groups are sized by the rank's buffer (not a
