@@ -258,10 +258,14 @@ def test_tfrecord_shards_pool_and_read_with_a_tfrecord_reader(mount, tmp_path):
         tfrecords(payloads[n], src / n)
     m = mount(None, *POOL_ARGS, src=src)
     got = []
+    mixed = 0
     for n in names:
         frames = tf_frames(read(m.path(n)))  # every CRC checks out
         records = [bytes(r["p"]) for r in tfrecord_loader(str(m.path(n)), None, {"p": "byte"})]
         assert len(frames) == len(records)
-        assert len({r.split(b":")[0] for r in records}) >= 2, "a shard holds records of several sources"
+        mixed += len({r.split(b":")[0] for r in records}) >= 2
         got += records
+    # the shards are stretches of one pooled stream (a stretch of 155 of the 465 records may fall
+    # where the order drew blocks of the largest source only)
+    assert mixed >= 2, "shards hold records of several sources"
     assert collections.Counter(got) == collections.Counter(p for n in names for p in payloads[n])
