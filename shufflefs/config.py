@@ -117,7 +117,7 @@ class MountConfig:
     mappings of them fail with ENODEV.  False: every view goes through the page cache."""
     block_floor_note: str | None = None
     """Where the floor of the automatic block size comes from when a measurement of the source's
-    device was found (`advise_cache.measured_block_floor`): logged at mount and shown by stat."""
+    device was found (`advise.cache.measured_block_floor`): logged at mount and shown by stat."""
     cache_warning: str | None = None
     """Why ``cache_dir`` cannot be written (`cache_unwritable`) and where new indexes go instead,
     or None: set by the command line (a background mount prints it) and by the daemon (its log,

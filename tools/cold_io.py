@@ -24,7 +24,7 @@ page cache, as the views read).  Methods:
                   binding imports and io_uring works here; skipped otherwise
 
 Prints one table per round and a summary of medians (MB/s and fraction of sequential) with
-``--markdown`` rows for the docs.  Results on this project's VM are quoted in `shufflefs.advise`.
+``--markdown`` rows for the docs.  Results on this project's VM are quoted in `shufflefs.advise.probe`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``shufflefs advise``: measure the storage, recommend a block size and buffer, and cache the
-measurement for the source's device (`shufflefs.advise_cache`, read by mounts)."""
+measurement for the source's device (`shufflefs.advise.cache`, read by mounts)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from .options import _size
 
 def cmd_advise(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..advise import AdviseError, format_report, probe, recommend
-    from ..advise_cache import record, save
-    from ..advise_target import for_mix, format_mix
+    from ..advise.cache import record, save
+    from ..advise.target import for_mix, format_mix
 
     if not os.path.isdir(args.source):
         parser.error(f"source {args.source!r} is not a directory")

@@ -146,7 +146,7 @@ def _block_floor(spec: ShuffleSpec, src: Path, cache_dir: Path, world: int) -> t
     blocks whatever each machine measured."""
     if spec.block_size is not None:
         return spec, None
-    from ..advise_cache import measured_block_floor
+    from ..advise.cache import measured_block_floor
 
     floor = measured_block_floor(str(src), cache_dir / "advise")
     if floor is None:

@@ -120,8 +120,7 @@ def buffer_label_mix(spec: ShuffleSpec, data_bytes: int, parts: int = 1) -> tupl
     stratified; 0 when one buffer holds every block of the file."""
     from ..quality import expected_block_mix_tv, expected_stratified_mix_tv
 
-    n = blocks_per_buffer(spec, data_bytes, parts)
-    blocks = -(-int(data_bytes) // effective_block_size(spec, data_bytes))
+    n, blocks = _buffer_and_file_blocks(spec, data_bytes, parts)
     if n >= blocks:
         return n, 0.0
     if spec.strategy == "stratified":
@@ -135,9 +134,13 @@ def runs_label_mix(spec: ShuffleSpec, data_bytes: int, parts: int = 1) -> float:
     stratified included."""
     from ..quality import expected_block_mix_tv
 
-    n = blocks_per_buffer(spec, data_bytes, parts)
-    blocks = -(-int(data_bytes) // effective_block_size(spec, data_bytes))
+    n, blocks = _buffer_and_file_blocks(spec, data_bytes, parts)
     return 0.0 if n >= blocks else expected_block_mix_tv(n, MIX_LABELS)
+
+
+def _buffer_and_file_blocks(spec: ShuffleSpec, data_bytes: int, parts: int) -> tuple[int, int]:
+    return (blocks_per_buffer(spec, data_bytes, parts),
+            -(-int(data_bytes) // effective_block_size(spec, data_bytes)))
 
 
 def resolve_spec(spec: ShuffleSpec, index: RecordIndex) -> ShuffleSpec:

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from shufflefs.advise_cache import save
+from shufflefs.advise.cache import save
 from shufflefs.quality import label_mix_tv
 
 RECORDS, LABELS = 160_000, 10

@@ -1,6 +1,6 @@
 """Level: pure (no mounts).
 
-The storage probe's cache per device (`shufflefs.advise_cache`), the floor a mount reads from it
+The storage probe's cache per device (`shufflefs.advise.cache`), the floor a mount reads from it
 (`measured_block_floor`), the views-depth probe on a few small files, the label-mix arithmetic of
 ``shufflefs advise --target-mix`` and the CLI options.  Probes here last well under a second."""
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from shufflefs import advise, advise_cache
+from shufflefs import advise
+from shufflefs.advise import cache as advise_cache
 from shufflefs.advise import (
     BLOCK_SIZES,
     Measurement,
@@ -21,7 +22,7 @@ from shufflefs.advise import (
     probe,
     recommend,
 )
-from shufflefs.advise_target import (
+from shufflefs.advise.target import (
     DEFAULT_TARGET_MIX,
     blocks_for_mix,
     expected_window_mix,

@@ -112,30 +112,19 @@ class Streaming:
         return [self.mds]
 
     def batches(self, epoch: int):
-        loads = json.loads
+        from bench.peers_readers import loader_batches, record_batches
+
         ds = self.dataset(epoch)
         if self.direct:
             def gen():
                 it = iter(ds)
-                ids: list = []
-                labels: list = []
                 try:
-                    for sample in it:
-                        r = loads(sample["line"])
-                        ids.append(r["id"])
-                        labels.append(r["label"])
-                        if len(ids) == BATCH:
-                            yield ids, labels
-                            ids, labels = [], []
-                    if ids:
-                        yield ids, labels
+                    yield from record_batches(sample["line"] for sample in it)
                 finally:
                     it.close()
                     self._stop_threads()
             return gen()
         from torch.utils.data import DataLoader
-
-        from bench.peers_readers import loader_batches
 
         return loader_batches(DataLoader(ds, batch_size=BATCH, num_workers=WORKERS, collate_fn=_decode_lines))
 

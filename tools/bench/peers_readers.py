@@ -45,21 +45,26 @@ def loader_batches(loader):
         del it
 
 
+def record_batches(lines):
+    """``(ids, labels)`` of every `BATCH` of JSON ``lines``, each decoded with ``json.loads``."""
+    loads = json.loads
+    ids: list = []
+    labels: list = []
+    for line in lines:
+        r = loads(line)
+        ids.append(r["id"])
+        labels.append(r["label"])
+        if len(ids) == BATCH:
+            yield ids, labels
+            ids, labels = [], []
+    if ids:
+        yield ids, labels
+
+
 def line_batches(path: Path):
     """A Python loop over the lines of ``path`` (reads of its ``st_blksize``), ``json.loads`` each."""
-    loads = json.loads
     with open(path, "rb", buffering=max(os.stat(path).st_blksize, 8192)) as f:
-        ids: list = []
-        labels: list = []
-        for line in f:
-            r = loads(line)
-            ids.append(r["id"])
-            labels.append(r["label"])
-            if len(ids) == BATCH:
-                yield ids, labels
-                ids, labels = [], []
-        if ids:
-            yield ids, labels
+        yield from record_batches(f)
 
 
 def newline_bounds(path: Path) -> np.ndarray:

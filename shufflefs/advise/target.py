@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .advise import WINDOWS_KEPT, Advice, MiB, _flag, _size
-from .quality import expected_block_mix_tv
+from .probe import WINDOWS_KEPT, Advice, MiB, _flag, _size
+from ..quality import expected_block_mix_tv
 
 MIX_LABELS = 10
 MIX_WINDOW = 1000

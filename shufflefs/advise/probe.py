@@ -8,7 +8,7 @@ window (`shufflefs.view.View.hint`): ``posix_fadvise(WILLNEED)`` on every block 
 `WINDOW` bytes and of the next window, then buffered 1 MiB preads in ascending offset order from
 one thread, so that the kernel's readahead of the hinted ranges sets the queue depth.  The block
 size is recommended from the latter, against a buffered sequential read (the kernel's readahead).
-The files are only read, never written.  `shufflefs.advise_cache` keeps the result per device
+The files are only read, never written.  `advise.cache` keeps the result per device
 (`measured_block_floor` is what a mount reads).
 
 Measured with ``tools/cold_io.py`` (2-core VM, virtio disk with 8 MiB readahead, 8 GiB file, page
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .advise_cache import FLOOR_TARGET, floor_of, measured_block_floor
+from .cache import FLOOR_TARGET, floor_of, measured_block_floor
 
 KiB, MiB = 1 << 10, 1 << 20
 BLOCK_SIZES = tuple(4 * KiB << i for i in range(13))
