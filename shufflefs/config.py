@@ -20,7 +20,7 @@ _UNITS = {
 
 
 XATTR_PREFIX = "user.shufflefs."
-"""The extended attributes of a mount (read by the CLI and `shufflefs.torch`, served by fs.py)."""
+"""The extended attributes of a mount (read by the CLI and `shufflefs.torch`, served by `mount.fuse_ops`)."""
 EPOCH_XATTR = XATTR_PREFIX + "epoch"
 STATS_XATTR = XATTR_PREFIX + "stats"
 PID_XATTR = XATTR_PREFIX + "pid"
@@ -102,11 +102,11 @@ class MountConfig:
     cache_dir: Path | None = None
     """Where indexes are cached; None means the user's cache directory."""
     pool: bool = True
-    """Shuffle each set of shard files as one pool (`shufflefs.pools`); False: every file alone."""
+    """Shuffle each set of shard files as one pool (`shufflefs.pools.shards`); False: every file alone."""
     pool_globs: list[str] = field(default_factory=list)
     """Declared sets: each glob pools the data files it matches (`pools.find_sets`)."""
     stage_dir: Path | None = None
-    """pls: keep the rank's partition of every file in stage files here (`shufflefs.staging`)."""
+    """pls: keep the rank's partition of every file in stage files here (`shufflefs.stages.store`)."""
     store_options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the source's store (an object store's endpoint, region, requests)."""
     verify: str = "frames"
@@ -214,7 +214,7 @@ def check_paths(config: MountConfig) -> str | None:
 
 def _check_mountpoint(config: MountConfig, src: Path | None) -> str | None:
     """`check_paths` for the mount point and the cache directory; ``src``: a local source."""
-    from .index import default_cache_dir
+    from .index.table import default_cache_dir
 
     mnt = Path(config.mountpoint)
     try:

@@ -83,7 +83,7 @@ def bounded(code: str, *args: str, mnt: Path, timeout: float = 90.0) -> subproce
     """``code`` in a child Python; a child still running after ``timeout`` is a hang: the mount's
     FUSE connection is ended (every call waiting on it returns), the child killed, and the test
     fails, so that a regression cannot stall the run."""
-    from shufflefs import control
+    from shufflefs.mount import control
 
     child = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              stdin=subprocess.DEVNULL, text=True)

@@ -144,7 +144,7 @@ def m_threads(fd: int, size: int, block: int, seconds: float, rnd: np.random.Gen
 
 def m_hint(fd: int, size: int, block: int, seconds: float, rnd: np.random.Generator, window: int,
            ahead: bool = False, **_) -> tuple[int, float]:
-    """Windows of blocks read as `shufflefs.view.View` loads them on a cold source: WILLNEED on
+    """Windows of blocks read as `shufflefs.windows.view.View` loads them on a cold source: WILLNEED on
     each block of the window (and of the next one if ``ahead``), then ascending 1 MiB preads."""
     blocks = Blocks(size, block, rnd)
     per = max(1, window // block)

@@ -37,7 +37,7 @@ from bench.proc import FuseDaemon, own_rss, peak_rss  # noqa: E402
 from shufflefs.config import STATS_XATTR  # noqa: E402
 from shufflefs.formats import make_format, scan_file  # noqa: E402
 from shufflefs.strategies import ShuffleSpec, make_plan  # noqa: E402
-from shufflefs.view import window_work  # noqa: E402
+from shufflefs.windows.view import window_work  # noqa: E402
 
 MiB = 1 << 20
 BUFFER = 64 * MiB

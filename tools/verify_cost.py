@@ -44,7 +44,7 @@ from bench.proc import FuseDaemon  # noqa: E402
 from shufflefs.formats import make_format, resolve_format, scan_file  # noqa: E402
 from shufflefs.formats.base import FRAMING_ENV  # noqa: E402
 from shufflefs.strategies import ShuffleSpec, make_plan  # noqa: E402
-from shufflefs.view import View  # noqa: E402
+from shufflefs.windows.view import View  # noqa: E402
 from shufflefs.formats.tfrecord import encode_frame  # noqa: E402
 
 MiB = 1 << 20

@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..index import write_atomically
+from ..index.table import write_atomically
 
 CACHE_VERSION = 1
 FLOOR_TARGET = 0.9

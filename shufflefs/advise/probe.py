@@ -4,7 +4,7 @@ Block shuffling pays off where storage is slow at small random reads and fast at
 (CorgiPile, Appendix A).  `probe` measures exactly that on the files already under a dataset
 directory: random reads of each block size from 4 KiB to 16 MiB against a sequential read, two
 ways: at queue depth 1 (``O_DIRECT``, one read at a time), and the way the views load a cold
-window (`shufflefs.view.View.hint`): ``posix_fadvise(WILLNEED)`` on every block of a window of
+window (`shufflefs.windows.view.View.hint`): ``posix_fadvise(WILLNEED)`` on every block of a window of
 `WINDOW` bytes and of the next window, then buffered 1 MiB preads in ascending offset order from
 one thread, so that the kernel's readahead of the hinted ranges sets the queue depth.  The block
 size is recommended from the latter, against a buffered sequential read (the kernel's readahead).
@@ -53,7 +53,7 @@ MAX_FILES = 256
 WINDOW = 64 * MiB
 """Bytes of blocks per window in the views-depth measurement (a typical shuffle buffer)."""
 READ_CHUNK = MiB
-"""Bytes per pread of the views-depth measurement (`shufflefs.view.READ_CHUNK`)."""
+"""Bytes per pread of the views-depth measurement (`shufflefs.windows.view.READ_CHUNK`)."""
 class AdviseError(Exception):
     """The probe cannot run (no readable data under the directory)."""
 
@@ -245,7 +245,7 @@ class _Slots:
 
 def _window_phase(files: _Files, block: int, seconds: float, rnd: np.random.Generator, buf: memoryview,
                   window: int = WINDOW) -> Measurement | None:
-    """Random blocks read the way `shufflefs.view.View` loads windows of a cold source: before
+    """Random blocks read the way `shufflefs.windows.view.View` loads windows of a cold source: before
     each window, WILLNEED on every block of it and of the next window (the kernel reads them
     ahead, as many at once as it queues), then the window's blocks in ascending order by
     `READ_CHUNK` preads from this one thread.  Buffered descriptors (``files``)."""

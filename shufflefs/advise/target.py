@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from .probe import WINDOWS_KEPT, Advice, MiB, _flag, _size
-from ..quality import expected_block_mix_tv
+from ..quality.metrics import expected_block_mix_tv
 
 MIX_LABELS = 10
 MIX_WINDOW = 1000

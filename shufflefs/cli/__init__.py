@@ -6,7 +6,8 @@ One module per command (`mount`, `epoch`, `umount`, `index`, `stat`, `inspect`, 
 mount needs is validated before any process is started, so that mistakes surface as a usage
 error (exit 2) in the user's terminal rather than in a daemon's log.  A background mount re-runs
 this same command with ``-f`` in a new session and waits on a pipe until the daemon reports the
-mount ready, so that the mount is usable the moment we return.
+mount ready, so that the mount is usable the moment we return.  The top of the path: may import
+any package; nothing imports it but ``__main__``.
 """
 
 from __future__ import annotations

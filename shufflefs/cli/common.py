@@ -5,10 +5,10 @@ from __future__ import annotations
 import errno
 import os
 
-from .. import control
 from ..config import (
     STATS_XATTR,
 )
+from ..mount import control
 
 PROG = "shufflefs"
 

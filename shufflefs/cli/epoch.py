@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import errno
 
-from .. import control
 from ..config import (
     EPOCH_XATTR,
     MAX_EPOCH,
 )
+from ..mount import control
 from .common import (
     EXIT_OK,
     EXIT_USAGE,

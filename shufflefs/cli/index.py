@@ -64,7 +64,7 @@ def iter_source_files(source: Path) -> list[tuple[str, str]]:
 def cmd_index(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..errors import ShuffleError
     from ..formats import resolve_format
-    from ..index import IndexCache
+    from ..index.table import IndexCache
 
     opts = resolve_options(args, FORMAT_KEYS, parser)
     if not os.path.isdir(args.source):
@@ -119,7 +119,7 @@ def cmd_index(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _load_index(path: str, fmt: Any, cache: Any, progress: Callable[[int], None]) -> tuple[Any, bool]:
     """(index, True if it came from the cache)."""
     from ..formats import load_or_build_index
-    from ..index import SourceStamp, cache_key
+    from ..index.table import SourceStamp, cache_key
 
     stamp = SourceStamp.of(os.stat(path))
     index = cache.load(cache_key(path, stamp, fmt.name, fmt.params()), stamp)

@@ -105,7 +105,7 @@ def _plan_note(plan: Any) -> str:
 
 
 def _check_stamp(path: Path, index: Any) -> None:
-    from ..index import SourceStamp
+    from ..index.table import SourceStamp
 
     if index.stamp is not None and SourceStamp.of(os.stat(path)) != index.stamp:
         raise CliError(f"{path}: the file changed while it was being inspected; run again")
@@ -113,12 +113,12 @@ def _check_stamp(path: Path, index: Any) -> None:
 
 def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, info: dict) -> _Inspected:
     """Rebuild the plan of a mounted view from its attributes and the source file."""
-    from ..costs import record_costs
+    from ..strategies.costs import record_costs
     from ..formats import load_or_build_index, make_format
     import numpy as np
 
-    from ..index import IndexCache
-    from ..pooled import PooledIndex
+    from ..index.table import IndexCache
+    from ..pools.joined_index import PooledIndex
     from ..strategies import make_plan
     from ..strategies.slices import SlicePlan, slice_edges
 
@@ -183,7 +183,7 @@ def _pool_members(source: Path, info: dict, fmt: Any, cache: Any) -> list[tuple[
     files of its directory whose names share its pattern (`pools.shard_key`), as the mount found
     them; a different count than the mount's means the directory changed (run again)."""
     from ..formats import load_or_build_index
-    from ..pools import path_order, shard_key
+    from ..pools.shards import path_order, shard_key
 
     key = shard_key(source.name)
     found = []
@@ -202,7 +202,7 @@ def _pool_members(source: Path, info: dict, fmt: Any, cache: Any) -> list[tuple[
 def _inspect_cache(given: Path | None, parent: Path, parser: argparse.ArgumentParser) -> Any:
     """The index cache for a source file, or None to scan without one (the default cache directory
     lies inside the file's directory, or cannot be written)."""
-    from ..index import IndexCache, default_cache_dir
+    from ..index.table import IndexCache, default_cache_dir
 
     if given is not None:
         return IndexCache(_cache_dir(given, parent, parser))
@@ -255,7 +255,7 @@ def _pooled_data(got: _Inspected) -> Any:
     """The data regions of a pool's members, concatenated: the bytes its pooled offsets address."""
     import numpy as np
 
-    from ..labels import read_source
+    from ..quality.labels import read_source
 
     parts = []
     for path, (size, head, tail) in zip(got.members or [], got.index.member_frames):
@@ -267,7 +267,7 @@ def _pooled_data(got: _Inspected) -> Any:
 
 
 def _label_source(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Any:
-    from ..labels import BYTE, COLUMN, FIELD, LabelSource
+    from ..quality.labels import BYTE, COLUMN, FIELD, LabelSource
 
     if args.label_field is not None:
         return LabelSource(FIELD, args.label_field)
@@ -283,7 +283,7 @@ def _label_source(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 def _verify_view(path: str, got: _Inspected) -> None:
     """Read the view and compare it with the bytes of the order computed for it."""
-    from ..layout import render
+    from ..windows.layout import render
 
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -310,8 +310,8 @@ def _verify_view(path: str, got: _Inspected) -> None:
 
 def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..errors import ShuffleError
-    from ..labels import extract_labels, read_source
-    from ..quality import block_of_records, format_report, report
+    from ..quality.labels import extract_labels, read_source
+    from ..quality.metrics import block_of_records, format_report, report
 
     try:
         k, batch = _integer(1)(args.window), _integer(1)(args.batch)
@@ -319,7 +319,7 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         parser.error(f"argument --window/--batch: {e}")
     label_source = _label_source(args, parser)
     if args.png:
-        from ..plots import have_matplotlib
+        from ..quality.plots import have_matplotlib
 
         if not have_matplotlib():
             parser.error("--png needs matplotlib (pip install 'shufflefs[plot]')")
@@ -366,7 +366,7 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     where = (f"{args.path} (view of {got.source}, epoch {got.epoch}, seed {got.spec.seed})" if mounted
              else f"{got.source} (epoch {got.epoch}, seed {got.spec.seed})")
     if args.png:
-        from ..plots import plot_orders
+        from ..quality.plots import plot_orders
 
         title = f"{os.path.basename(args.path)}: {rep.records} records, epoch {got.epoch}, seed {got.spec.seed}, " \
                 f"block {_param('block_size', got.spec.block_size)}"

@@ -17,7 +17,7 @@ from ..config import (
     check_own_dir,
     check_paths,
 )
-from ..index import default_cache_dir
+from ..index.table import default_cache_dir
 from ..sources import scheme_of
 from ..strategies.base import ShuffleSpec
 from .common import EXIT_FAIL, EXIT_OK, PROG, REMOTE_BLOCK, _inside
@@ -66,7 +66,7 @@ def _stage_dir(given: Path | None, spec: ShuffleSpec, src: Path | str, mnt: Path
         return None
     if spec.strategy != "pls":
         parser.error(f"--stage-dir keeps a rank's pls partition: it needs --strategy pls, not {spec.strategy!r}")
-    from ..view import _build_window
+    from ..windows.view import _build_window
 
     if _build_window is None:
         parser.error("--stage-dir needs the compiled gather module (shufflefs/_gather.c); reinstall shufflefs")
@@ -171,7 +171,7 @@ def cmd_mount(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: l
 
 
 def run_foreground(config: MountConfig, ready_fd: int | None, log_file: str | None, verbosity: int) -> int:
-    from .. import daemon
+    from ..mount import daemon
 
     if ready_fd is not None:
         # Started by `start_background`: never pin the caller's working directory, and stop

@@ -9,7 +9,7 @@ from .. import __version__
 from ..config import (
     MAX_EPOCH,
 )
-from ..index import default_cache_dir
+from ..index.table import default_cache_dir
 from ..strategies.base import EVEN_MODES, LOCAL_MODES
 from .common import PROG
 from .options import VERIFY_MODES

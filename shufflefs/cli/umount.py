@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 
-from .. import control
+from ..mount import control
 from .common import EXIT_OK, PROG, CliError
 
 

@@ -2,7 +2,7 @@
 
 Which format a file gets: the first `FormatRule` whose glob matches its path relative to the
 mount root (or its basename), else its extension; files of no known format pass through
-unshuffled.
+unshuffled.  Imports `index.table` (a scan's result) and `resolve` only.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import FormatError, StaleSourceError
 from .. import resolve
-from ..index import IndexCache, RecordIndex, SourceStamp, cache_key
+from ..index.table import IndexCache, RecordIndex, SourceStamp, cache_key
 from .base import Format, FramingError, Progress, gather_check
 from .fixed import FixedFormat  # re-exported for convenience; the registry is MODULES
 from .lines import CsvFormat, LinesFormat
@@ -214,7 +214,7 @@ def scan_file(path: str | os.PathLike, fmt: Format, progress: Progress | None = 
     Raises `StaleSourceError` if the file's size or mtime changed while it was being scanned
     (the index might then describe bytes that no longer exist).  Truncating a file while it is
     mapped can still kill the process with SIGBUS; that is a property of mmap, and why the daemon
-    runs this in a worker process (`shufflefs.indexer`).
+    runs this in a worker process (`shufflefs.index.build`).
     """
     path = os.fspath(path)
     fd = resolve.open_path(path)
@@ -271,7 +271,7 @@ def load_or_build_index(
     """The cached index of ``path`` if its stamp still matches, else a fresh scan (then cached).
 
     A cache that cannot be written is logged and ignored: it only costs a rescan next time.
-    Scans in the calling process; `shufflefs.indexer.IndexBuilder.build` is the same with the
+    Scans in the calling process; `shufflefs.index.build.IndexBuilder.build` is the same with the
     scan in a worker process.
     """
     stamp = SourceStamp.of(resolve.stat_path(path))

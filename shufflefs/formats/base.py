@@ -9,7 +9,7 @@ from typing import Callable, ClassVar
 import numpy as np
 
 from ..errors import FormatError
-from ..index import RecordIndex
+from ..index.table import RecordIndex
 
 Progress = Callable[[int], None]
 """Called with the number of bytes scanned so far (for progress bars)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FormatError
-from ..index import RecordIndex
+from ..index.table import RecordIndex
 from .base import Format, Progress, Read, as_bytes, bad_index
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FormatError
-from ..index import RecordIndex
+from ..index.table import RecordIndex
 from .base import (SCAN_CHUNK, Format, Progress, Read, WindowCheck, as_bytes, bad_index, framing_error,
                    iter_chunks, window_ends)
 

@@ -5,7 +5,7 @@ with its rows permuted.  A Fortran-order array (``fortran_order: True``, as pand
 ``to_numpy()`` saved by ``np.save`` often is) keeps its row index: record i is row i, bounds as
 if the rows were stored in C order, so it gets the plan a C-order copy of it would get.  Its rows
 are not contiguous in the file, so its windows are gathered column by column
-(`shufflefs.transposed`) and its view is a C-order array: the header says ``fortran_order:
+(`shufflefs.windows.transposed`) and its view is a C-order array: the header says ``fortran_order:
 False`` (rewritten at the same length).  A 0-d array is a single record (the view equals the file).  Arrays whose
 rows have no bytes (``shape[0] == 0``, or a zero-sized row such as ``shape (5, 0)``) have no
 records: every order of empty rows is the same bytes.
@@ -21,7 +21,7 @@ import numpy as np
 import numpy.lib.format as npformat
 
 from ..errors import FormatError
-from ..index import RecordIndex
+from ..index.table import RecordIndex
 from .base import Format, Progress, Read, as_bytes
 from .fixed import same_bounds
 
@@ -140,7 +140,7 @@ def header_with_rows(header: bytes, rows: int, path: str) -> bytes:
     h = read_npy_header(np.frombuffer(header, np.uint8), path)
     if not h.shape:
         raise FormatError(path, 0, "a 0-d array has no rows to share out")
-    # every view is C order: a Fortran array's rows are gathered into it (`shufflefs.transposed`)
+    # every view is C order: a Fortran array's rows are gathered into it (`shufflefs.windows.transposed`)
     d = {"descr": npformat.dtype_to_descr(h.dtype), "fortran_order": False, "shape": (rows, *h.shape[1:])}
     fp = io.BytesIO()
     try:

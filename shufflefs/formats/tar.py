@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import FormatError
-from ..index import RecordIndex
+from ..index.table import RecordIndex
 from .base import Format, Progress, Read, WindowCheck, as_bytes, bad_index, framing_error, window_ends
 
 BLOCK = 512

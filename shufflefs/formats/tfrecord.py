@@ -14,7 +14,7 @@ import crc32c
 import numpy as np
 
 from ..errors import FormatError
-from ..index import RecordIndex
+from ..index.table import RecordIndex
 from .base import (PROGRESS_EVERY, Format, Progress, Read, WindowCheck, as_bytes, bad_index,
                    framing_error, window_ends)
 

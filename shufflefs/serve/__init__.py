@@ -1,3 +1,6 @@
-"""The catalog of a mount, without FUSE: nodes and the source tree (`tree`), epochs (`epochs`),
-indexes and plans (`planner`), open views and their windows (`views`), reads (`reads`),
-extended attributes and state (`xattrs`), all tied together by `catalog.Catalog`."""
+"""The catalog of a mount, async (trio) but without FUSE: nodes and the source tree (`tree`, the
+node types in `nodes`), epochs (`epochs`), indexes and plans (`planner`, their memory in
+`plan_memory`), open views and their windows (`views`), reads (`reads`), extended attributes and
+state (`xattrs`, counters in `stats`), worker threads with deadlines (`workers`), all tied
+together by `catalog.Catalog`.  Imports every package below it (sources to windows, stages),
+never `mount` or `cli`; within it, `nodes` imports none of its siblings."""

@@ -1,5 +1,5 @@
 """The catalog of one mount: the source tree as nodes, each data file's views by epoch, their
-plans, pools, parts, stages and windows.  Async (trio) but free of FUSE: `shufflefs.fs` maps
+plans, pools, parts, stages and windows.  Async (trio) but free of FUSE: `shufflefs.mount.fuse_ops` maps
 kernel requests onto it, and tests can drive it without a mount.
 
 All methods run in the trio thread; anything that touches the source or gathers records runs on
@@ -21,12 +21,12 @@ import trio
 
 from ..config import PARTS_DIR, MountConfig
 from ..errors import ShuffleError, StaleSourceError
-from ..pool_table import PoolTable
-from ..prefetch import WindowCache
+from ..pools.lookup import PoolTable
+from ..windows.cache import WindowCache
 from ..shared_tasks import SharedTasks
-from ..index import SourceStamp
+from ..index.table import SourceStamp
 from ..sources import Store, open_store
-from ..stats import Stats
+from .stats import Stats
 from .epochs import Epochs
 from .nodes import DIR, FILE, LINK, NO_POOL, ROOT, UNREAD, VIEW, Handle, Node, Probe, Reply, Stat
 from .planner import Planner

@@ -1,22 +1,19 @@
 """The catalog's vocabulary: nodes (one per inode), directory probes, open handles, and the
-errno a request ends with.  No FUSE import: the adapter (`shufflefs.fs`) maps these onto pyfuse3.
+errno a request ends with.  No FUSE import: the adapter (`shufflefs.mount.fuse_ops`) maps these onto pyfuse3.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
 
 from ..formats import Format
-from ..index import RecordIndex, SourceStamp
-from ..layout import Layout
-from ..pool_table import PoolEntry
-from ..prefetch import Slot
+from ..index.table import RecordIndex, SourceStamp
+from ..pools.lookup import PoolEntry
 from ..strategies import Plan
-
-if TYPE_CHECKING:
-    from .views import SharedView
+from ..windows.cache import Slot
+from ..windows.layout import Layout
+from ..windows.view import SharedView
 
 ROOT = 1
 """The root's inode number (FUSE's)."""

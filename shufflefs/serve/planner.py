@@ -15,15 +15,15 @@ import numpy as np
 import trio
 
 from ..config import MountConfig
-from ..costs import record_costs
+from ..strategies.costs import record_costs
 from ..errors import FormatError, StaleSourceError
 from ..formats import Format
 from ..formats.npy import header_with_rows, row_kind
-from ..index import IndexCache, RecordIndex, SourceStamp, cache_key
-from ..layout import Layout
-from ..plan_memory import PlanMemory, plan_estimate, plan_nbytes
-from ..pool_table import PoolEntry
-from ..pooled import PooledIndex
+from ..index.table import IndexCache, RecordIndex, SourceStamp, cache_key
+from ..windows.layout import Layout
+from .plan_memory import PlanMemory, plan_estimate, plan_nbytes
+from ..pools.lookup import PoolEntry
+from ..pools.joined_index import PooledIndex
 from ..shared_tasks import SharedTasks
 from ..sources.base import Store
 from ..strategies import Plan, make_plan

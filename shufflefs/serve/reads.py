@@ -1,6 +1,6 @@
 """Reads of an open view: a handle remembers the window it is reading, so a read inside it is one
 slice of the window's buffer (no lookup, no await).  Entering a window holds it for the handle
-and, for a sequential reader, starts loading the next two (`prefetch.AHEAD`)."""
+and, for a sequential reader, starts loading the next two (`windows.cache.AHEAD`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import trio
 
-from ..layout import HEADER, TRAILER
-from ..prefetch import AHEAD, Slot, WindowCache
+from ..windows.cache import AHEAD, Slot, WindowCache
+from ..windows.layout import HEADER, TRAILER
 from .nodes import Handle, Node
 from .views import Views
 from .workers import Timeout

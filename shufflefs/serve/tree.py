@@ -20,9 +20,9 @@ from collections import OrderedDict
 from .. import resolve
 from ..config import MountConfig
 from ..formats import Format, resolve_format
-from ..index import SourceStamp
-from ..pool_table import PoolTable
-from ..pools import shard_key
+from ..index.table import SourceStamp
+from ..pools.lookup import PoolTable
+from ..pools.shards import shard_key
 from ..sources.base import Store
 from ..sources.local import LocalStore
 from .nodes import DIR, MAX_PARTS, NO_POOL, ROLE_COUNT, ROLE_PARTS, ROOT, UNREAD, Node, Probe, Reply, Stat

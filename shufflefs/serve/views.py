@@ -1,9 +1,9 @@
 """Open views and their windows: made on first open, shared by every handle of an inode, kept
 idle for a while after the last handle closes, closed when their epoch is over.
 
-All handles of one inode share its plan, its open source and its windows (`prefetch.WindowCache`,
+All handles of one inode share its plan, its open source and its windows (`windows.cache.WindowCache`,
 keyed by inode and window; its docstring has the prefetch design and the memory limit:
-`prefetch.WINDOWS` windows of the largest view in memory, for all views together).  The shards
+`windows.cache.WINDOWS` windows of the largest view in memory, for all views together).  The shards
 of a pool's stream share the stream's windows (keyed by the stream), loaded through whichever
 shard view is open.  The last `IDLE_VIEWS` views whose handles all closed stay open with their
 windows, so that a reader that reopens the file per record does not rebuild the plan and reload
@@ -12,10 +12,8 @@ windows every time.
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
-import threading
 from collections import OrderedDict
 from typing import Callable, Hashable, NamedTuple
 
@@ -24,16 +22,16 @@ import numpy as np
 from ..config import MountConfig
 from ..formats import gather_check
 from ..formats.npy import Columns, c_order_header, columns_of
-from ..prefetch import WindowCache
 from ..shared_tasks import SharedTasks
 from ..sources.base import Source, Store
 from ..sources.pool import PoolSource
-from ..stage import Stage, StagedSource
-from ..staging import EpochBytes, StageStore, StageTarget
+from ..stages.stage_file import Stage, StagedSource
+from ..stages.store import EpochBytes, StageStore, StageTarget
 from ..strategies import Plan
 from ..strategies.exchange import Partitions
 from ..strategies.partial_local import pls_exchange
-from ..view import View, window_work
+from ..windows.cache import WindowCache
+from ..windows.view import SharedView, View, ViewClosed, window_work
 from .nodes import Node
 from .planner import Planner
 from .tree import Tree
@@ -56,43 +54,6 @@ class WindowRef(NamedTuple):
     shift: int
     loader: Callable
     work: int  # bytes the load works with besides the window
-
-
-class ViewClosed(OSError):
-    """A load asked of a view that is closing (a shard's view closed while its stream is read)."""
-
-    def __init__(self) -> None:
-        super().__init__(errno.EBADF, "view closed")
-
-
-class SharedView:
-    """A `View` whose source is closed only once no worker thread is loading from it."""
-
-    def __init__(self, view: View) -> None:
-        self.view = view
-        self._lock = threading.Lock()
-        self._users = 0
-        self._closing = False
-
-    def load(self, k: int, out: np.ndarray | None, scratch: np.ndarray | None,
-             ahead: bool = False, plan: Plan | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-        with self._lock:
-            if self._closing:
-                raise ViewClosed()
-            self._users += 1
-        try:
-            return self.view.load_window(k, out, scratch, ahead, plan)
-        finally:
-            with self._lock:
-                self._users -= 1
-                if self._closing and self._users == 0:
-                    self.view.close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closing = True
-            if self._users == 0:
-                self.view.close()
 
 
 def _load_stream(views: list[SharedView], k: int, ahead: bool, stream: Plan,

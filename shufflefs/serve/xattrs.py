@@ -16,10 +16,10 @@ from typing import Any
 
 from ..config import EPOCH_XATTR, MAX_EPOCH, PID_XATTR, STATS_XATTR, XATTR_PREFIX, format_buffer
 from ..errors import ShuffleError
-from ..index import default_cache_dir
-from ..stats import fit as fit_stats
+from ..index.table import default_cache_dir
+from .stats import fit as fit_stats
 from ..strategies.base import AUTO_BLOCK_FLOOR, BLOCK_STRATEGIES, MIX_ASSUMPTION, RUNS_ASSUMPTION, buffer_label_mix, runs_label_mix
-from ..view import GATHER
+from ..windows.view import GATHER
 from .catalog import Catalog
 from .nodes import DIR, FILE, ROOT, VIEW, Node, Reply
 

@@ -3,7 +3,7 @@
 
 The catalog asks a store to list, stat and open; a view asks its source for runs of bytes.
 Local files implement both (`local`), a pool's members share one `pool.PoolSource`, and a
-node-local stage (`stage.StagedSource`) sits in front of either.  A new kind of storage is one
+node-local stage (`stages.stage_file.StagedSource`) sits in front of either.  A new kind of storage is one
 module that implements `Store` and `Source`, plus one line in `sources.STORES`.
 
 A source whose bytes are reachable through file descriptors (``place`` returns `Runs`) is read
@@ -23,7 +23,7 @@ import numpy as np
 import trio
 
 from ..formats.base import Format
-from ..index import RecordIndex, SourceStamp
+from ..index.table import RecordIndex, SourceStamp
 
 
 _requests = threading.local()
@@ -203,7 +203,7 @@ def index_by_scan(store: Store, relpath: str, fmt: Format, cache_dir: str | os.P
     """`Store.index` for a store with no faster way: the file's bytes (``map``) scanned in this
     process, the index cached by version like a local file's."""
     from ..errors import StaleSourceError
-    from ..index import IndexCache, cache_key
+    from ..index.table import IndexCache, cache_key
 
     path = store.path(relpath)
     stamp = SourceStamp.of(store.stat(relpath, follow_last=True))

@@ -14,7 +14,7 @@ import numpy as np
 from .. import resolve
 from ..errors import StaleSourceError
 from ..formats.base import Format
-from ..index import RecordIndex, SourceStamp
+from ..index.table import RecordIndex, SourceStamp
 from .base import Members, Runs, close_fd
 
 try:
@@ -244,7 +244,7 @@ class LocalStore:
     def index(self, relpath: str, fmt: Format, cache_dir: str | os.PathLike) -> RecordIndex:
         # Scans run in a worker process: a source truncated under its mmap (SIGBUS) must not end
         # the daemon.  Cached indexes load here directly.
-        from ..indexer import default_builder
+        from ..index.build import default_builder
 
         return default_builder().build(self.path(relpath), fmt, cache_dir)
 

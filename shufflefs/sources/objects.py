@@ -27,7 +27,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from ..errors import ShuffleError, StaleSourceError
-from ..layout import gather
+from ..windows.layout import gather
 from .base import count_requests
 
 log = logging.getLogger("shufflefs")

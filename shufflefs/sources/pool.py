@@ -9,8 +9,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..index import SourceStamp
-from ..pooled import PooledIndex, split_runs
+from ..index.table import SourceStamp
+from ..pools.joined_index import PooledIndex, split_runs
 from .base import Members, Runs, Source
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..errors import ShuffleError, StaleSourceError
 from ..formats.base import Format
-from ..index import RecordIndex, SourceStamp
+from ..index.table import RecordIndex, SourceStamp
 from .base import Runs, count_requests, index_by_scan
 from .objects import ClientOptions, ObjectClient, ObjectInfo
 

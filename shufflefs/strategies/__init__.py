@@ -3,14 +3,15 @@
 Every plan is a pure function of its inputs; randomness comes only from `base.rng` keyed by the
 seed, the epoch (except `once`), a per-use salt and, where ranks differ, the rank.  Unit
 permutations are drawn without the rank, so every rank sees the same list and takes a disjoint
-contiguous piece of it.
+contiguous piece of it.  Pure numpy, no I/O but `costs` (the record costs of ``--balance``):
+imports `index.table`, and `quality.metrics` when an expected label mix is asked for.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..index import RecordIndex
+from ..index.table import RecordIndex
 from .balance import BalancedPlan
 from .base import EVEN_MODES, LOCAL_MODES, Plan, ShuffleSpec, rng
 from .baselines import NoShufflePlan, ShuffleOncePlan

@@ -21,7 +21,7 @@ import re
 
 import numpy as np
 
-from ..index import RecordIndex
+from ..index.table import RecordIndex
 from .base import EVEN_MODES, ShuffleSpec, rng
 from .units import OrderPlan, id_dtype, salt
 

@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..index import RecordIndex
+from ..index.table import RecordIndex
 
 MiB = 1 << 20
 EVEN_MODES = ("none", "pad", "drop")
@@ -118,7 +118,7 @@ def buffer_label_mix(spec: ShuffleSpec, data_bytes: int, parts: int = 1) -> tupl
     (`MIX_ASSUMPTION`): `quality.expected_block_mix_tv` for block and corgipile, whose random
     blocks make sorted and shuffled runs alike, `quality.expected_stratified_mix_tv` for
     stratified; 0 when one buffer holds every block of the file."""
-    from ..quality import expected_block_mix_tv, expected_stratified_mix_tv
+    from ..quality.metrics import expected_block_mix_tv, expected_stratified_mix_tv
 
     n, blocks = _buffer_and_file_blocks(spec, data_bytes, parts)
     if n >= blocks:
@@ -132,7 +132,7 @@ def runs_label_mix(spec: ShuffleSpec, data_bytes: int, parts: int = 1) -> float:
     """The expected label mix of a buffer when the file's one-label blocks come in random order
     (`quality.expected_block_mix_tv`): what every block order gets from data without a trend,
     stratified included."""
-    from ..quality import expected_block_mix_tv
+    from ..quality.metrics import expected_block_mix_tv
 
     n, blocks = _buffer_and_file_blocks(spec, data_bytes, parts)
     return 0.0 if n >= blocks else expected_block_mix_tv(n, MIX_LABELS)

@@ -16,7 +16,7 @@ import functools
 
 import numpy as np
 
-from ..index import RecordIndex
+from ..index.table import RecordIndex
 from .base import ShuffleSpec, resolve_spec, rng
 from .exchange import Exchange
 from .units import OrderPlan, cuts_by_bytes, salt

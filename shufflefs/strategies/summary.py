@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..index import RecordIndex
+from ..index.table import RecordIndex
 from .base import MiB, rng
 from .units import I64, frozen, salt
 

@@ -11,7 +11,7 @@ import zlib
 
 import numpy as np
 
-from ..index import RecordIndex
+from ..index.table import RecordIndex
 from .base import EVEN_MODES, LOCAL_MODES, Plan, ShuffleSpec
 
 I64 = np.int64

@@ -19,13 +19,13 @@ import trio
 
 from shufflefs.config import MountConfig
 from shufflefs.formats import resolve_format, scan_file
-from shufflefs.layout import render
 from shufflefs.serve import xattrs
 from shufflefs.serve.catalog import Catalog
 from shufflefs.serve.nodes import ROOT, VIEW, Node, Reply
 from shufflefs.sources import index_by_scan
 from shufflefs.sources.local import LocalStore, SourceFile
 from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan
+from shufflefs.windows.layout import render
 
 SPEC = dict(seed=5, block_size=4096, buffer=16384)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import trio
 
-from shufflefs.prefetch import HOLD_IDLE, WINDOWS, WindowCache
+from shufflefs.windows.cache import HOLD_IDLE, WINDOWS, WindowCache
 
 W = 1000  # bytes of every window of view "v"
 

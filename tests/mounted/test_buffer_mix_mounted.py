@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from shufflefs.quality import expected_block_mix_tv
+from shufflefs.quality.metrics import expected_block_mix_tv
 from shufflefs.strategies.base import MIX_ASSUMPTION
 
 # 100,000 records of 40 bytes (4 MB, 62 blocks of 64 KiB), sorted by 10 labels

@@ -17,8 +17,8 @@ from typing import Iterator
 import pytest
 from conftest import REPO, write_tree
 
-from shufflefs import daemon
 from shufflefs.config import MountConfig
+from shufflefs.mount import daemon
 
 LINES = b"".join(b'{"i": %d}\n' % i for i in range(3000))
 PLS = ["--strategy", "pls", "--world-size", "2", "--exchange", "0.25", "--block-size", "4096"]

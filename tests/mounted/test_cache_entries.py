@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from shufflefs.formats.tfrecord import TFRecordFormat, encode_frame
-from shufflefs.index import _digest
+from shufflefs.index.table import _digest
 
 RECORD = 16
 ARGS = ["--block-size", "4KiB", "--buffer", "16KiB", "--format", f"*.bin=fixed:record_size={RECORD}"]

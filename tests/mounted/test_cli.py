@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from shufflefs import cli
-from shufflefs.index import default_cache_dir
+from shufflefs.index.table import default_cache_dir
 from shufflefs.strategies import STRATEGIES, STRATEGY_HELP
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def _fuse_usable() -> str | None:
     if shutil.which("fusermount3") is None:
         return "no fusermount3"
     try:
-        import shufflefs.daemon  # noqa: F401
+        import shufflefs.mount.daemon  # noqa: F401
     except ImportError as e:
         return f"daemon not importable: {e}"
     return None

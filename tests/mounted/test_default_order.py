@@ -15,7 +15,7 @@ import sys
 import numpy as np
 
 from shufflefs.advise.cache import save
-from shufflefs.quality import label_mix_tv
+from shufflefs.quality.metrics import label_mix_tv
 
 RECORDS, LABELS = 160_000, 10
 PAD = b"x" * 980

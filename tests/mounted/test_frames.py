@@ -17,7 +17,7 @@ import pytest
 from shufflefs.errors import FormatError
 from shufflefs.formats import resolve_format
 from shufflefs.formats.tfrecord import check_frames, encode_frame
-from shufflefs.index import IndexCache, RecordIndex, SourceStamp, cache_key
+from shufflefs.index.table import IndexCache, RecordIndex, SourceStamp, cache_key
 
 FRAMES = [encode_frame(b"payload-%05d-" % i + b"x" * (i % 50)) for i in range(3000)]
 DATA = b"".join(FRAMES)

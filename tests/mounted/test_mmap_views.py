@@ -23,7 +23,7 @@ import pytest
 from conftest import Mount
 from shufflefs.config import parse_buffer, parse_size
 from shufflefs.formats import parse_format_option, resolve_format, scan_file
-from shufflefs.layout import render
+from shufflefs.windows.layout import render
 from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan
 
 BLOCK, BUFFER, SEED, RECORD = "4KiB", "16KiB", 5, 24

@@ -38,7 +38,7 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from conftest import Mount, Mounter
 from shufflefs.config import parse_buffer, parse_size
 from shufflefs.formats import resolve_format
-from shufflefs.layout import render
+from shufflefs.windows.layout import render
 from shufflefs.strategies import ShuffleSpec, make_plan
 
 STRATEGIES = ("corgipile", "full", "none", "stratified")

@@ -29,12 +29,12 @@ import pytest
 
 from conftest import Link, Mount, is_mounted, write_tree
 from shufflefs.config import parse_buffer, parse_size
-from shufflefs.daemon import READAHEAD_KB
+from shufflefs.mount.daemon import READAHEAD_KB
 from shufflefs.formats import parse_format_option, resolve_format, scan_file
-from shufflefs.layout import Layout, render
-from shufflefs.prefetch import WINDOWS
+from shufflefs.windows.layout import Layout, render
+from shufflefs.windows.cache import WINDOWS
 from shufflefs.strategies import ShuffleSpec, make_plan
-from shufflefs.view import window_work
+from shufflefs.windows.view import window_work
 
 BLOCK, BUFFER, SEED, RECORD = "4KiB", "16KiB", 7, 24
 ARGS = ["--block-size", BLOCK, "--buffer", BUFFER, "--seed", str(SEED), "--format", f"*.bin=fixed:record_size={RECORD}"]
@@ -725,7 +725,7 @@ def test_mount_is_listed_as_fuse_shufflefs(data: Mount):
 def test_daemon_refuses_unusable_paths(tmp_path: Path, capsys):
     """Holds: SEMANTICS.md#never-opened-own-mount"""
     from shufflefs.config import MountConfig
-    from shufflefs.daemon import run
+    from shufflefs.mount.daemon import run
 
     src, mnt = write_tree(tmp_path / "src", {"a.jsonl": b"1\n"}), tmp_path / "mnt"
     mnt.mkdir()

@@ -28,7 +28,7 @@ from conftest import REPO, Link, is_mounted
 from shufflefs.config import parse_buffer, parse_size
 from shufflefs.formats import parse_format_option, resolve_format, scan_file
 from shufflefs.formats.tfrecord import encode_frame
-from shufflefs.layout import render
+from shufflefs.windows.layout import render
 from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan
 
 BLOCK, BUFFER, SEED, RECORD = "4KiB", "16KiB", 11, 12

@@ -26,8 +26,8 @@ from test_mount import ARGS, SEED, error_after_appending, jsonl, lines, read
 
 from shufflefs.config import parse_buffer, parse_size
 from shufflefs.formats import make_format
-from shufflefs.layout import assemble, slice_fetch
-from shufflefs.pooled import PooledIndex
+from shufflefs.windows.layout import assemble, slice_fetch
+from shufflefs.pools.joined_index import PooledIndex
 from shufflefs.strategies import ShuffleSpec, make_plan
 from shufflefs.strategies.slices import SlicePlan, slice_edges
 

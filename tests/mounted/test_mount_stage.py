@@ -18,8 +18,8 @@ from conftest import REPO
 from test_mount import error_after_appending, jsonl, lines, read
 
 from shufflefs.formats import make_format
-from shufflefs.index import RecordIndex
-from shufflefs.pooled import PooledIndex
+from shufflefs.index.table import RecordIndex
+from shufflefs.pools.joined_index import PooledIndex
 from shufflefs.strategies import ShuffleSpec
 from shufflefs.strategies.partial_local import pls_exchange
 

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from shufflefs.formats.tar import TarFormat
-from shufflefs.layout import render
 from shufflefs.strategies import ShuffleSpec, make_plan
+from shufflefs.windows.layout import render
 
 wds = pytest.importorskip("webdataset")
 Image = pytest.importorskip("PIL.Image")

@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 
 from conftest import Mount
-from shufflefs import cli, quality as q
+from shufflefs import cli
+from shufflefs.quality import metrics as q
 from shufflefs.config import parse_buffer, parse_size
 from shufflefs.errors import FormatError
 from shufflefs.formats import make_format, scan_file
-from shufflefs.labels import BYTE, COLUMN, FIELD, LabelSource, encode_labels, extract_labels, read_source
+from shufflefs.quality.labels import BYTE, COLUMN, FIELD, LabelSource, encode_labels, extract_labels, read_source
 from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -209,7 +210,7 @@ def order_of(plan) -> np.ndarray:
 
 
 def have_matplotlib() -> bool:
-    from shufflefs.plots import have_matplotlib as have
+    from shufflefs.quality.plots import have_matplotlib as have
 
     return have()
 
@@ -282,7 +283,7 @@ def test_inspect_mounted_view_with_verify(mount, monkeypatch, capsys):
     assert r.returncode == 2 and "epoch 3" in r.stderr
 
     # --verify fails loudly when the view is not the order computed (here: a corrupted reference)
-    import shufflefs.layout as layout
+    import shufflefs.windows.layout as layout
 
     real = layout.render
 

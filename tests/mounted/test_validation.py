@@ -107,7 +107,7 @@ def test_stats_stay_readable_after_thousands_of_epochs(mount):
 
 
 def test_stats_json_is_cut_to_fit_an_attribute():
-    from shufflefs.stats import STATS_LIMIT, fit
+    from shufflefs.serve.stats import STATS_LIMIT, fit
 
     big = {"epoch_overrides": {f"dir/file-{i:06d}.jsonl": i for i in range(20000)}, "errors": 3,
            "last_errors": ["x" * 400] * 20}

@@ -30,7 +30,7 @@ from shufflefs.advise.target import (
     format_mix,
 )
 from shufflefs.cli import main
-from shufflefs.quality import expected_block_mix_tv
+from shufflefs.quality.metrics import expected_block_mix_tv
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -335,7 +335,7 @@ def test_field_costs_feed_balanced_order():
 
 
 def _index(lengths: np.ndarray):
-    from shufflefs.index import RecordIndex
+    from shufflefs.index.table import RecordIndex
 
     return RecordIndex(int(lengths.sum()), np.concatenate(([0], np.cumsum(lengths))).astype(np.int64))
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from shufflefs.cli.stat import format_stats
-from shufflefs.quality import expected_block_mix_tv
+from shufflefs.quality.metrics import expected_block_mix_tv
 from shufflefs.strategies import make_plan
 from shufflefs.strategies.base import MIX_ASSUMPTION, ShuffleSpec, blocks_per_buffer, buffer_label_mix
 
@@ -53,7 +53,7 @@ def test_known_values_and_the_large_buffer_approximation():
 
 
 def test_blocks_per_buffer_is_what_the_plan_takes():
-    from shufflefs.index import RecordIndex
+    from shufflefs.index.table import RecordIndex
 
     bounds = np.arange(0, 4 * MiB + 1, 64, dtype=np.int64)
     index = RecordIndex(int(bounds[-1]), bounds)

@@ -268,7 +268,7 @@ def test_any_epoch_holds_every_record_once_with_the_exact_counts(ex, epoch):
 
 
 def test_a_plan_at_epoch_a_billion_of_100k_records_builds():
-    from shufflefs.index import RecordIndex
+    from shufflefs.index.table import RecordIndex
     from shufflefs.strategies import ShuffleSpec, make_plan
 
     bounds = np.arange(0, 100_001 * 10, 10, dtype=I64)

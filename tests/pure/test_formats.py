@@ -34,7 +34,7 @@ from shufflefs.formats import (
 )
 from shufflefs.formats.npy import Columns, c_order_header, columns_of, header_with_rows, row_kind
 from shufflefs.formats.lines import record_ends
-from shufflefs.index import IndexCache, RecordIndex
+from shufflefs.index.table import IndexCache, RecordIndex
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -610,7 +610,7 @@ def test_parse_format_option_errors(text: str, message: str) -> None:
 
 def test_damaged_cache_file_is_rebuilt(tmp_path):
     from shufflefs.formats import load_or_build_index, make_format
-    from shufflefs.index import IndexCache, SourceStamp, cache_key
+    from shufflefs.index.table import IndexCache, SourceStamp, cache_key
 
     src = tmp_path / "a.jsonl"
     src.write_bytes(b"a\nb\nc\n")

@@ -20,9 +20,9 @@ from shufflefs.formats.base import FRAMING_ENV
 from shufflefs.formats.lines import check_lines, check_rows
 from shufflefs.formats.tar import check_samples
 from shufflefs.formats.tfrecord import check_frames, check_lengths, encode_frame
-from shufflefs.index import INDEX_VERSION, IndexCache, RecordIndex, SourceStamp, _digest, cache_key
-from shufflefs.layout import assemble
-from shufflefs.pooled import PooledIndex
+from shufflefs.index.table import INDEX_VERSION, IndexCache, RecordIndex, SourceStamp, _digest, cache_key
+from shufflefs.windows.layout import assemble
+from shufflefs.pools.joined_index import PooledIndex
 
 STAMP = SourceStamp(100, 5, 7, 9)
 

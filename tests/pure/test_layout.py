@@ -11,10 +11,11 @@ from hypothesis import given, settings, strategies as st
 import os
 import tempfile
 
-from shufflefs import layout, view
+from shufflefs.windows import layout
+from shufflefs.windows import view
 from shufflefs.errors import StaleSourceError
-from shufflefs.index import RecordIndex, SourceStamp
-from shufflefs.layout import HEADER, TRAILER, Layout, assemble, id_runs, render, slice_fetch, source_runs
+from shufflefs.index.table import RecordIndex, SourceStamp
+from shufflefs.windows.layout import HEADER, TRAILER, Layout, assemble, id_runs, render, slice_fetch, source_runs
 from shufflefs.strategies.base import Plan, ShuffleSpec
 
 

@@ -14,7 +14,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from bench import peers_data, peers_docs  # noqa: E402
-from shufflefs import quality  # noqa: E402
+from shufflefs.quality import metrics as quality  # noqa: E402
 
 N = 100_000
 

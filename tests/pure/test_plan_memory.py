@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import trio
 
-from shufflefs import plan_memory
-from shufflefs.plan_memory import PlanMemory, plan_estimate, plan_nbytes
-from shufflefs.index import RecordIndex
+from shufflefs.serve import plan_memory
+from shufflefs.serve.plan_memory import PlanMemory, plan_estimate, plan_nbytes
+from shufflefs.index.table import RecordIndex
 from shufflefs.strategies import ShuffleSpec, make_plan
 
 N = 1_000_000

@@ -13,13 +13,13 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from shufflefs.index import RecordIndex
+from shufflefs.index.table import RecordIndex
 from shufflefs.sources.base import Runs
-from shufflefs.stage import STAGE_CHUNK, StagedSource, write_stage
+from shufflefs.stages.stage_file import STAGE_CHUNK, StagedSource, write_stage
 from shufflefs.strategies.exchange import Exchange
 from shufflefs.strategies.base import ShuffleSpec
 from shufflefs.strategies.partial_local import PartialLocalPlan
-from shufflefs.view import READ_CHUNK
+from shufflefs.windows.view import READ_CHUNK
 
 MiB = 1 << 20
 N = 2_000_000

@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shufflefs.formats import make_format
-from shufflefs import view
-from shufflefs.index import RecordIndex, SourceStamp, unit_firsts
-from shufflefs.layout import assemble
-from shufflefs.pooled import PooledIndex, split_runs
+from shufflefs.windows import view
+from shufflefs.index.table import RecordIndex, SourceStamp, unit_firsts
+from shufflefs.windows.layout import assemble
+from shufflefs.pools.joined_index import PooledIndex, split_runs
 from shufflefs.strategies import ShuffleSpec, make_plan
 from shufflefs.strategies.slices import SlicePlan, slice_edges
 from shufflefs.sources.local import SourceFile

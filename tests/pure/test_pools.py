@@ -11,7 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shufflefs.formats import FormatRule
-from shufflefs.pools import ShardSet, find_sets, membership, path_order, shard_key
+from shufflefs.pools.shards import (
+    ShardSet,
+    find_sets,
+    membership,
+    path_order,
+    shard_key,
+)
 
 SETTINGS = settings(max_examples=200, deadline=None)
 

@@ -16,15 +16,15 @@ from hypothesis import strategies as st
 
 from shufflefs.errors import StageError, StaleSourceError
 from shufflefs.formats import make_format
-from shufflefs.index import RecordIndex, SourceStamp
-from shufflefs.layout import render
-from shufflefs.pooled import PooledIndex
-from shufflefs.stage import StageCancelled, StagedSource, StageMap, run_ids, write_stage
+from shufflefs.index.table import RecordIndex, SourceStamp
+from shufflefs.windows.layout import render
+from shufflefs.pools.joined_index import PooledIndex
+from shufflefs.stages.stage_file import StageCancelled, StagedSource, StageMap, run_ids, write_stage
 from shufflefs.strategies import ShuffleSpec, make_plan
 from shufflefs.strategies.partial_local import pls_exchange
 from shufflefs.sources.local import SourceFile
 from shufflefs.sources.pool import PoolSource
-from shufflefs.view import View, _build_window
+from shufflefs.windows.view import View, _build_window
 
 pytestmark = pytest.mark.skipif(_build_window is None, reason="staging needs the compiled gather module")
 FMT = make_format("lines", {})

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shufflefs.index import RecordIndex
+from shufflefs.index.table import RecordIndex
 from shufflefs.strategies import STRATEGIES, STRATEGY_HELP, check_spec, make_plan
 from shufflefs.strategies.base import ShuffleSpec
 from shufflefs.strategies.sliding_window import sliding_window_order
-from shufflefs.index import unit_firsts
+from shufflefs.index.table import unit_firsts
 from shufflefs.strategies.units import concat_ranges, cuts_by_bytes, id_dtype, order_cuts
 
 ALL = sorted(STRATEGIES)

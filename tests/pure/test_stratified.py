@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shufflefs.quality import label_mix_tv
+from shufflefs.quality.metrics import label_mix_tv
 from shufflefs.strategies import ShuffleSpec, make_plan
 from shufflefs.strategies.stratified import stratified_order
 from test_strategies import indexes, make_index

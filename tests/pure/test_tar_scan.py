@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from shufflefs.errors import FormatError
 from shufflefs.formats import parse_format_option, resolve_format
 from shufflefs.formats.tar import TarFormat
-from shufflefs.layout import render
 from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan
+from shufflefs.windows.layout import render
 
 FORMATS = {"gnu": tarfile.GNU_FORMAT, "pax": tarfile.PAX_FORMAT, "ustar": tarfile.USTAR_FORMAT}
 

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from shufflefs.formats import make_format
-from shufflefs.index import RecordIndex
-from shufflefs.layout import render
+from shufflefs.index.table import RecordIndex
+from shufflefs.windows.layout import render
 from shufflefs.strategies import STRATEGIES, make_plan
 from shufflefs.strategies.base import ShuffleSpec
 

@@ -25,7 +25,7 @@ import pytest
 from shufflefs.formats import make_format, scan_file
 from shufflefs.strategies import ShuffleSpec, make_plan
 from shufflefs.strategies.units import share_edges
-from shufflefs.view import window_work
+from shufflefs.windows.view import window_work
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 from bench.lines import HEAD, MID, TAIL, numbered_lines, permutation_check  # noqa: E402

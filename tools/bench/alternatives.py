@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from shufflefs.index import RecordIndex
-from shufflefs.layout import assemble, slice_fetch
+from shufflefs.index.table import RecordIndex
 from shufflefs.strategies import ShuffleSpec, make_plan
+from shufflefs.windows.layout import assemble, slice_fetch
 
 from . import reads
 from .reads import Reading

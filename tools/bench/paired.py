@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bench import data, proc, reads
-from shufflefs import quality
+from shufflefs.quality import metrics as quality
 from shufflefs.strategies import ShuffleSpec, make_plan
 
 EPOCH_ATTR = "user.shufflefs.epoch"

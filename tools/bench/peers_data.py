@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shufflefs import quality
+from shufflefs.quality import metrics as quality
 
 LABELS = 10
 MIX_WINDOW = 1000

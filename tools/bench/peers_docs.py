@@ -170,7 +170,7 @@ def section(peers, argv: list[str]) -> list[str]:
             if info.get("expected_label_mix") is not None else (f" (view: {_strategy(r)})" if mnt else "")
         note = f"; {r.out['notes']}" if r.out.get("notes") else ""
         out.append(f"- {r.spec.name}: {mnt + ', ' if mnt else ''}{r.out.get('config', '')}{extra}{note}.")
-    out += ["", f"litdata and MosaicML Streaming: litdata installs into the main venv (`pip install litdata`; "
+    out += ["", "litdata and MosaicML Streaming: litdata installs into the main venv (`pip install litdata`; "
             "its torchvision requirement was removed again, as that torchvision fails to load beside the CPU "
             "torch). Streaming runs in a venv of its own (`--streaming-venv`, made on first use), since it "
             "cannot be imported beside the main venv's `datasets`.", END]

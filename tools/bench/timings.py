@@ -15,7 +15,7 @@ from bench.report import MiB
 from shufflefs.cli.mount import daemon_python
 from shufflefs.config import format_size, parse_size
 from shufflefs.formats import load_or_build_index, make_format, scan_file
-from shufflefs.index import IndexCache
+from shufflefs.index.table import IndexCache
 from shufflefs.strategies import make_plan
 
 REMOUNT_WIDTHS = (100, 9)

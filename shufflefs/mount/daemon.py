@@ -20,11 +20,13 @@ import time
 import pyfuse3
 import trio
 
-from . import control, indexer, scratch
-from .config import MountConfig, check_paths
-from .errors import ShuffleError
-from .fs import VIEW_BLKSIZE, ShuffleFS
-from .sources import scheme_of
+from .. import scratch
+from ..config import MountConfig, check_paths
+from ..errors import ShuffleError
+from ..index import build as indexer
+from ..sources import scheme_of
+from . import control
+from .fuse_ops import VIEW_BLKSIZE, ShuffleFS
 
 log = logging.getLogger("shufflefs")
 
@@ -218,7 +220,7 @@ def fix_mmap_threshold() -> None:
 
 def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
     fix_mmap_threshold()
-    from .view import GATHER
+    from ..windows.view import GATHER
 
     if GATHER != "compiled":
         log.warning("the compiled gather module (shufflefs/_gather.c) is missing in %s: windows are built "

@@ -27,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from .formats import FormatRule
+from ..formats import FormatRule
 
 __all__ = ["ShardSet", "find_sets", "membership", "path_order", "shard_key"]
 

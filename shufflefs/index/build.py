@@ -23,10 +23,10 @@ import threading
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
-from . import resolve
-from .errors import StaleSourceError
-from .formats import Format, scan_file
-from .index import IndexCache, RecordIndex, SourceStamp, cache_key
+from .. import resolve
+from ..errors import StaleSourceError
+from ..formats import Format, scan_file
+from .table import IndexCache, RecordIndex, SourceStamp, cache_key
 
 __all__ = ["IndexBuilder", "default_builder", "interrupt_default", "shutdown_default"]
 

@@ -11,11 +11,11 @@ from typing import Callable
 
 import numpy as np
 
-from . import resolve
+from .. import resolve
 
-from .errors import FormatError
-from .index import RecordIndex
-from .strategies.balance import RecordCostError, compact_costs, field_costs
+from ..errors import FormatError
+from ..index.table import RecordIndex
+from .balance import RecordCostError, compact_costs, field_costs
 
 
 def record_costs(path: str, index: RecordIndex, field: str | None, format_name: str,

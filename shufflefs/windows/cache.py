@@ -6,7 +6,7 @@ One design for every strategy and reader:
   runs in ascending order), into an LRU shared by all handles of its view, so concurrent readers
   of a file cost one load per window.
 * Two windows ahead: when a sequential reader enters window k, windows k+1 and k+2 start
-  loading (`prefetch`, called by fs.py) if they fit, so that window k+1 is built while k is
+  loading (`prefetch`, called by `serve.reads`) if they fit, so that window k+1 is built while k is
   served and two loads can run at once.  Measured on the 2-core VM this was tuned on (warm page
   cache, 2 GiB of ~1 KiB JSON lines, 64 MiB windows, 1 MiB reads): a `corgipile` load took
   33-52 ms next to the FUSE thread and the reader, serving a window about 20 ms, the reader
@@ -55,7 +55,7 @@ from typing import Any, Callable, Hashable
 import numpy as np
 import trio
 
-from .errors import ShuffleError
+from ..errors import ShuffleError
 
 log = logging.getLogger("shufflefs")
 

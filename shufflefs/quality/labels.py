@@ -20,8 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import FormatError
-from .index import RecordIndex
+from ..errors import FormatError
+from ..index.table import RecordIndex
 
 FIELD, COLUMN, BYTE = "field", "column", "byte"
 
@@ -179,7 +179,7 @@ def record_byte(index: RecordIndex, data: np.ndarray, offset: int, path: str = "
 def npy_column(index: RecordIndex, data: np.ndarray, column: str | int, path: str = "") -> np.ndarray:
     """Column ``column`` of an ``.npy`` array: a structured field by name, else an index along
     axis 1 (a 1-d array's records are their own labels; pass column 0)."""
-    from .formats.npy import read_npy_header
+    from ..formats.npy import read_npy_header
 
     h = read_npy_header(np.asarray(data), path)
     body = np.ascontiguousarray(np.asarray(data)[h.header_end: h.header_end + h.rows * h.row_bytes])

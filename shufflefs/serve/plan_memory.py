@@ -22,9 +22,9 @@ from typing import Callable, Hashable
 import numpy as np
 import trio
 
-from .strategies import STRATEGIES
-from .strategies.slices import SlicePlan
-from .strategies.units import OrderPlan, id_dtype
+from ..strategies import STRATEGIES
+from ..strategies.slices import SlicePlan
+from ..strategies.units import OrderPlan, id_dtype
 
 PLAN_BYTES_PER_RECORD = 8
 PLAN_SLACK = 1 << 20

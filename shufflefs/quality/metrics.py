@@ -141,7 +141,7 @@ def same_block_pairs(order: np.ndarray, block_of_record: np.ndarray, batch: int)
 def block_of_records(bounds: np.ndarray, block_size: int) -> np.ndarray:
     """Source block (of ``block_size`` bytes, numbered from 0) of every record, as strategies
     define it: the block holding the record's first byte, empty blocks skipped."""
-    from .index import unit_firsts
+    from ..index.table import unit_firsts
 
     firsts = unit_firsts(np.asarray(bounds, dtype=I64), int(block_size))
     return np.repeat(np.arange(len(firsts) - 1, dtype=I64), np.diff(firsts))

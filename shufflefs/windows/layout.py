@@ -7,7 +7,7 @@ consecutive record ids are adjacent in the source and merge into one run.
 
 `assemble` builds a window here for any `Fetch` (reading every run, then gathering the records
 into view order); it is the reference `render` and the tests use, and the daemon's fallback when
-the compiled `_gather.build_window` (see view.py) is missing.
+the compiled `_gather.build_window` (see `view`) is missing.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .index import RecordIndex
+from ..index.table import RecordIndex
 
 try:
-    from . import _gather  # compiled at install time; optional
+    from .. import _gather  # compiled at install time; optional
 except ImportError:  # pragma: no cover - depends on the build
     _gather = None
-from .strategies.base import Plan
+from ..strategies.base import Plan
 
 HEADER = -1
 TRAILER = -2

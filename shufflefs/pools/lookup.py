@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .index import SourceStamp
-from .pools import ShardSet, find_sets, membership
-from .sources.base import Store
+from ..index.table import SourceStamp
+from ..sources.base import Store
+from .shards import ShardSet, find_sets, membership
 
 TREE_TTL = 1.0
 STAMP_TTL = 1.0

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .formats.npy import Columns
-from .index import RecordIndex
+from ..formats.npy import Columns
+from ..index.table import RecordIndex
+from ..sources.base import Source
 from .layout import id_runs
-from .sources.base import Source
 
 READ_BUDGET = 8 << 20
 """Bytes of column stripes read at once (a group of columns, or a part of one long column)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .index import RecordIndex, SourceStamp, unit_firsts
+from ..index.table import RecordIndex, SourceStamp, unit_firsts
 
 I64 = np.int64
 

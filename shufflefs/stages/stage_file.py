@@ -10,7 +10,7 @@ consecutive ids it holds, record x of run r at stage offset ``bounds[x] + shift[
 stage in one pass, and the next epoch's stage the same way, a chunk at a time: the records kept
 from the previous stage, the received ones from the shared source.
 
-Blocking file I/O, no FUSE: `staging.StageStore` decides when stages are built and dropped.
+Blocking file I/O, no FUSE: `store.StageStore` decides when stages are built and dropped.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import StageError
-from .index import RecordIndex
-from .layout import gather, id_runs
-from .strategies.units import cuts_by_bytes
-from .sources.base import Reader, Runs, Source, take_requests
-from .view import READ_CHUNK, build_runs
+from ..errors import StageError
+from ..index.table import RecordIndex
+from ..windows.layout import gather, id_runs
+from ..strategies.units import cuts_by_bytes
+from ..sources.base import Reader, Runs, Source, take_requests
+from ..windows.view import READ_CHUNK, build_runs
 
 I64 = np.int64
 STAGE_CHUNK = 16 << 20

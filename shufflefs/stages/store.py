@@ -31,13 +31,13 @@ from typing import Any, Callable, Hashable
 import numpy as np
 import trio
 
-from . import scratch
-from .errors import ShuffleError
-from .index import RecordIndex
-from .shared_tasks import SharedTasks
-from .stage import Stage, StageCancelled, write_stage
-from .sources.base import Fetched, Source
-from .view import Meter
+from .. import scratch
+from ..errors import ShuffleError
+from ..index.table import RecordIndex
+from ..shared_tasks import SharedTasks
+from .stage_file import Stage, StageCancelled, write_stage
+from ..sources.base import Fetched, Source
+from ..windows.view import Meter
 
 log = logging.getLogger("shufflefs")
 

@@ -34,11 +34,11 @@ import pyfuse3
 import trio
 from pyfuse3 import FUSEError
 
-from .config import MountConfig
-from .serve import xattrs
-from .serve.catalog import Catalog
-from .serve.nodes import LINK, ROOT, VIEW, Handle, Node, Probe, Reply, Stat, view_mtime_ns
-from .serve.workers import Timeout
+from ..config import MountConfig
+from ..serve import xattrs
+from ..serve.catalog import Catalog
+from ..serve.nodes import LINK, ROOT, VIEW, Handle, Node, Probe, Reply, Stat, view_mtime_ns
+from ..serve.workers import Timeout
 
 log = logging.getLogger("shufflefs")
 

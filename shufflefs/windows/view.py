@@ -22,23 +22,24 @@ from __future__ import annotations
 
 import errno
 import mmap
+import threading
 from typing import Callable
 
 import numpy as np
 
-from .formats.base import FramingError, WindowCheck
-from .formats.npy import Columns
-from .index import RecordIndex
+from ..formats.base import FramingError, WindowCheck
+from ..formats.npy import Columns
+from ..index.table import RecordIndex
 from .layout import Layout, assemble, id_runs
-from .sources.base import Members, Reader, Runs, Source, take_requests
+from ..sources.base import Members, Reader, Runs, Source, take_requests
 
 try:
-    from ._gather import build_window as _build_window  # compiled at install time; optional
-    from ._gather import cached_pages as _cached_pages
-    from ._gather import gather_mapped as _gather_mapped
+    from .._gather import build_window as _build_window  # compiled at install time; optional
+    from .._gather import cached_pages as _cached_pages
+    from .._gather import gather_mapped as _gather_mapped
 except ImportError:  # pragma: no cover - depends on the build (or an older build of it)
     _build_window = _gather_mapped = _cached_pages = None
-from .strategies.base import Plan
+from ..strategies.base import Plan
 from .transposed import load_columns
 
 GATHER = "compiled" if _build_window is not None else "numpy"
@@ -219,7 +220,7 @@ class View:
     """Layout + source for one (file, epoch): turns window numbers into bytes.
 
     A shard of a pool passes its ``source`` (the pool's files, shared) and ``frame`` (the
-    header and trailer bytes it shows); a staged view passes a `stage.StagedSource`; a single
+    header and trailer bytes it shows); a staged view passes a `stages.stage_file.StagedSource`; a single
     file opens its own source and reads its header and trailer from it."""
 
     def __init__(self, path: str, index: RecordIndex, plan: Plan, source: Source | None = None,
@@ -239,7 +240,7 @@ class View:
         if own:
             if index.stamp is None:
                 raise ValueError("a mounted view needs an index with a source stamp")
-            from .sources.local import SourceFile
+            from ..sources.local import SourceFile
 
             source = SourceFile(path, index.stamp)
         self.source: Source = source
@@ -407,3 +408,40 @@ class View:
     def close(self) -> None:
         self._members = None  # the mappings go with the source's last reference
         self.source.close()
+
+
+class ViewClosed(OSError):
+    """A load asked of a view that is closing (a shard's view closed while its stream is read)."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.EBADF, "view closed")
+
+
+class SharedView:
+    """A `View` whose source is closed only once no worker thread is loading from it."""
+
+    def __init__(self, view: View) -> None:
+        self.view = view
+        self._lock = threading.Lock()
+        self._users = 0
+        self._closing = False
+
+    def load(self, k: int, out: np.ndarray | None, scratch: np.ndarray | None,
+             ahead: bool = False, plan: Plan | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        with self._lock:
+            if self._closing:
+                raise ViewClosed()
+            self._users += 1
+        try:
+            return self.view.load_window(k, out, scratch, ahead, plan)
+        finally:
+            with self._lock:
+                self._users -= 1
+                if self._closing and self._users == 0:
+                    self.view.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            if self._users == 0:
+                self.view.close()
