@@ -21,6 +21,15 @@ Ranks' shares differ by a few records under the mount's default ``--even none`` 
 made of whole blocks), so ranks run different numbers of batches: DDP's ``join()`` lets a rank that
 ran out keep answering the others' gradient all-reduces instead of hanging them.  (``--even
 pad|drop`` gives equal counts, at the cost of repeating or leaving out a few records.)
+
+Preemption: ``--checkpoint CKPT --checkpoint-every N`` saves the model, the optimizer and what
+each rank consumed of the epoch (`shufflefs.torch.Progress`) every N steps; after a stop,
+``--resume CKPT`` continues from it on any number of ranks (each with its own mount of the new
+world size) and loader workers: the mounts show the rest of the interrupted epoch, each record
+once.  Checkpoints fall on multiples of ``--workers`` steps (so that on the same layout the
+loader's round-robin over its workers picks up where it was, and the resumed run reads the same
+sequence as an uninterrupted one), and only while every rank still has batches (a checkpoint
+gathers every rank's counts).
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from datetime import timedelta
 from pathlib import Path
@@ -38,9 +48,10 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from shufflefs.torch import LineDataset, rank_and_world, set_epoch
+from shufflefs.torch import LineDataset, Progress, rank_and_world
 
 STATS_XATTR = "user.shufflefs.stats"
+RECORDS_XATTR = "user.shufflefs.records"
 
 
 def write_dataset(path: Path, records: int, dim: int, seed: int = 0) -> None:
@@ -77,13 +88,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--dim", type=int, default=8, help="length of the records' x")
-    p.add_argument("--consumed-log", metavar="DIR", help="append the ids each rank consumed to DIR/rank{r}-epoch{e}.txt")
+    p.add_argument("--consumed-log", metavar="DIR",
+                   help="append 'STEP ID' lines of the records each rank consumed to DIR/rank{r}-epoch{e}.txt")
+    p.add_argument("--checkpoint", metavar="CKPT", help="save model, optimizer and data progress here")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N", help="steps between checkpoints")
+    p.add_argument("--resume", metavar="CKPT", help="continue from this checkpoint (any number of ranks)")
+    p.add_argument("--kill-at-step", type=int, default=0, metavar="S",
+                   help="simulate a preemption: rank 0 kills itself (SIGKILL) after step S")
     p.add_argument("--generate", metavar="PATH", help="write a dataset of --records records to PATH and exit")
     p.add_argument("--records", type=int, default=3000)
     args = p.parse_args(argv)
     if args.generate is None and args.mount_pattern is None:
         p.error("--mount-pattern is required (or --generate)")
     return args
+
+
+def batches_left(mount: Path, rel: str, workers: int, batch: int) -> int:
+    """Batches this rank's loader will give this epoch: its parts' records (the view's own when
+    one worker) in batches of ``batch``."""
+    parts = [mount / rel] if workers <= 1 else [mount / ".parts" / str(workers) / str(i) / rel for i in range(workers)]
+    return sum(-(-int(os.getxattr(p, RECORDS_XATTR)) // batch) for p in parts)
+
+
+def save(path: Path, state: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
 
 
 def train(args: argparse.Namespace) -> None:
@@ -97,27 +127,53 @@ def train(args: argparse.Namespace) -> None:
         torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
         model = DDP(torch.nn.Linear(args.dim, 1))
         opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-        loader = DataLoader(LineDataset(mount, [args.file], decode=decode), batch_size=args.batch_size,
+        progress = Progress(mount, [args.file])
+        loader = DataLoader(LineDataset(mount, [args.file], decode=decode, track=True), batch_size=args.batch_size,
                             num_workers=args.workers)
         log_dir = Path(args.consumed_log) if args.consumed_log else None
         if log_dir:
             log_dir.mkdir(parents=True, exist_ok=True)
-        for epoch in range(args.epochs):
-            set_epoch(mount, epoch)  # before iter(loader): its workers open the files after this
-            loss_sum, records, batches, consumed = 0.0, 0, 0, []
-            with model.join():  # ranks run out of batches at different times
-                for ids, x, y in loader:
-                    opt.zero_grad()
-                    loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
-                    loss.backward()
-                    opt.step()
-                    loss_sum += loss.item() * len(ids)
-                    records += len(ids)
-                    batches += 1
-                    consumed.append(ids)
-            if log_dir:
-                with open(log_dir / f"rank{rank}-epoch{epoch}.txt", "a") as f:
-                    f.write("".join(f"{i}\n" for i in torch.cat(consumed).tolist()) if consumed else "")
+        first, step = 0, 0
+        if args.resume:
+            ckpt = torch.load(args.resume, weights_only=False)
+            model.module.load_state_dict(ckpt["model"])
+            opt.load_state_dict(ckpt["opt"])
+            progress.load_state_dict(ckpt["data"])  # this rank's mount shows the rest of that epoch
+            first, step = int(ckpt["data"]["epoch"]), int(ckpt["step"])
+            say(f"rank {rank}: resuming epoch {first} after step {step}")
+        every = args.checkpoint_every - args.checkpoint_every % max(args.workers, 1) if args.checkpoint else 0
+        for epoch in range(first, args.epochs):
+            progress.start(epoch)  # set_epoch before iter(loader), unless this epoch is being resumed
+            left = torch.tensor([batches_left(mount, args.file, args.workers, args.batch_size)])
+            dist.all_reduce(left, op=dist.ReduceOp.MIN)  # checkpoints only while every rank has batches
+            loss_sum, records, batches = 0.0, 0, 0
+            log = open(log_dir / f"rank{rank}-epoch{epoch}.txt", "a") if log_dir else None
+            try:
+                with model.join():  # ranks run out of batches at different times
+                    for ids, x, y in progress.consume(loader):
+                        opt.zero_grad()
+                        loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+                        loss.backward()
+                        opt.step()
+                        step += 1
+                        loss_sum += loss.item() * len(ids)
+                        records += len(ids)
+                        batches += 1
+                        if log:
+                            log.write("".join(f"{step} {i}\n" for i in ids.tolist()))
+                            log.flush()
+                        if every and batches % every == 0 and batches < int(left):
+                            data = progress.state_dict()  # every rank's counts (all ranks are here)
+                            if rank == 0:
+                                save(Path(args.checkpoint), {"model": model.module.state_dict(),
+                                                             "opt": opt.state_dict(), "data": data, "step": step})
+                            dist.barrier()  # the checkpoint is on disk before any rank goes on
+                        if args.kill_at_step and step == args.kill_at_step and rank == 0:
+                            say(f"rank 0: killed at step {step}")
+                            os.kill(os.getpid(), signal.SIGKILL)
+            finally:
+                if log:
+                    log.close()
             totals = torch.tensor([loss_sum, records, batches], dtype=torch.float64)
             per_rank = [torch.zeros_like(totals) for _ in range(world)]
             dist.all_gather(per_rank, totals)

@@ -24,6 +24,13 @@ XATTR_PREFIX = "user.shufflefs."
 EPOCH_XATTR = XATTR_PREFIX + "epoch"
 STATS_XATTR = XATTR_PREFIX + "stats"
 PID_XATTR = XATTR_PREFIX + "pid"
+RESUME_XATTR = XATTR_PREFIX + "resume"
+"""On the mount root: the resume state of the mount's epoch (``shufflefs epoch MNT E --resume``):
+its JSON, or ``@`` and the absolute path of a file holding it (a state over `RESUME_INLINE` bytes)."""
+RESUME_INLINE = 60_000
+"""The largest state sent as the attribute's value (the kernel takes values up to 64 KiB)."""
+RESUME_FILE_MAX = 256 << 20
+"""The largest resume state file a mount reads."""
 MAX_EPOCH = 2**31 - 1
 """The largest epoch (the ``user.shufflefs.epoch`` attribute, ``--epoch``, ``shufflefs epoch``): as
 many as a 32-bit signed counter holds, far beyond any training run, and small enough that every

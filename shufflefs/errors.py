@@ -39,3 +39,10 @@ class StageError(ShuffleError):
     """A node-local stage file (``--stage-dir``) is missing, short or could not be written."""
 
     errno = _errno.EIO
+
+
+class ResumeMismatch(ShuffleError):
+    """A resume state (``user.shufflefs.resume``) that does not fit a view: a count past the end
+    of one of its streams (a state of another dataset, seed or strategy)."""
+
+    errno = _errno.EINVAL

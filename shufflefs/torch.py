@@ -14,8 +14,23 @@ epoch and to let each worker read its own part, which is all this module does::
             ...
 
 No sampler and no per-record random access: every worker reads one part front to back, so
-each rank sees each record of its share exactly once per epoch.  Nothing else in shufflefs
-imports this module.
+each rank sees each record of its share exactly once per epoch.
+
+To resume an epoch after a stop, on the same or another number of ranks and workers, let
+`Progress` count what the training loop consumed and keep its `state_dict` in the checkpoint::
+
+    progress = Progress(mnt)
+    data = LineDataset(mnt, ["train.jsonl"], track=True)      # records come with their position
+    loader = DataLoader(data, batch_size=64, num_workers=4)
+    if resuming:
+        progress.load_state_dict(ckpt["data"])               # the mount resumes that epoch
+    for epoch in range(progress.epoch if resuming else 0, epochs):
+        progress.start(epoch)                                 # set_epoch, unless resuming it
+        for batch in progress.consume(loader):                # the records, positions stripped
+            ...
+            ckpt = {"model": ..., "data": progress.state_dict()}   # every rank's counts
+
+Nothing else in shufflefs imports this module.
 """
 
 from __future__ import annotations
@@ -24,16 +39,16 @@ import errno
 import io
 import json
 import os
+import tempfile
 from pathlib import Path, PurePath
 from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .config import EPOCH_XATTR, MAX_EPOCH, PARTS_DIR
+from .config import EPOCH_XATTR, MAX_EPOCH, PARTS_DIR, RESUME_INLINE, RESUME_XATTR
 
-__all__ = ["rank_and_world", "set_epoch", "part_path", "LineDataset"]
-
+__all__ = ["rank_and_world", "set_epoch", "part_path", "LineDataset", "Progress"]
 
 
 class WorkerInfo(Protocol):
@@ -121,21 +136,128 @@ class LineDataset(IterableDataset):
     """
 
     def __init__(self, mount: str | os.PathLike, relpaths: str | os.PathLike | Sequence[str | os.PathLike],
-                 decode: Callable[[bytes], Any] | None = json.loads) -> None:
+                 decode: Callable[[bytes], Any] | None = json.loads, track: bool = False) -> None:
         super().__init__()
         self.mount = Path(mount)
         self.relpaths = [relpaths] if isinstance(relpaths, (str, os.PathLike)) else list(relpaths)
         self.decode = decode
+        self.track = track
         for rel in self.relpaths:
             part_path(self.mount, rel, _MAIN)  # check every relpath now, not in a worker
 
     def __iter__(self) -> Iterator[Any]:
-        decode = self.decode
-        for rel in self.relpaths:
+        """Records; with ``track``, ``(record, position)`` pairs for `Progress.consume`, the
+        position being ``(file number in relpaths, part, parts, records read of that part)``."""
+        decode, info = self.decode, get_worker_info() or _MAIN
+        part, parts = (0, 1) if info.num_workers == 1 else (int(info.id), int(info.num_workers))
+        for f_no, rel in enumerate(self.relpaths):
             path = part_path(self.mount, rel)
             buffering = max(os.stat(path).st_blksize, io.DEFAULT_BUFFER_SIZE)
             with open(path, "rb", buffering=buffering) as f:
-                for line in f:
+                for n, line in enumerate(f, 1):
                     if line.endswith(b"\n"):
                         line = line[:-1]
-                    yield line if decode is None else decode(line)
+                    record = line if decode is None else decode(line)
+                    yield (record, (f_no, part, parts, n)) if self.track else record
+
+
+class Progress:
+    """What a training loop consumed of each view in the current epoch, as a resume state
+    (`shufflefs.strategies.resume`): ``consumed[r][i]`` records of rank r's part i, gathered from
+    every rank.  Batches count once the loop has them (`consume`), so records a worker had read
+    ahead are served again after a resume, never lost.
+
+    ``mount``: this rank's mount root; ``relpaths``: the files of the `LineDataset` (its default:
+    taken from the first tracked batch's dataset).  A resumed epoch keeps the layouts it ran under
+    before, so a second stop appends to them, as the mount expects."""
+
+    def __init__(self, mount: str | os.PathLike, relpaths: Sequence[str | os.PathLike] | None = None) -> None:
+        self.mount = Path(mount)
+        self.relpaths = [str(PurePath(r)) for r in relpaths] if relpaths is not None else None
+        self.epoch: int | None = None
+        self._before: dict[str, list[dict]] = {}  # layouts the epoch ran under before this run
+        self._pending: int | None = None  # an epoch loaded, to be resumed by `start`
+        self._counts: dict[tuple[int, int], list[int]] = {}  # (file, parts) -> records per part
+
+    def start(self, epoch: int) -> None:
+        """Begin ``epoch``: `set_epoch`, unless it is the epoch `load_state_dict` resumed."""
+        if self._pending != epoch:
+            set_epoch(self.mount, epoch)
+            self._before = {}
+        self._pending = None
+        self.epoch = epoch
+        self._counts = {}
+
+    def consume(self, loader: Any) -> Iterator[Any]:
+        """The loader's batches of ``(record, position)`` pairs (`LineDataset` with ``track``) as
+        batches of records, counting each as consumed when it is handed out."""
+        if self.relpaths is None:
+            dataset = getattr(loader, "dataset", None)
+            if not isinstance(dataset, LineDataset):
+                raise ValueError("give Progress the relpaths of the dataset it counts")
+            self.relpaths = [str(PurePath(r)) for r in dataset.relpaths]
+        for batch in loader:
+            if not (isinstance(batch, (list, tuple)) and len(batch) == 2):
+                raise ValueError("Progress.consume needs batches of (record, position): LineDataset(..., track=True)")
+            records, positions = batch
+            self.update(positions)
+            yield records
+
+    def update(self, positions: Any) -> None:
+        """Count a batch's positions (four sequences: file, part, parts, records read of it)."""
+        f_no, part, parts, n = (torch.as_tensor(p).reshape(-1).tolist() for p in positions)
+        for f, i, k, m in zip(f_no, part, parts, n):
+            row = self._counts.setdefault((f, k), [0] * k)
+            row[i] = max(row[i], m)
+
+    def _local(self) -> dict[str, dict[int, list[int]]]:
+        out: dict[str, dict[int, list[int]]] = {}
+        for (f, k), row in self._counts.items():
+            out.setdefault(self.relpaths[f], {})[k] = row
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"epoch", "views"}`` as `shufflefs epoch MNT E --resume` takes it, with every rank's
+        counts (all ranks must call it together when torch.distributed is initialised)."""
+        if self.epoch is None:
+            raise RuntimeError("Progress.start(epoch) was never called")
+        rank, world = rank_and_world()
+        local = self._local()
+        if world > 1:
+            if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+                raise RuntimeError(f"{world} ranks: initialise torch.distributed so that every rank's counts are gathered")
+            gathered: list[Any] = [None] * world
+            torch.distributed.all_gather_object(gathered, local)
+        else:
+            gathered = [local]
+        views: dict[str, list[dict]] = {}
+        for rel in sorted({r for g in gathered for r in g} | set(self._before)):
+            layouts = [dict(x) for x in self._before.get(rel, [])]
+            ks = {k for g in gathered for k in g.get(rel, {})}
+            if len(ks) > 1:
+                raise RuntimeError(f"{rel}: read with different numbers of loader workers at once: {sorted(ks)}")
+            if ks:
+                k = ks.pop()
+                layouts.append({"world_size": world, "parts": k,
+                                "consumed": [list(g.get(rel, {}).get(k, [0] * k)) for g in gathered]})
+            views[rel] = layouts
+        return {"epoch": self.epoch, "views": views}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume ``state``'s epoch on the mount (``user.shufflefs.resume``); the next `start` of
+        that epoch keeps it.  Every rank loads the same state into its own mount."""
+        text = json.dumps(state)
+        value = text.encode()
+        if len(value) > RESUME_INLINE:  # beyond what an attribute holds: the mount reads a file
+            fd, path = tempfile.mkstemp(prefix="shufflefs-resume-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            value = b"@" + os.fsencode(path)  # read once, when the attribute is set
+        try:
+            os.setxattr(self.mount, RESUME_XATTR, value)
+        finally:
+            if value.startswith(b"@"):
+                os.unlink(path)
+        self.epoch = self._pending = int(state["epoch"])
+        self._before = {rel: [dict(x) for x in layouts] for rel, layouts in state.get("views", {}).items()}
+        self._counts = {}

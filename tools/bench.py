@@ -136,6 +136,7 @@ class Bench:
         self.index_gbps: float | None = None  # results that the targets table reads
         self.remount_s: float | None = None
         self.epoch_first_s: float | None = None
+        self.resume_first_s: tuple[float, float] | None = None
         self.paired: Paired | None = None
         self.serving: Serving | None = None
 

@@ -176,10 +176,19 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "epoch", help="show or set the epoch",
         description="Show the epoch of a mount (MNT is its root: every file), of a directory in it "
         "(the files below) or of one file; with N set it, with 'next' advance it by one. Setting "
-        "it on the root or a directory replaces the epochs set below it.",
+        "it on the root or a directory replaces the epochs set below it, and clears a resume "
+        "state. With --resume (on the root), every view shows the records of epoch N that the "
+        "layouts in STATE did not consume, as this mount's rank's share; a file of STATE: "
+        '{"epoch": N, "views": {"train.jsonl": [{"world_size": 2, "parts": 1, "consumed": '
+        '[[12345], [23456]]}]}} (consumed[r][i]: records read from the front of rank r\'s part i; '
+        "a view not named consumed nothing; a second stop in the same epoch appends a layout, "
+        "whose counts refer to the resumed views). On the same layout as the last one each view "
+        "goes on where it stopped; on another, the rest is cut among the new ranks and parts.",
     )
     p.add_argument("path", metavar="MNT", help="mount root, or a directory or file inside the mount")
     p.add_argument("value", metavar="N|next", nargs="?", help="new epoch, or 'next'")
+    p.add_argument("--resume", metavar="STATE", help="resume epoch N after a stop: a JSON file of the "
+                   "records each layout consumed (shufflefs.torch writes one)")
 
     p = subs["umount"] = sub.add_parser(
         "umount", help="unmount and wait for the daemon to exit",

@@ -346,16 +346,17 @@ class ShuffleFS(pyfuse3.Operations):
         """An epoch change is answered once the kernel has dropped every name it keeps, so that
         the next path walk looks the new epoch's inodes up."""
         xattrs.set(self.catalog, self.catalog.tree.node(inode), name, value)
-        if name == xattrs.X_EPOCH and self._nursery is not None:
+        moved = name in (xattrs.X_EPOCH, xattrs.X_RESUME)  # views' names now lead to other inodes
+        if moved and self._nursery is not None:
             self._nursery.start_soon(self.drop_past_pages)
-        if name == xattrs.X_EPOCH and self.view_entry and not self.names.expire():
+        if moved and self.view_entry and not self.names.expire():
             self.view_entry = 0.0
             self.catalog.names_cached = False
             await trio.sleep(META_TIMEOUT + 0.05)  # the names given out before expire by then
 
     def _past(self, node: Node) -> bool:
-        """A view no handle holds whose epoch is no longer its file's."""
-        return node.opens == 0 and node.epoch != self.catalog.views.epoch_of(node.epoch_path)
+        """A view no handle holds whose epoch (or resume state) is no longer its file's."""
+        return node.opens == 0 and not self.catalog.current(node)
 
     async def drop_past_pages(self) -> None:
         """Tell the kernel to drop the cached pages of views whose epoch has passed and that no

@@ -21,16 +21,30 @@ import trio
 
 from ..config import PARTS_DIR, MountConfig
 from ..errors import ShuffleError, StaleSourceError
-from ..pools.lookup import PoolTable
-from ..windows.cache import WindowCache
-from ..shared_tasks import SharedTasks
 from ..index.table import SourceStamp
+from ..pools.lookup import PoolTable
+from ..shared_tasks import SharedTasks
 from ..sources import Store, open_store
-from .stats import Stats
+from ..strategies.resume import ResumeState
+from ..windows.cache import WindowCache
 from .epochs import Epochs
-from .nodes import DIR, FILE, LINK, NO_POOL, ROOT, UNREAD, VIEW, Handle, Node, Probe, Reply, Stat
+from .nodes import (
+    DIR,
+    FILE,
+    LINK,
+    NO_POOL,
+    ROOT,
+    UNREAD,
+    VIEW,
+    Handle,
+    Node,
+    Probe,
+    Reply,
+    Stat,
+)
 from .planner import Planner
 from .reads import Reads
+from .stats import Stats
 from .tree import Tree
 from .views import Views
 from .workers import META_DEADLINE, Timeout, Workers
@@ -65,7 +79,7 @@ class Catalog:
         self.planner = Planner(config, self.store, self.workers, self.tasks,
                                lambda: self.views.drop_a_plan(), lambda: self.windows.landed)
         self.views = Views(config, self.store, self.tree, self.planner, self.workers, self.tasks,
-                           self.windows, self.epochs.of)
+                           self.windows, self.epochs.of, self.current)
         self.reads = Reads(self.views, self.windows)
         self.pools = PoolTable(self.store, self.tree.format_key, config.pool_globs) if config.pool else None
         self.tree.pools = self.pools
@@ -138,10 +152,16 @@ class Catalog:
                 pool = None if self.pools is None else await self.workers.run(self.pools.find, relpath, SourceStamp.of(st))
             stamp = SourceStamp.of(st)  # one object for the key and the node (a node per listed file)
             version = pool.stamps if pool is not None else stamp
-            epoch = self.epochs.of(pool.pool.members[0] if pool is not None else relpath)
+            epoch_path = pool.pool.members[0] if pool is not None else relpath
+            epoch = self.epochs.of(epoch_path)
+            problem = None  # a resumed view is a node of its own (and a shard follows its pool's layouts)
+            if pool is None:
+                resumed, stops = self.epochs.resumed(relpath, epoch_path)
+            else:
+                resumed, stops, problem = self.epochs.resumed_shard(relpath, pool.pool.members)
             # an index found wrong since makes a new node: a shard's or share's size follows it
             found_wrong = self.planner.generation(("pool", pool.pool.key) if pool is not None else ("file", relpath))
-            key, kind = ("v", relpath, epoch, version, found_wrong, *suffix), VIEW
+            key, kind = ("v", relpath, epoch, version, found_wrong, resumed, *suffix), VIEW
         node = self.tree.find(key)
         if node is None:
             node = self.tree.add(kind, relpath, key, st)
@@ -150,6 +170,7 @@ class Catalog:
             if kind == VIEW:
                 node.fmt = probe.fmt
                 node.epoch = key[2]
+                node.resume, node.resume_problem = stops, problem
                 node.stamp = stamp
                 node.pool = pool
                 node.size = -1
@@ -166,9 +187,9 @@ class Catalog:
         return node
 
     async def _size(self, node: Node, probe: Probe) -> None:
-        """Set a view's size: a rank's share or a shard from its plan, else from the file's size
-        and (text) its last byte."""
-        if self.config.world > 1 or node.parts > 1 or node.pool is not None:
+        """Set a view's size: a rank's share, a shard or a resumed view from its plan, else from
+        the file's size and (text) its last byte."""
+        if self.config.world > 1 or node.parts > 1 or node.pool is not None or node.resume:
             await self.planner.plan(node)  # sizes it
             return
         if probe.last_byte == UNREAD:
@@ -382,11 +403,29 @@ class Catalog:
 
     # ------------------------------------------------------------------ epochs
 
+    def current(self, node: Node) -> bool:
+        """Whether a view shows what its name shows now: its file's epoch, resumed or not."""
+        if node.epoch != self.epochs.of(node.epoch_path):
+            return False
+        if node.pool is None:
+            return node.key[5] == self.epochs.resumed(node.relpath, node.epoch_path)[0]
+        return node.key[5] == self.epochs.resumed_shard(node.relpath, node.pool.pool.members)[0]
+
     def set_epoch(self, node: Node, epoch: int) -> None:
         """Move the epoch of ``node`` (the root: every file), then prepare the new epoch's views
         of the files opened most recently, so that the first read after the change finds window
         0 ready or on its way."""
         self.epochs.set(node, epoch)
+        self._epoch_moved(node)
+
+    def set_resume(self, node: Node, state: ResumeState) -> None:
+        """Resume ``state``'s epoch on every file (``node``: the root), as `set_epoch` does."""
+        if node.kind != DIR or node.relpath != "":
+            raise Reply(errno.ENOTSUP)
+        self.epochs.set_resume(state)
+        self._epoch_moved(node)
+
+    def _epoch_moved(self, node: Node) -> None:
         self.views.close_stale()
         if self.views.stages is not None:
             self.views.stages.tidy()
@@ -405,9 +444,9 @@ class Catalog:
         self._preparing.add(key)
         try:
             while True:
-                epoch = self.epochs.of(relpath)
+                epoch = self.epochs.of(relpath), self.epochs.resume_gen
                 await self._prepare_once(relpath, space)
-                if self.epochs.of(relpath) == epoch:
+                if (self.epochs.of(relpath), self.epochs.resume_gen) == epoch:
                     return
         finally:
             self._preparing.discard(key)

@@ -1,6 +1,8 @@
 """Which epoch each file is at: the mount's, unless a directory or the file (or its pool) has its
-own, set through ``user.shufflefs.epoch``.  Also remembers the files opened most recently, whose
-next epoch's view is prepared as soon as their epoch changes."""
+own, set through ``user.shufflefs.epoch``; and whether the mount's epoch is a resumed one
+(``user.shufflefs.resume``: a `ResumeState` the files at the mount's epoch follow, until the next
+epoch is set).  Also remembers the files opened most recently, whose next epoch's view is prepared
+as soon as their epoch changes."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import logging
 import os
 from collections import OrderedDict
 
+from ..strategies.resume import ResumeState, Stop
 from .nodes import DIR, VIEW, Node, Reply
 
 log = logging.getLogger("shufflefs")
@@ -23,6 +26,8 @@ class Epochs:
         self.epoch = epoch
         self.files: dict[str, int] = {}
         self.dirs: dict[str, int] = {}
+        self.resume: ResumeState | None = None
+        self.resume_gen = 0  # counts the states set, so that every one shows views of its own
         self._recent: OrderedDict[tuple[str, int, int], None] = OrderedDict()  # (relpath, part, parts), newest last
 
     def of(self, relpath: str) -> int:
@@ -38,6 +43,57 @@ class Epochs:
             d = os.path.dirname(d)
         return self.epoch
 
+    def _overridden(self, relpath: str) -> bool:
+        if relpath in self.files:
+            return True
+        d = os.path.dirname(relpath)
+        while True:
+            if d in self.dirs:
+                return True
+            if not d:
+                return False
+            d = os.path.dirname(d)
+
+    def resumed(self, relpath: str, epoch_path: str) -> tuple[int, tuple[Stop, ...]]:
+        """``(state number, layouts)`` of the view of ``relpath`` (which follows the epoch of
+        ``epoch_path``) when it resumes; ``(0, ())`` when it shows its epoch from the start: no
+        state, a file or directory epoch of its own, or a view the state says consumed nothing."""
+        if self.resume is None or self._overridden(epoch_path):
+            return 0, ()
+        stops = self.resume.stops(relpath)
+        return (self.resume_gen, stops) if stops else (0, ())
+
+    def resumed_shard(self, relpath: str, members: tuple[str, ...]) -> tuple[int, tuple[Stop, ...], str | None]:
+        """`resumed` for a shard of the pool of ``members``, plus a problem (else None).  The
+        shards of a pool cut the pool's streams by position, so a shard the state does not name
+        still ran under its siblings' layouts, consuming nothing: it resumes with their shapes
+        (else, under another layout, it would show records its siblings showed before).  Named
+        shards must agree on their layouts."""
+        gen, stops = self.resumed(relpath, members[0])
+        if self.resume is None or self._overridden(members[0]):
+            return 0, (), None
+        named = {m: self.resume.stops(m) for m in members if self.resume.stops(m)}
+        shapes = {tuple(s.shape for s in st) for st in named.values()}
+        if len(shapes) > 1:
+            return self.resume_gen, stops or next(iter(named.values())), (
+                "the pool's shards in the resume state ran under different layouts: "
+                + "; ".join(f"{m}: {[s.shape for s in st]}" for m, st in sorted(named.items())))
+        if stops or not named:
+            return gen, stops, None
+        zeros = tuple(Stop(s.world, s.parts, tuple((0,) * s.parts for _ in range(s.world)))
+                      for s in next(iter(named.values())))
+        return self.resume_gen, zeros, None
+
+    def set_resume(self, state: ResumeState) -> None:
+        """Every file goes to the state's epoch, resuming the views the state names."""
+        self.epoch = state.epoch
+        self.files.clear()
+        self.dirs.clear()
+        self.resume = state
+        self.resume_gen += 1
+        log.info("epoch of every file set to %d, resuming %d view(s) after the layouts they ran under",
+                 state.epoch, len(state.views))
+
     def shown(self, node: Node) -> int:
         """The epoch ``user.shufflefs.epoch`` reads on a node."""
         if node.kind == DIR:
@@ -50,6 +106,9 @@ class Epochs:
             self.epoch = epoch
             self.files.clear()
             self.dirs.clear()
+            if self.resume is not None:
+                log.info("resume state of epoch %d cleared", self.resume.epoch)
+            self.resume = None
             log.info("epoch of every file set to %d", epoch)
         elif node.kind == DIR:
             prefix = node.relpath + "/"

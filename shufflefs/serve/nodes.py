@@ -36,7 +36,7 @@ class Node:
     __slots__ = (
         "ino", "kind", "relpath", "key", "lookups", "st", "target", "fmt", "epoch", "stamp", "size",
         "plan", "layout", "index", "view", "opens", "broken", "part", "parts", "role", "pool", "frame",
-        "trusted",
+        "trusted", "resume", "resume_problem",
     )
 
     def __init__(self, ino: int, kind: str, relpath: str, key: tuple, st: os.stat_result | Stat) -> None:
@@ -62,6 +62,9 @@ class Node:
         self.frame: tuple[bytes, bytes] | None = None
         # False: last looked up from a recent listing's attributes, so an open checks the version
         self.trusted = True
+        # a resumed view: the layouts its epoch ran under (`strategies.resume`); () shows it whole
+        self.resume: tuple = ()
+        self.resume_problem: str | None = None  # a state that cannot apply to it: opens get EINVAL
 
     @property
     def epoch_path(self) -> str:

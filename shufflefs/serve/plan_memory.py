@@ -35,7 +35,8 @@ PROGRESS_POLL = 0.05
 
 def plan_nbytes(plan: object) -> int:
     """Bytes of the arrays a plan (and a plan it wraps) holds, each allocation counted once.  A
-    pool shard's plan is a stretch of its pool's stream, which all shards share: not counted."""
+    pool shard's plan is a stretch of its pool's stream, which all shards share: not counted; a
+    resumed view's plans (`strategies.resume.ResumedPlan.sources`) are its own: counted."""
     seen: set[int] = set()
     total = 0
     todo = [plan]
@@ -51,6 +52,8 @@ def plan_nbytes(plan: object) -> int:
                     total += base.nbytes
             elif hasattr(value, "window_sizes") and not isinstance(obj, SlicePlan):  # a wrapped plan
                 todo.append(value)
+            elif isinstance(value, list) and value and hasattr(value[0], "window_sizes") and not isinstance(obj, SlicePlan):
+                todo.extend(value)  # the plans a resumed view reads from (its pieces and their sources)
     return total
 
 

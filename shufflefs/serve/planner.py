@@ -15,22 +15,29 @@ import numpy as np
 import trio
 
 from ..config import MountConfig
-from ..strategies.costs import record_costs
-from ..errors import FormatError, StaleSourceError
+from ..errors import FormatError, ResumeMismatch, StaleSourceError
 from ..formats import Format
 from ..formats.npy import header_with_rows, row_kind
 from ..index.table import IndexCache, RecordIndex, SourceStamp, cache_key
-from ..windows.layout import Layout
-from .plan_memory import PlanMemory, plan_estimate, plan_nbytes
-from ..pools.lookup import PoolEntry
 from ..pools.joined_index import PooledIndex
+from ..pools.lookup import PoolEntry
 from ..shared_tasks import SharedTasks
 from ..sources.base import Store
 from ..strategies import Plan, make_plan
-from ..strategies.base import (BLOCK_STRATEGIES, BUFFER_BLOCKS, FEW_BLOCKS, MIX_ASSUMPTION, buffer_label_mix,
-                               effective_block_size)
+from ..strategies.base import (
+    BLOCK_STRATEGIES,
+    BUFFER_BLOCKS,
+    FEW_BLOCKS,
+    MIX_ASSUMPTION,
+    buffer_label_mix,
+    effective_block_size,
+)
+from ..strategies.costs import record_costs
+from ..strategies.resume import PlanOf, ResumeError, resumed_plan
 from ..strategies.slices import SlicePlan, slice_edges
+from ..windows.layout import Layout
 from .nodes import Node
+from .plan_memory import PlanMemory, plan_estimate, plan_nbytes
 from .workers import Workers
 
 log = logging.getLogger("shufflefs")
@@ -352,8 +359,11 @@ class Planner:
             costs = known
             if costs is None and self.spec.balance:
                 costs = self._record_costs(node, index)
-            return make_plan(index, self.spec, node.epoch, self.config.rank, self.config.world,
-                             node.part, node.parts, costs=costs), costs
+
+            def plan_of(rank: int, world: int, part: int, parts: int) -> Plan:
+                return make_plan(index, self.spec, node.epoch, rank, world, part, parts, costs=costs)
+
+            return self._resumed(node, plan_of), costs
 
         made, costs = await self.workers.run(plan, limiter=self.workers.plan)
         if costs is not None:
@@ -362,6 +372,19 @@ class Planner:
             while len(self._costs) > COST_FILES:
                 self._costs.popitem(last=False)
         return made
+
+    def _resumed(self, node: Node, plan_of: PlanOf) -> Plan:
+        """Blocking: the node's plan from ``plan_of`` (its stream of any layout), resumed after the
+        layouts its epoch ran under (`strategies.resume`); a state that does not fit the view (a
+        count past a stream's end) is the reader's EINVAL, logged with the view's path."""
+        if node.resume_problem:
+            raise ResumeMismatch(self.store.path(node.relpath), None, f"the resume state does not fit this view: "
+                                 f"{node.resume_problem}")
+        try:
+            return resumed_plan(plan_of, node.resume, self.config.rank, self.config.world, node.part, node.parts)
+        except ResumeError as e:
+            raise ResumeMismatch(self.store.path(node.relpath), None, f"the resume state does not fit this view: {e}") \
+                from None
 
     def _record_costs(self, node: Node, index: RecordIndex) -> np.ndarray:
         """Blocking: every record's cost (a pool's: its members' in shard order)."""
@@ -378,9 +401,35 @@ class Planner:
 
     async def _shard_plan(self, node: Node, index: PooledIndex) -> tuple[Plan, Layout]:
         """Shard i of a pool: the i-th stretch of the pool's stream (the rank's, or its part's),
-        framed by the shard's own header and trailer."""
+        framed by the shard's own header and trailer.  A resumed shard: stretches of the shard's
+        views of the layouts its epoch ran under (`strategies.resume`), its own windows."""
         entry = node.pool
         version = (entry.pool.key, entry.pool.members, entry.stamps)
+        shards = len(entry.pool.members)
+
+        def shard_of(stream: Plan) -> SlicePlan:
+            edges = slice_edges(int(np.asarray(stream.window_records).sum()), shards)
+            return SlicePlan(stream, int(edges[entry.shard]), int(edges[entry.shard + 1]), entry.shard, shards)
+
+        if node.resume:
+            known = self._costs.get(version)
+
+            def resumed() -> Plan:
+                costs = known if known is not None or not self.spec.balance else self._record_costs(node, index)
+                return self._resumed(node, lambda r, w, i, k: shard_of(make_plan(
+                    index, self.spec, node.epoch, r, w, i, k, costs=costs)))
+
+            plan = await self.workers.run(resumed, limiter=self.workers.plan)
+        else:
+            plan = shard_of(await self._stream(node, index, version))
+        frame = await self.workers.run(self._frame, node, index.member_frames[entry.shard],
+                                       int(np.asarray(plan.window_records).sum()), limiter=self.workers.index)
+        node.frame = frame
+        return plan, Layout(index, plan, len(frame[0]), len(frame[1]))
+
+    async def _stream(self, node: Node, index: PooledIndex, version: tuple) -> Plan:
+        """The pool's stream that a shard cuts (the rank's, or its part's), built once for all
+        the shards that ask at once and kept for the others (`POOL_STREAMS`)."""
         key = (*version, node.epoch, node.part, node.parts)
         self._drain()
         stream = self._pool_plans.get(key)
@@ -394,20 +443,9 @@ class Planner:
                     self._pool_plans.popitem(last=False)
                 return plan
 
-            stream = await self.tasks.run(("stream", *key), build)
-        else:
-            self._pool_plans.move_to_end(key)
-
-        def cut() -> tuple[Plan, tuple[bytes, bytes]]:
-            shards = len(entry.pool.members)
-            edges = slice_edges(int(np.asarray(stream.window_records).sum()), shards)
-            lo, hi = int(edges[entry.shard]), int(edges[entry.shard + 1])
-            frame = self._frame(node, index.member_frames[entry.shard], hi - lo)
-            return SlicePlan(stream, lo, hi, entry.shard, shards), frame
-
-        plan, frame = await self.workers.run(cut, limiter=self.workers.index)
-        node.frame = frame
-        return plan, Layout(index, plan, len(frame[0]), len(frame[1]))
+            return await self.tasks.run(("stream", *key), build)
+        self._pool_plans.move_to_end(key)
+        return stream
 
     def _frame(self, node: Node, frame: tuple[int, int, int], rows: int) -> tuple[bytes, bytes]:
         """Blocking: the header and trailer a share or a shard shows (``frame``: its file's size,

@@ -69,13 +69,22 @@ def _load_stream(views: list[SharedView], k: int, ahead: bool, stream: Plan,
     raise ViewClosed()
 
 
+def shares_stream(node: Node) -> bool:
+    """A pool's shard whose windows are its pool stream's, shared by the stream's shards; not a
+    resumed shard, whose stretches of several streams are its own."""
+    return node.pool is not None and not node.resume
+
+
 class Views:
     """The open views of one mount (``node.view``), their idle list and their stages."""
 
     def __init__(self, config: MountConfig, store: Store, tree: Tree, planner: Planner, workers: Workers,
-                 tasks: SharedTasks, windows: WindowCache, epoch_of: Callable[[str], int]) -> None:
+                 tasks: SharedTasks, windows: WindowCache, epoch_of: Callable[[str], int],
+                 current: Callable[[Node], bool] | None = None) -> None:
         self.config, self.store, self.tree, self.planner = config, store, tree, planner
         self.workers, self.tasks, self.windows, self.epoch_of = workers, tasks, windows, epoch_of
+        # whether a node shows its file's current epoch (and resume state); default: the epoch alone
+        self.current = current or (lambda n: n.epoch == epoch_of(n.epoch_path))
         self.read_bytes = EpochBytes()
         self.stages = StageStore(config.stage_dir, self.read_bytes) if config.stage_dir is not None else None
         self.open_views: set[int] = set()
@@ -213,7 +222,7 @@ class Views:
     def _reserve(self, node: Node) -> None:
         """Let the view's windows load; its largest window counts in the memory limit."""
         owner = self.owner(node)
-        plan = node.plan.inner if node.pool is not None else node.plan
+        plan = node.plan.inner if shares_stream(node) else node.plan
         sizes = np.asarray(plan.window_sizes)
         self._owners.setdefault(owner, []).append(node.view)
         self.windows.register(owner, int(sizes.max()) if len(sizes) else 0, window_work(plan))
@@ -224,7 +233,7 @@ class Views:
     def owner(node: Node) -> Hashable:
         """Whose windows a view reads: its own, or for a pool's shard its pool stream's, which all
         the shards of that stream share (a window is loaded once however the shards cut it)."""
-        if node.pool is None:
+        if not shares_stream(node):
             return node.ino
         e = node.pool  # the stream plan itself: one built over a rebuilt index has windows of its own
         return ("stream", e.pool.key, e.pool.members, e.stamps, node.epoch, node.part, node.parts, id(node.plan.inner))
@@ -234,7 +243,7 @@ class Views:
         cached window (a shard's stretch of a stream window).  The loader builds it; ``ahead`` (a
         sequential reader): then hints the next window's blocks."""
         view = node.view
-        if node.pool is None:
+        if not shares_stream(node):
             return WindowRef((node.ino, k), node.layout.window_size(k), 0,
                              lambda out, scratch: view.load(k, out, scratch, ahead), window_work(node.plan, k))
         stream = node.plan.inner
@@ -271,7 +280,7 @@ class Views:
         """Close the idle views of epochs that are no longer current: their names now lead to
         the new epoch's views, so they can never be opened again, and their plans and windows
         would otherwise share the memory with the new epoch's while it is being prepared."""
-        for node in [n for n in self.idle.values() if n.epoch != self.epoch_of(n.epoch_path)]:
+        for node in [n for n in self.idle.values() if not self.current(n)]:
             self.close(node)
             if node.lookups <= 0:
                 self.drop(node)

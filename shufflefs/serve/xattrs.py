@@ -1,7 +1,7 @@
 """The extended attributes a mount shows (``user.shufflefs.*``) and its state for ``stat``.
 
-The epoch attribute is the only writable one; the others describe a view's plan (built if
-needed), or the mount (on the root).  ``user.shufflefs.error`` of a file is the last error a
+The epoch attribute, and on the root the resume state, are the writable ones; the others
+describe a view's plan (built if needed), or the mount (on the root).  ``user.shufflefs.error`` of a file is the last error a
 reader of its path got (`stats.PathErrors`), listed only while there is one, so that the reason
 for an errno is one ``getfattr`` away instead of in the daemon's log."""
 
@@ -12,27 +12,46 @@ import json
 import logging
 import os
 import re
+import stat
 from typing import Any
 
-from ..config import EPOCH_XATTR, MAX_EPOCH, PID_XATTR, STATS_XATTR, XATTR_PREFIX, format_buffer
+from ..config import (
+    EPOCH_XATTR,
+    MAX_EPOCH,
+    PID_XATTR,
+    RESUME_FILE_MAX,
+    RESUME_XATTR,
+    STATS_XATTR,
+    XATTR_PREFIX,
+    format_buffer,
+)
 from ..errors import ShuffleError
 from ..index.table import default_cache_dir
-from .stats import fit as fit_stats
-from ..strategies.base import AUTO_BLOCK_FLOOR, BLOCK_STRATEGIES, MIX_ASSUMPTION, RUNS_ASSUMPTION, buffer_label_mix, runs_label_mix
+from ..strategies.base import (
+    AUTO_BLOCK_FLOOR,
+    BLOCK_STRATEGIES,
+    MIX_ASSUMPTION,
+    RUNS_ASSUMPTION,
+    buffer_label_mix,
+    runs_label_mix,
+)
+from ..strategies.resume import ResumeError, ResumeState
 from ..windows.view import GATHER
 from .catalog import Catalog
 from .nodes import DIR, FILE, ROOT, VIEW, Node, Reply
+from .stats import fit as fit_stats
 
 log = logging.getLogger("shufflefs")
 
 X_EPOCH, X_STATS, X_PID = EPOCH_XATTR.encode(), STATS_XATTR.encode(), PID_XATTR.encode()
+X_RESUME = RESUME_XATTR.encode()
 X_ERROR = (XATTR_PREFIX + "error").encode()
 VIEW_ATTRS = [X_EPOCH] + [
     (XATTR_PREFIX + n).encode()
     for n in ("strategy", "seed", "records", "windows", "format", "block_size", "buffer", "info")
 ]
 ROOT_ATTRS = [X_EPOCH, X_STATS, X_PID]
-OURS = frozenset(VIEW_ATTRS + ROOT_ATTRS + [X_ERROR])
+OURS = frozenset(VIEW_ATTRS + ROOT_ATTRS + [X_ERROR, X_RESUME])
 EPOCH_VALUE = re.compile(rb"(0|[1-9][0-9]{0,9})\n?")
 """An epoch as the attribute reads back (decimal, no sign, no leading zero), plus at most one
 trailing newline (``echo N > ...``-style tools add one).  Nothing else: a value such as ``" 1"``
@@ -42,7 +61,7 @@ or ``"01"`` is more likely a mistake in a script than an epoch."""
 def names(node: Node, cat: Catalog | None = None) -> list[bytes]:
     """The node's attributes; with ``cat``, also ``user.shufflefs.error`` while its path has one."""
     if node.ino == ROOT:
-        return list(ROOT_ATTRS)
+        return list(ROOT_ATTRS) + ([X_RESUME] if cat is not None and cat.epochs.resume is not None else [])
     if node.kind == DIR:
         return [X_EPOCH]
     failed = [X_ERROR] if cat is not None and node.relpath in cat.stats.paths else []
@@ -58,8 +77,10 @@ async def get(cat: Catalog, node: Node, name: bytes) -> bytes:
         if line is None:
             raise Reply(errno.ENODATA)
         return line.encode()
-    if name not in names(node):
+    if name not in names(node, cat):
         raise Reply(errno.ENODATA)
+    if name == X_RESUME:
+        return cat.epochs.resume.to_json().encode()
     if name == X_EPOCH:
         return str(cat.epochs.shown(node)).encode()
     if name == X_PID:
@@ -109,9 +130,40 @@ async def get(cat: Catalog, node: Node, name: bytes) -> bytes:
 def set(cat: Catalog, node: Node, name: bytes, value: bytes) -> None:  # noqa: A001 -- the xattr verb
     """Only the epoch can be set (EINVAL for a value that is no epoch); ours are EPERM, others
     EROFS (the mount is read-only)."""
+    if name == X_RESUME and node.ino == ROOT:
+        cat.set_resume(node, parse_resume(value))
+        return
     if name != X_EPOCH:
         raise Reply(errno.EPERM if name in OURS else errno.EROFS)
     cat.set_epoch(node, parse_epoch(value, node.relpath))
+
+
+def parse_resume(value: bytes) -> ResumeState:
+    """A resume state: its JSON, or ``@`` and the absolute path of a regular file holding it;
+    EINVAL with a log line saying what is wrong (the writer sees only the errno)."""
+    text, where = value, "the attribute's value"
+    if value.startswith(b"@"):
+        where = os.fsdecode(value[1:].rstrip(b"\n"))
+        try:
+            if not os.path.isabs(where):
+                raise ValueError("the path must be absolute")
+            fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_size > RESUME_FILE_MAX:
+                    raise ValueError(f"not a regular file of at most {RESUME_FILE_MAX} bytes")
+                with os.fdopen(fd, "rb", closefd=False) as f:
+                    text = f.read(RESUME_FILE_MAX + 1)
+            finally:
+                os.close(fd)
+        except (OSError, ValueError) as e:
+            log.error("%s: invalid resume state file %s: %s", RESUME_XATTR, where, e)
+            raise Reply(errno.EINVAL) from None
+    try:
+        return ResumeState.from_json(text, MAX_EPOCH)
+    except ResumeError as e:
+        log.error("%s: invalid resume state (%s): %s", RESUME_XATTR, where, e)
+        raise Reply(errno.EINVAL) from None
 
 
 def parse_epoch(value: bytes, where: str = "") -> int:
@@ -125,7 +177,7 @@ def parse_epoch(value: bytes, where: str = "") -> int:
 
 
 def remove(node: Node, name: bytes) -> None:
-    ours = name in names(node) or (name == X_ERROR and node.kind in (VIEW, FILE))
+    ours = name in names(node) or name == X_RESUME and node.ino == ROOT or (name == X_ERROR and node.kind in (VIEW, FILE))
     raise Reply(errno.EPERM if ours else errno.ENODATA)
 
 
@@ -136,6 +188,8 @@ def _exchange_counts(cat: Catalog) -> dict[str, str]:
         if node.kind == VIEW and node.plan is not None and node.parts == 1 \
                 and node.epoch == cat.epochs.of(node.epoch_path):
             d = node.plan.describe()
+            if d.get("resumed"):
+                continue
             out[node.relpath] = (f"epoch {node.epoch}: kept {d['kept']} received {d['received']} "
                                  f"sent {d['sent']} of {d['partition_records']}")
     return dict(sorted(out.items()))
@@ -169,6 +223,8 @@ def describe(cat: Catalog) -> dict[str, Any]:
         random_level=spec.random_level,
         epoch=cat.epochs.epoch,
         epoch_overrides=cat.epochs.overrides(),
+        **({"resume": {"epoch": cat.epochs.resume.epoch, "views": sorted(cat.epochs.resume.views)}}
+           if cat.epochs.resume is not None else {}),
         views=len(views.open_views) - len(views.idle),
         idle_views=len(views.idle),
         handles=cat.handles,

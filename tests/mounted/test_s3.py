@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import errno
 import io
+import json
 import os
 import tarfile
 import time
@@ -313,3 +314,23 @@ def test_object_storage_options_are_explained_and_checked(tmp_path):
                          (["--retries", "-1"], "--retries"), (["--endpoint-url", "ftp://x"], "http(s) URL")):
         r = run("mount", "s3://bucket/p", str(tmp_path / "mnt"), *bad)
         assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_resumed_views_from_the_bucket_equal_resumed_views_from_local_disk(mount, s3, tmp_path):
+    """A resume state (a stop on two ranks) gives the bucket's views the bytes the same tree's
+    resumed views have on local disk (whose records are checked in test_mount_resume).
+
+    Holds: SEMANTICS.md#resume-once"""
+    state = {"epoch": 2, "views": {rel: [{"world_size": 2, "parts": 1, "consumed": c}] for rel, c in {
+        "a.jsonl": [[700], [13]], "pool/train-00001-of-00004.jsonl": [[40], [0]], "wds/shard-000002.tar": [[5], [3]],
+        "arr.npy": [[100], [250]], "recs.tfrecord": [[7], [70]]}.items()}}
+    path = tmp_path / "state.json"
+    path.write_text(json.dumps(state))
+    remote, local = s3_mount(mount, s3, *ARGS), mount(None, *ARGS, src=s3.local, name="local")
+    for m in (remote, local):
+        os.setxattr(m.mnt, "user.shufflefs.resume", b"@" + os.fsencode(path))
+    for rel in (*state["views"], "pool/train-00003-of-00004.jsonl", "wds/shard-000000.tar", "table.csv"):
+        got, want = read(remote.path(rel)), read(local.path(rel))
+        assert got == want, rel
+    assert lines(read(local.path("a.jsonl"))) != lines(s3.files["a.jsonl"])  # the state applied
+    assert json.loads(remote.xattr("info", "a.jsonl"))["resumed"] is True

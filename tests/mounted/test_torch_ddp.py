@@ -49,8 +49,29 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun(cwd: Path, world: int, *args: str) -> tuple[int, str]:
+    """``examples/ddp_train.py`` under torchrun with ``world`` ranks: its exit status and output.
+    Whatever way it ends, nothing it started is left running."""
+    cmd = [str(TORCHRUN), "--nproc_per_node", str(world), "--master-port", str(free_port()),
+           str(REPO / "examples" / "ddp_train.py"), *args]
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=str(cwd),
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun, its ranks and their loader workers
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+    return proc.returncode, out.decode(errors="replace")
+
+
 def ids_of(path: Path) -> list[int]:
-    return [int(line) for line in path.read_text().split()]
+    return [int(line.split()[-1]) for line in path.read_text().splitlines()]
 
 
 # --------------------------------------------------------------------------- unit tests
@@ -139,28 +160,9 @@ def test_ddp_training_sees_every_record_once_per_epoch(mount, tmp_path):
     pattern = str(ranks[0].mnt.parent.parent / "r{rank}" / "mnt")
     assert [Path(pattern.format(rank=r)) for r in (0, 1)] == [m.mnt for m in ranks]
     logs = tmp_path / "consumed"
-    cmd = [str(TORCHRUN), "--nproc_per_node", "2", "--master-port", str(free_port()),
-           str(REPO / "examples" / "ddp_train.py"), "--mount-pattern", pattern, "--file", "data.jsonl",
-           "--epochs", str(EPOCHS), "--workers", "2", "--batch-size", "16", "--dim", str(DIM),
-           "--consumed-log", str(logs)]
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=str(tmp_path),
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=TIMEOUT)
-    except BaseException:
-        os.killpg(proc.pid, signal.SIGKILL)  # torchrun, its ranks and their loader workers
-        proc.communicate()
-        raise
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # anything the ranks left running
-        except ProcessLookupError:
-            pass
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, text
+    code, text = torchrun(tmp_path, 2, "--mount-pattern", pattern, "--file", "data.jsonl", "--epochs", str(EPOCHS),
+                          "--workers", "2", "--batch-size", "16", "--dim", str(DIM), "--consumed-log", str(logs))
+    assert code == 0, text
 
     every = list(range(N))
     orders = collections.defaultdict(list)

@@ -100,6 +100,9 @@ def targets(bench: Any) -> list[str]:
          worst_memory(rep), lambda v: v <= 1.0, fmt="{:.2f} of the bound")
     line("epoch change -> first byte of corgipile < 100 ms (setxattr, median)",
          None if bench.epoch_first_s is None else bench.epoch_first_s * 1e3, lambda v: v < 100, fmt="{:.1f} ms")
+    for i, how in enumerate(("on the same layout", "after a stop on another layout")):
+        line(f"resume -> first byte of corgipile < 100 ms, {how} (setxattr, median)",
+             None if bench.resume_first_s is None else bench.resume_first_s[i] * 1e3, lambda v: v < 100, fmt="{:.1f} ms")
     return out
 
 

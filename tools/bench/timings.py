@@ -3,6 +3,7 @@ and epoch change -> first byte (functions of the run's `Bench`, ``b``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -112,7 +113,7 @@ def run_epoch(b: Any) -> None:
     mnt.mkdir(exist_ok=True)
     cmd = b.shufflefs_cmd(b.src, mnt, "corgipile", "--log-file", str(b.logs / "epoch.log"))
     reads.warm(ds.path)
-    setx, cli, later = [], [], []
+    setx, cli, later, same, other = [], [], [], [], []
     with proc.FuseDaemon(cmd, mnt, b.logs / "epoch.out", env=b.env):
         target = mnt / ds.path.name
         first_byte(target)  # epoch 0 opened and served once: the index is loaded, the daemon warm
@@ -134,8 +135,16 @@ def run_epoch(b: Any) -> None:
             t0 = time.perf_counter()
             first_byte(target)
             later.append(time.perf_counter() - t0)
+            for layouts, times in ((SAME_LAYOUT, same), (OTHER_LAYOUT, other)):
+                e += 1
+                state = json.dumps({"epoch": e, "views": {target.name: layouts}}).encode()
+                t0 = time.perf_counter()
+                os.setxattr(mnt, RESUME_ATTR, state)
+                first_byte(target)
+                times.append(time.perf_counter() - t0)
     med = statistics.median
     b.epoch_first_s = med(setx)
+    b.resume_first_s = (med(same), med(other))
     window = format_size(parse_size(b.args.buffer)) if not b.args.buffer.endswith("%") else b.args.buffer
     b.report.section("Epoch change -> first byte (corgipile)", [
         "| how the epoch is set | median ms | min ms | max ms |", "|---|---|---|---|",
@@ -144,9 +153,20 @@ def run_epoch(b: Any) -> None:
         f"{min(cli) * 1e3:.1f} | {max(cli) * 1e3:.1f} |",
         f"| setxattr, 0.5 s pause, then open + read (timed from open) | {med(later) * 1e3:.1f} | "
         f"{min(later) * 1e3:.1f} | {max(later) * 1e3:.1f} |",
+        f"| resume (`user.shufflefs.resume`) on the view's own layout, then open + read | {med(same) * 1e3:.1f} | "
+        f"{min(same) * 1e3:.1f} | {max(same) * 1e3:.1f} |",
+        f"| resume after a stop on 2 ranks (every first-layout view planned), then open + read | "
+        f"{med(other) * 1e3:.1f} | {min(other) * 1e3:.1f} | {max(other) * 1e3:.1f} |",
         "", f"{ds.path.name}, buffer {window}, block {b.args.block_size}, warm source, "
         f"{b.args.epochs} epoch changes of each kind.",
     ])
+
+
+SAME_LAYOUT = [{"world_size": 1, "parts": 1, "consumed": [[1000]]}]
+OTHER_LAYOUT = [{"world_size": 2, "parts": 1, "consumed": [[1000], [500]]}]
+"""Resume states of the epoch section: a stop on the mount's own layout (1 rank), and on two
+ranks (the mount plans both ranks' views of the first layout to cut their rests)."""
+RESUME_ATTR = "user.shufflefs.resume"
 
 
 def first_byte(path: Path) -> bytes:
