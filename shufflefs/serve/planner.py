@@ -33,7 +33,7 @@ from ..strategies.base import (
     effective_block_size,
 )
 from ..strategies.costs import record_costs
-from ..strategies.resume import PlanOf, ResumeError, resumed_plan
+from ..strategies.resume import LengthOf, PlanOf, ResumeError, resumed_plan, share_length
 from ..strategies.slices import SlicePlan, slice_edges
 from ..windows.layout import Layout
 from .nodes import Node
@@ -363,7 +363,7 @@ class Planner:
             def plan_of(rank: int, world: int, part: int, parts: int) -> Plan:
                 return make_plan(index, self.spec, node.epoch, rank, world, part, parts, costs=costs)
 
-            return self._resumed(node, plan_of), costs
+            return self._resumed(node, plan_of, self._lengths(index.n)), costs
 
         made, costs = await self.workers.run(plan, limiter=self.workers.plan)
         if costs is not None:
@@ -373,7 +373,24 @@ class Planner:
                 self._costs.popitem(last=False)
         return made
 
-    def _resumed(self, node: Node, plan_of: PlanOf) -> Plan:
+    def _lengths(self, records: int, shards: int = 0, shard: int = 0) -> LengthOf | None:
+        """How long the first layout's streams (or a shard of them) are without planning them,
+        where shares are cut at equal counts (`share_length`): not with --balance or --even."""
+        spec = self.spec
+        if spec.balance:
+            return None
+
+        def length(r: int, w: int, i: int, k: int) -> int | None:
+            if spec.even != "none" and w > 1:
+                return None
+            n = share_length(records, r, w, i, k)
+            if not shards:
+                return n
+            edges = slice_edges(n, shards)
+            return int(edges[shard + 1] - edges[shard])
+        return length
+
+    def _resumed(self, node: Node, plan_of: PlanOf, length_of: LengthOf | None = None) -> Plan:
         """Blocking: the node's plan from ``plan_of`` (its stream of any layout), resumed after the
         layouts its epoch ran under (`strategies.resume`); a state that does not fit the view (a
         count past a stream's end) is the reader's EINVAL, logged with the view's path."""
@@ -381,7 +398,8 @@ class Planner:
             raise ResumeMismatch(self.store.path(node.relpath), None, f"the resume state does not fit this view: "
                                  f"{node.resume_problem}")
         try:
-            return resumed_plan(plan_of, node.resume, self.config.rank, self.config.world, node.part, node.parts)
+            return resumed_plan(plan_of, node.resume, self.config.rank, self.config.world, node.part, node.parts,
+                                length_of)
         except ResumeError as e:
             raise ResumeMismatch(self.store.path(node.relpath), None, f"the resume state does not fit this view: {e}") \
                 from None
@@ -417,7 +435,7 @@ class Planner:
             def resumed() -> Plan:
                 costs = known if known is not None or not self.spec.balance else self._record_costs(node, index)
                 return self._resumed(node, lambda r, w, i, k: shard_of(make_plan(
-                    index, self.spec, node.epoch, r, w, i, k, costs=costs)))
+                    index, self.spec, node.epoch, r, w, i, k, costs=costs)), self._lengths(index.n, shards, entry.shard))
 
             plan = await self.workers.run(resumed, limiter=self.workers.plan)
         else:

@@ -285,14 +285,28 @@ PlanOf = Callable[[int, int, int, int], Plan]
 """``plan_of(rank, world, part, parts)``: the epoch's original plan of one stream of a layout."""
 
 
+LengthOf = Callable[[int, int, int, int], "int | None"]
+"""``length_of(rank, world, part, parts)``: the records of that stream, or None if only its plan
+can tell."""
+
+
+def share_length(records: int, rank: int, world: int, part: int, parts: int) -> int:
+    """Records of rank ``rank``'s part ``part`` when a layout cuts ``records`` at equal counts,
+    ranks first and then each rank's parts (the first ones one more): what every strategy's
+    plans hold without ``--even`` and ``--balance`` (checked against them by the tests)."""
+    ranks = share_edges(records, world)
+    split = share_edges(int(ranks[rank + 1] - ranks[rank]), parts)
+    return int(split[part + 1] - split[part])
+
+
 def resumed_plan(plan_of: PlanOf, stops: Sequence[Stop], rank: int, world: int, part: int = 0,
-                 parts: int = 1) -> Plan:
+                 parts: int = 1, length_of: LengthOf | None = None) -> Plan:
     """What rank ``rank``'s part ``part`` of a layout of ``world`` x ``parts`` shows after
     ``stops``: the plain plan without stops, else a `ResumedPlan` over the first layout's plans.
 
     When every layout was this one, only this stream's plan is made (its rest is all it shows);
-    otherwise every stream of the first layout is planned once to learn its length, and the
-    plans the view reads from are kept."""
+    otherwise the first layout's streams' lengths come from ``length_of`` (else from planning
+    each once), and only the plans the view reads from are made."""
     if not stops:
         return plan_of(rank, world, part, parts)
     first, me = stops[0], rank * parts + part
@@ -312,7 +326,8 @@ def resumed_plan(plan_of: PlanOf, stops: Sequence[Stop], rank: int, world: int, 
     lengths = []
     for s in range(first.world * first.parts):
         r, i = divmod(s, first.parts)
-        lengths.append(int(np.asarray(plan_of(r, first.world, i, first.parts).window_records).sum()))
+        n = length_of(r, first.world, i, first.parts) if length_of is not None else None
+        lengths.append(int(np.asarray(plan_of(r, first.world, i, first.parts).window_records).sum()) if n is None else n)
     pieces = resumed_pieces(lengths, stops, world, parts)[me]
     plans: dict[int, Plan] = {}
     for s, _, _ in pieces:

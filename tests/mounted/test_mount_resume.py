@@ -106,7 +106,9 @@ def test_same_layout_goes_on_where_each_view_stopped(mount, tmp_path, strategy):
     ["--strategy", "full", "--balance"],
     ["--strategy", "corgipile", "--even", "pad"],
     ["--strategy", "pls", "--exchange", "0.5", "--stage-dir", "{stage}"],
-], ids=["stratified", "balance", "even-pad", "pls-staged"])
+    ["--strategy", "pls", "--exchange", "0.5"],
+    ["--strategy", "lirs-page", "--even", "drop"],
+], ids=["stratified", "balance", "even-pad", "pls-staged", "pls", "lirs-page-even-drop"])
 def test_a_chain_of_layouts_serves_every_record_exactly_once(mount, tmp_path, args):
     """2 ranks stop mid-epoch, 3 ranks of 2 loader parts resume and stop, 1 rank finishes: the
     records each layout consumed and the last one's views are the epoch's records, once each.

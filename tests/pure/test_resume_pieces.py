@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from shufflefs.index.table import RecordIndex
 from shufflefs.strategies import STRATEGIES, make_plan
 from shufflefs.strategies.base import EVEN_MODES, ShuffleSpec
-from shufflefs.strategies.resume import (ResumedPlan, ResumeError, ResumeState, Stop, consumed_pieces,
-                                         resumed_pieces)
+from shufflefs.strategies.resume import (ResumeError, ResumeState, Stop, consumed_pieces,
+                                         resumed_pieces, resumed_plan, share_length)
 
 
 def make_index(lengths) -> RecordIndex:
@@ -90,34 +90,48 @@ STRATEGY_NAMES = sorted(STRATEGIES)
        even=st.sampled_from(EVEN_MODES), balance=st.booleans(), data=st.data())
 def test_resumed_plans_of_every_strategy_serve_the_rest_of_the_epoch(strategy, seed, lengths, w0, k0, w1, k1, even,
                                                                      balance, data):
-    """Also with --even (the original views' padding or dropping is what is resumed) and --balance."""
+    """A stop on (w0, k0), a resume on (w1, k1) that stops too, and a last layout: the records
+    consumed and shown are the epoch's views' records, each once; on the same layout a view is
+    the rest of its uninterrupted one.  Also with --even (the original views' padding or
+    dropping is what is resumed) and --balance."""
     index = make_index(lengths)
     spec = ShuffleSpec(strategy=strategy, seed=seed, block_size=32, buffer=200, page_size=16, even=even,
                        balance=balance and strategy == "full", exchange=0.5 if strategy == "pls" else 0.0)
-    plans = [make_plan(index, spec, 3, r, w0, i, k0) for r in range(w0) for i in range(k0)]
-    orders = [np.concatenate([p.window(j) for j in range(p.n_windows)] or [np.zeros(0, np.int64)]) for p in plans]
-    consumed = tuple(tuple(data.draw(st.integers(0, len(orders[r * k0 + i]))) for i in range(k0)) for r in range(w0))
-    stops = [Stop(w0, k0, consumed)]
-    taken = [orders[r * k0 + i][:consumed[r][i]] for r in range(w0) for i in range(k0)]
-    shown = []
-    for r in range(w1):
-        for i in range(k1):
-            pieces = resumed_pieces([len(o) for o in orders], stops, w1, k1)[r * k1 + i]
-            plan = ResumedPlan(plans[0], [(plans[s], lo, hi) for s, lo, hi in pieces], r, w1, i, k1)
-            ids = [plan.window(j) for j in range(plan.n_windows)]
-            got = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+
+    def plan_of(r, w, i, k):
+        return make_plan(index, spec, 3, r, w, i, k)
+
+    def ids(plan) -> np.ndarray:
+        return np.concatenate([plan.window(j) for j in range(plan.n_windows)] or [np.zeros(0, np.int64)])
+
+    orders = [ids(plan_of(r, w0, i, k0)) for r in range(w0) for i in range(k0)]
+    everything = Counter(np.concatenate(orders).tolist()) if orders else Counter()
+    stops: list[Stop] = []
+    taken: Counter = Counter()
+    for w, k in ((w0, k0), (w1, k1)):  # two stops, each on the views the layout was shown
+        shown = [ids(resumed_plan(plan_of, stops, r, w, i, k)) for r in range(w) for i in range(k)]
+        consumed = tuple(tuple(data.draw(st.integers(0, len(shown[r * k + i]))) for i in range(k)) for r in range(w))
+        taken.update(x for r in range(w) for i in range(k) for x in shown[r * k + i][:consumed[r][i]].tolist())
+        stops.append(Stop(w, k, consumed))
+    w2, k2 = data.draw(st.sampled_from([(w1, k1), (w0, k0), (data.draw(st.integers(1, 4)), data.draw(st.integers(1, 3)))]))
+    before = [ids(resumed_plan(plan_of, stops[:-1], r, w1, i, k1)) for r in range(w1) for i in range(k1)]
+    served = Counter()
+    for r in range(w2):
+        for i in range(k2):
+            plan = resumed_plan(plan_of, stops, r, w2, i, k2)
+            got = ids(plan)
             assert len(got) == int(plan.window_records.sum())
             assert int(plan.window_sizes.sum()) == int(index.out_lengths(got).sum())
             for j in range(plan.n_windows):
                 runs = plan.window_runs(j)
                 if runs is not None:
                     first, count = runs
-                    assert sorted(ids[j].tolist()) == [x for f, c in zip(first.tolist(), count.tolist()) for x in range(f, f + c)]
-            if (w1, k1) == (w0, k0):  # the rest of the uninterrupted view
-                assert got.tolist() == orders[r * k1 + i][consumed[r][i]:].tolist()
-            shown.append(got)
-    everything = Counter(np.concatenate(orders).tolist()) if orders else Counter()
-    assert Counter(np.concatenate(taken + shown).tolist()) == everything
+                    assert sorted(plan.window(j).tolist()) == [x for f, c in zip(first.tolist(), count.tolist())
+                                                               for x in range(f, f + c)]
+            if (w2, k2) == (w1, k1):  # the rest of the view the last layout was shown
+                assert got.tolist() == before[r * k1 + i][stops[-1].consumed[r][i]:].tolist()
+            served.update(got.tolist())
+    assert taken + served == everything
 
 
 def test_state_round_trips_and_names_views_by_their_mount_path():
@@ -149,3 +163,37 @@ def test_state_round_trips_and_names_views_by_their_mount_path():
 def test_bad_states_say_what_is_wrong(text, message):
     with pytest.raises(ResumeError, match=message):
         ResumeState.from_json(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(strategy=st.sampled_from(STRATEGY_NAMES), seed=st.integers(0, 1000), lengths=st.lists(st.integers(1, 30), max_size=120),
+       world=st.integers(1, 5), parts=st.integers(1, 4), exchange=st.floats(0, 1), block=st.integers(1, 64),
+       buffer=st.integers(1, 400))
+def test_share_length_is_every_strategys_stream_length(strategy, seed, lengths, world, parts, exchange, block, buffer):
+    """What lets a resume on another layout skip planning the first layout's streams."""
+    index = make_index(lengths)
+    spec = ShuffleSpec(strategy=strategy, seed=seed, block_size=block, buffer=buffer, page_size=16, exchange=exchange)
+    for r in range(world):
+        for i in range(parts):
+            plan = make_plan(index, spec, 5, r, world, i, parts)
+            assert int(plan.window_records.sum()) == share_length(index.n, r, world, i, parts)
+
+
+@settings(max_examples=80, deadline=None)
+@given(strategy=st.sampled_from(STRATEGY_NAMES), lengths=st.lists(st.integers(1, 30), min_size=1, max_size=80),
+       w0=st.integers(1, 3), w1=st.integers(1, 4), k1=st.integers(1, 3), data=st.data())
+def test_a_resume_with_known_lengths_equals_one_that_plans_them(strategy, lengths, w0, w1, k1, data):
+    index = make_index(lengths)
+    spec = ShuffleSpec(strategy=strategy, seed=9, block_size=32, buffer=200, page_size=16)
+
+    def plan_of(r, w, i, k):
+        return make_plan(index, spec, 1, r, w, i, k)
+
+    sizes = [share_length(index.n, r, w0, 0, 1) for r in range(w0)]
+    stops = [Stop(w0, 1, tuple((data.draw(st.integers(0, n)),) for n in sizes))]
+    for r in range(w1):
+        for i in range(k1):
+            a = resumed_plan(plan_of, stops, r, w1, i, k1)
+            b = resumed_plan(plan_of, stops, r, w1, i, k1, lambda r_, w, i_, k: share_length(index.n, r_, w, i_, k))
+            ids = [np.concatenate([p.window(j) for j in range(p.n_windows)] or [np.zeros(0, np.int64)]) for p in (a, b)]
+            assert ids[0].tolist() == ids[1].tolist()
