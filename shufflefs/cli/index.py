@@ -7,6 +7,7 @@ import os
 import stat
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,6 +16,9 @@ from tqdm import tqdm
 from .common import EXIT_FAIL, EXIT_OK, PROG, _human
 from .mount import _cache_dir
 from .options import FORMAT_KEYS, resolve_options
+
+INDEX_PUBLISHED = ".shufflefs/index"
+"""Where `shufflefs index --publish` writes, under the source's prefix (`sources.s3.S3Store.index_prefix`)."""
 
 
 class Progress:
@@ -61,11 +65,30 @@ def iter_source_files(source: Path) -> list[tuple[str, str]]:
     return out
 
 
+def _part(text: str | None, parser: argparse.ArgumentParser) -> tuple[int, int]:
+    if text is None:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in text.split("/"))
+        if not 0 <= i < n:
+            raise ValueError
+    except ValueError:
+        parser.error(f"--part {text!r}: expected i/N with 0 <= i < N, e.g. 3/16")
+    return i, n
+
+
 def cmd_index(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..errors import ShuffleError
     from ..formats import resolve_format
     from ..index.table import IndexCache
+    from ..sources import scheme_of
 
+    part = _part(args.part, parser)
+    if scheme_of(args.source):
+        return _index_store(args, parser, part)
+    if args.publish:
+        parser.error("--publish writes indexes beside the data of an s3:// source; a local source's "
+                     "indexes are shared through --cache-dir")
     opts = resolve_options(args, FORMAT_KEYS, parser)
     if not os.path.isdir(args.source):
         parser.error(f"source {args.source!r} is not a directory")
@@ -75,7 +98,9 @@ def cmd_index(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     jobs = []
     skipped = 0
     failures: list[str] = []
-    for path, rel in iter_source_files(source):
+    for n, (path, rel) in enumerate(iter_source_files(source)):
+        if n % part[1] != part[0]:
+            continue
         try:
             fmt = resolve_format(rel, opts.rules, opts.format_defaults)
         except (ShuffleError, ValueError) as e:
@@ -126,3 +151,70 @@ def _load_index(path: str, fmt: Any, cache: Any, progress: Callable[[int], None]
     if index is not None:
         return index, True
     return load_or_build_index(path, fmt, cache, progress=progress), False
+
+
+def _walk(store: Any, relpath: str = "") -> list[str]:
+    """Every object under the store's root, in key order (the store's own prefix left out)."""
+    out = []
+    for name in store.list(relpath):
+        rel = f"{relpath}/{name}" if relpath else name
+        if stat.S_ISDIR(store.stat(rel).st_mode):
+            out.extend(_walk(store, rel))
+        else:
+            out.append(rel)
+    return out
+
+
+def _index_store(args: argparse.Namespace, parser: argparse.ArgumentParser, part: tuple[int, int]) -> int:
+    """``shufflefs index s3://...``: index the objects (downloading each), and with --publish
+    write the indexes to the bucket."""
+    from ..errors import ShuffleError
+    from ..formats import resolve_format
+    from ..sources import open_store
+
+    opts = resolve_options(args, (*FORMAT_KEYS, "endpoint_url", "region"), parser)
+    cache_dir = _cache_dir(opts.values["cache_dir"], Path(os.devnull), parser)
+    store_opts = {k: opts.values[k] for k in ("endpoint_url", "region") if opts.values.get(k) is not None}
+    try:
+        store = open_store(args.source, store_opts)
+    except (ValueError, ImportError, OSError, ShuffleError) as e:
+        print(f"{PROG} index: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    start = time.monotonic()
+    done = published = nbytes = records = 0
+    failures: list[str] = []
+
+    def one(rel: str) -> tuple[int, int] | None:
+        """(records, bytes published) of one object; None if it has no format."""
+        fmt = resolve_format(rel, opts.rules, opts.format_defaults)
+        if fmt is None:
+            return None
+        wrote = store.publish(rel, fmt, cache_dir) if args.publish else 0
+        return store.index(rel, fmt, cache_dir).n, wrote
+
+    try:
+        objects = _walk(store)
+        mine = [rel for n, rel in enumerate(objects) if n % part[1] == part[0]]
+        # objects side by side: downloads wait on the network, scans release the GIL in numpy
+        with ThreadPoolExecutor(max(2, os.cpu_count() or 2)) as pool:
+            futures = {pool.submit(one, rel): rel for rel in mine}
+            for future in tqdm(as_completed(futures), total=len(futures), unit="object", file=sys.stderr,
+                               disable=not sys.stderr.isatty(), leave=False):
+                try:
+                    got = future.result()
+                except (ShuffleError, OSError, ValueError) as e:
+                    failures.append(f"{store.path(futures[future])}: {e}")
+                    print(f"{PROG} index: {failures[-1]}", file=sys.stderr)
+                    continue
+                if got is not None:
+                    records, done = records + got[0], done + 1
+                    if args.publish:
+                        nbytes, published = nbytes + got[1], published + 1
+        counts = store.requests()
+    finally:
+        store.close()
+    what = f", {published} published ({_human(nbytes)}) under {store.path(INDEX_PUBLISHED)}" if args.publish else ""
+    print(f"{len(mine)} of {len(objects)} objects (part {part[0]}/{part[1]}): {done} indexed, {records} records"
+          f"{what}, {len(failures)} failed; {_human(counts.get('bytes', 0))} downloaded in "
+          f"{time.monotonic() - start:.1f} s")
+    return EXIT_FAIL if failures else EXIT_OK

@@ -201,9 +201,17 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p = subs["index"] = sub.add_parser(
         "index", help="build (or check) the index of every data file in SRC",
         description="Build the index of every data file in SRC, or reuse the cached one, so a later "
-        "mount starts without scanning.",
+        "mount starts without scanning. For SRC s3://BUCKET/PREFIX, --publish writes every object's "
+        "index beside the data (PREFIX/.shufflefs/index/, keyed by the object's ETag, size and time "
+        "and the format, with a checksum), so that every mount of the prefix takes an object's small "
+        "index instead of downloading the object to index it; --part i/N indexes every N-th object "
+        "from the i-th (a Slurm array or an indexed Job builds a large bucket in parallel).",
     )
-    p.add_argument("source", metavar="SRC", help="dataset directory")
+    p.add_argument("source", metavar="SRC", help="dataset directory, or s3://BUCKET/PREFIX")
+    p.add_argument("--publish", action="store_true", help="s3:// sources: write the indexes to the bucket")
+    p.add_argument("--part", metavar="i/N", help="index only every N-th data file (in key order) from the i-th, 0 <= i < N")
+    p.add_argument("--endpoint-url", metavar="URL", help="S3-compatible server (default $AWS_ENDPOINT_URL, else AWS)")
+    p.add_argument("--region", metavar="NAME", help="bucket region (default $AWS_REGION, else the profile's)")
     _add_format_options(p)
 
     p = subs["stat"] = sub.add_parser("stat", help="show a mount's settings and counters")

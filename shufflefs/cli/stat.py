@@ -78,6 +78,10 @@ def format_stats(stats: dict) -> str:
     if isinstance(store, dict):
         lines.append(("requests", f"{store.get('requests', 0):,} to the store (all kinds), {_human(store.get('bytes', 0))} "
                                   f"received, {store.get('failed', 0)} failed after retries"))
+        if "index_published" in store:
+            lines.append(("indexes", f"{store['index_published']} taken from the bucket "
+                                     f"({_human(store.get('index_published_bytes', 0))}), {store.get('index_built', 0)} "
+                                     f"built by downloading their objects ({_human(store.get('index_built_bytes', 0))})"))
     if isinstance(staging, dict):
         lines.append(("stage dir", f"{staging.get('dir')}  ({staging.get('built', 0)} built, {staging.get('failed', 0)} failed)"))
         for st in staging.get("stages", []):
@@ -88,6 +92,11 @@ def format_stats(stats: dict) -> str:
     if overrides:
         epoch += "  (own epochs: " + ", ".join(f"{k}={v}" for k, v in overrides.items()) + ")"
     lines.append(("epoch", epoch))
+    resume = take("resume", None)
+    if resume:
+        views = resume.get("views", [])
+        lines.append(("resume", f"epoch {resume.get('epoch')} resumed after a stop: {len(views)} view(s) "
+                      f"({', '.join(views[:5])}{', ...' if len(views) > 5 else ''})"))
     counts = [f"{take(k)} {label}" for k, label in (("files_opened", "opened"), ("views", "views"),
                                                      ("handles", "open handles"), ("inodes", "inodes")) if k in s]
     if counts:

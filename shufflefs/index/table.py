@@ -239,6 +239,19 @@ class IndexCache:
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
             return None  # missing, empty or damaged: rebuilt and rewritten by the caller
 
+    def entry_bytes(self, key: str) -> bytes | None:
+        """Entry ``key``'s file as it is (to publish it), or None if there is none."""
+        try:
+            return self._file(key).read_bytes()
+        except OSError:
+            return None
+
+    def put_entry(self, key: str, data: bytes) -> None:
+        """Write an entry's file as another machine published it; `load` then checks it."""
+        f = self._file(key)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(f, lambda out: out.write(data), prefix=f"{os.getpid()}-")
+
     def drop(self, key: str) -> bool:
         """Remove entry ``key`` (found wrong for its file); False if there was none."""
         try:

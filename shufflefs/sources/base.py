@@ -14,16 +14,19 @@ so a remote source can fetch them concurrently).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 import trio
 
 from ..formats.base import Format
 from ..index.table import RecordIndex, SourceStamp
+
+log = logging.getLogger("shufflefs")
 
 
 _requests = threading.local()
@@ -199,9 +202,12 @@ class Store(Protocol):
         """The mount ended (nothing is read through the store after this)."""
 
 
-def index_by_scan(store: Store, relpath: str, fmt: Format, cache_dir: str | os.PathLike) -> RecordIndex:
+def index_by_scan(store: Store, relpath: str, fmt: Format, cache_dir: str | os.PathLike,
+                  published: Callable[[str], bytes | None] | None = None) -> RecordIndex:
     """`Store.index` for a store with no faster way: the file's bytes (``map``) scanned in this
-    process, the index cached by version like a local file's."""
+    process, the index cached by version like a local file's.  ``published(key)``: the bytes of a
+    cache entry published for cache key ``key`` (None: there is none), tried before scanning; an
+    entry that is damaged or of another version is dropped and the file scanned."""
     from ..errors import StaleSourceError
     from ..index.table import IndexCache, cache_key
 
@@ -212,6 +218,17 @@ def index_by_scan(store: Store, relpath: str, fmt: Format, cache_dir: str | os.P
     cached = cache.load(key, stamp)
     if cached is not None:
         return cached
+    data = published(key) if published is not None else None
+    if data is not None:
+        try:
+            cache.put_entry(key, data)
+        except OSError:
+            pass
+        cached = cache.load(key, stamp)
+        if cached is not None:
+            return cached
+        cache.drop(key)
+        log.warning("%s: its published index is damaged or of another version: indexing it here", path)
     scanned = fmt.scan(store.map(relpath, stamp), path)
     if scanned.size != stamp.size:
         raise StaleSourceError(path, None, f"read {scanned.size} bytes of a {stamp.size}-byte file")

@@ -195,6 +195,37 @@ class ObjectClient:
         into[:] = data
         return into
 
+    def get_object(self, key: str) -> bytes | None:
+        """A whole object, any version (a published index, whose name carries the version it
+        indexes); None if there is no such object."""
+        import obstore
+
+        try:
+            data = obstore.get(self.store, key).bytes()
+        except Exception as e:  # noqa: BLE001
+            if isinstance(e, FileNotFoundError) or type(e).__name__ == "NotFoundError":
+                return None
+            with self._lock:
+                self.failures += 1
+            raise _as_error(e, self.url(key), None, "GET") from None
+        finally:
+            self._count(1, 0)
+        self._count(0, len(data))
+        return bytes(data)
+
+    def put(self, key: str, data: bytes) -> None:
+        """Write an object (``shufflefs index --publish``)."""
+        import obstore
+
+        try:
+            obstore.put(self.store, key, data)
+        except Exception as e:  # noqa: BLE001
+            with self._lock:
+                self.failures += 1
+            raise _as_error(e, self.url(key), None, "PUT") from None
+        finally:
+            self._count(1, 0)
+
     def fetch_runs(self, key: str, etag: str, starts: np.ndarray, ends: np.ndarray, out: np.ndarray) -> int:
         """The runs' bytes back to back into ``out`` (ranged GETs in flight at once); returns the
         number of requests made.  Any failure raises once no request is still writing."""

@@ -35,6 +35,8 @@ LIST_TTL = 2.0
 PLAIN_CHUNK = 1 << 20
 """A pass-through file is read in ranged GETs of at least this size (one chunk kept)."""
 DIR_MODE = st_mod.S_IFDIR | 0o555
+INDEX_DIR = ".shufflefs"
+"""A prefix of shufflefs's own under the mounted one (published indexes): never shown as data."""
 FILE_MODE = st_mod.S_IFREG | 0o444
 
 
@@ -65,11 +67,16 @@ class S3Store:
         bucket, prefix = parse_url(location)
         self.root = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
         self.prefix = prefix
+        self.index_prefix = "/".join(p for p in (prefix, INDEX_DIR, "index") if p)
+        """Where published indexes live (`shufflefs index --publish`): ``PREFIX/.shufflefs/index/``."""
+        self.indexes = {"published": 0, "published_bytes": 0, "built": 0, "built_bytes": 0}
+        """Indexes this mount took from the bucket, and the ones it built by downloading objects."""
         self.client = ObjectClient(bucket, ClientOptions(endpoint_url, region, in_flight, timeout_s, retries))
         self.call_deadline = timeout_s * (retries + 1) + 10.0
         """Seconds a listing or stat may take before its request gets ETIMEDOUT: every retry's
         timeout, and the backoff between them (`serve.workers.Workers`)."""
         self._lock = threading.Lock()
+        self._local = threading.local()
         self._listings: dict[str, tuple[float, list[str], dict[str, ObjectInfo]]] = {}
         self._started = time.time_ns()
         self._scan_dir = tempfile.gettempdir()  # where `map` downloads (the cache directory once known)
@@ -96,7 +103,7 @@ class S3Store:
         prefix = self.key(relpath)
         dirs, objects = self.client.list_dir(prefix)
         cut = len(prefix) + 1 if prefix else 0
-        subdirs = [d[cut:] for d in dirs]
+        subdirs = [d[cut:] for d in dirs if not (relpath == "" and d[cut:] == INDEX_DIR)]  # ours, not data
         files = {o.key[cut:]: o for o in objects if o.key[cut:] and "/" not in o.key[cut:]}
         with self._lock:
             self._listings[relpath] = (now, subdirs, files)
@@ -167,13 +174,52 @@ class S3Store:
             with os.fdopen(os.dup(fd), "r+b") as f:
                 data = np.memmap(f, np.uint8, "r+")
             self.client.fetch_runs(info.key, info.etag, np.array([0]), np.array([info.size]), data)
+            self._local.scanned = getattr(self._local, "scanned", 0) + info.size
             return data
         finally:
             os.close(fd)
 
     def index(self, relpath: str, fmt: Format, cache_dir: str | os.PathLike) -> RecordIndex:
+        """The object's index: cached here, else published in the bucket for this version (a
+        GET of its small index instead of the whole object), else built by downloading it."""
         self._scan_dir = os.fspath(cache_dir)
-        return index_by_scan(self, relpath, fmt, cache_dir)
+        got: list[bytes] = []
+
+        def published(key: str) -> bytes | None:
+            data = self.client.get_object(self.published_key(key))
+            if data is not None:
+                got.append(data)
+            return data
+
+        self._local.scanned = 0  # bytes `map` downloads for this index (on this thread)
+        index = index_by_scan(self, relpath, fmt, cache_dir, published)
+        with self._lock:
+            if self._local.scanned:
+                self.indexes["built"] += 1
+                self.indexes["built_bytes"] += self._local.scanned
+            elif got:
+                self.indexes["published"] += 1
+                self.indexes["published_bytes"] += len(got[0])
+        return index
+
+    def published_key(self, cache_key: str) -> str:
+        """The object a published index of cache key ``cache_key`` is kept in: the key names the
+        object's URL, version (ETag, size, time) and format, so a rewritten object's index is
+        never found for its new version."""
+        return f"{self.index_prefix}/{cache_key}.npz"
+
+    def publish(self, relpath: str, fmt: Format, cache_dir: str | os.PathLike) -> int:
+        """Index an object (or take its cached index) and write it to the bucket for other
+        mounts; returns the bytes written."""
+        from ..index.table import IndexCache, cache_key
+
+        index = self.index(relpath, fmt, cache_dir)
+        key = cache_key(self.path(relpath), index.stamp, fmt.name, fmt.params())
+        data = IndexCache(cache_dir).entry_bytes(key)
+        if data is None:
+            raise OSError(f"{self.path(relpath)}: its index was not cached in {cache_dir}")
+        self.client.put(self.published_key(key), data)
+        return len(data)
 
     def statvfs(self) -> os.statvfs_result:
         return os.statvfs_result((4096, 4096, 0, 0, 0, 0, 0, 0, 0, 1024))
@@ -181,7 +227,9 @@ class S3Store:
     def requests(self) -> dict[str, int]:
         """Counters of every request this mount made (`shufflefs stat`)."""
         c = self.client
-        return {"requests": c.requests, "bytes": c.bytes, "failed": c.failures}
+        with self._lock:
+            indexes = {f"index_{k}": v for k, v in self.indexes.items()}
+        return {"requests": c.requests, "bytes": c.bytes, "failed": c.failures, **indexes}
 
     def close(self) -> None:
         self.client.close()

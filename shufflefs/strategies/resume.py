@@ -33,6 +33,9 @@ from .units import I64, share_edges
 
 MAX_WORLD = 1 << 16
 """Ranks (and loader parts) a state may name: far beyond any job, small enough to refuse nonsense."""
+MAX_STREAMS = 1 << 20
+"""Streams (ranks x parts) one layout may have: the pieces of every one are computed when a view
+opens, so a state of billions would hold a worker thread for minutes."""
 
 Piece = tuple[int, int, int]
 """``(stream, lo, hi)``: records ``[lo, hi)`` of the epoch's original stream ``stream`` (rank r's
@@ -74,6 +77,8 @@ def _stop(raw: Any, where: str) -> Stop:
         raise ResumeError(f"{where} has unknown keys {sorted(unknown)}")
     world = _count(raw.get("world_size", 1), f"{where}.world_size", 1, MAX_WORLD)
     parts = _count(raw.get("parts", 1), f"{where}.parts", 1, MAX_WORLD)
+    if world * parts > MAX_STREAMS:
+        raise ResumeError(f"{where}: {world} ranks x {parts} parts is more than {MAX_STREAMS} streams")
     consumed = raw.get("consumed")
     if not isinstance(consumed, list) or len(consumed) != world:
         raise ResumeError(f"{where}.consumed must be a list of {world} lists (one per rank)")

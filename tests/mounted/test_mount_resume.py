@@ -99,6 +99,8 @@ def test_same_layout_goes_on_where_each_view_stopped(mount, tmp_path, strategy):
     assert info["resumed"] is True and info["view_records"] == len(whole["a.jsonl"][0]) - 517
     assert json.loads(ms[0].xattr("resume"))["epoch"] == EPOCH
     assert json.loads(ms[0].xattr("stats"))["resume"] == {"epoch": EPOCH, "views": sorted(FILES)}
+    r = shufflefs("stat", ms[0].path())
+    assert r.returncode == 0 and f"epoch {EPOCH} resumed after a stop: 2 view(s)" in r.stdout, r.stdout
 
 
 @pytest.mark.parametrize("args", [

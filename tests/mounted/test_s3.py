@@ -11,6 +11,8 @@ import errno
 import io
 import json
 import os
+import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -334,3 +336,66 @@ def test_resumed_views_from_the_bucket_equal_resumed_views_from_local_disk(mount
         assert got == want, rel
     assert lines(read(local.path("a.jsonl"))) != lines(s3.files["a.jsonl"])  # the state applied
     assert json.loads(remote.xattr("info", "a.jsonl"))["resumed"] is True
+
+
+def publish(s3, prefix: str, cache: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shufflefs", "index", f"s3://{BUCKET}/{prefix}", "--publish",
+                           "--endpoint-url", s3.endpoint, "--cache-dir", str(cache), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_published_indexes_make_a_fresh_node_cheap(mount, s3, tmp_path):
+    """``shufflefs index s3://... --publish`` (in two parts, as two machines would) writes every
+    object's index beside the data; a fresh mount then fetches a pool's indexes instead of its
+    objects: under 30% of the pool's bytes before the first MiB of a shard (against all of them
+    without), the prefix of indexes is never shown, and a rewritten object's old index is not
+    used for its new version."""
+    members = {f"big/part-{i:05d}.jsonl": jsonl(4000, 50 + i, width=2000) for i in range(8)}
+    client = s3.client()
+    for key, body in members.items():
+        client.put_object(Bucket=BUCKET, Key=key, Body=body)
+        client.put_object(Bucket=BUCKET, Key=f"unpublished/{key}", Body=body)
+    total = sum(map(len, members.values()))
+    for i in range(2):
+        r = publish(s3, "big", tmp_path / f"machine{i}", "--part", f"{i}/2")
+        assert r.returncode == 0 and "4 published" in r.stdout, r.stdout + r.stderr
+    listed = client.list_objects_v2(Bucket=BUCKET, Prefix="big/.shufflefs/index/")
+    assert len(listed.get("Contents", [])) == len(members)
+
+    def first_mib(prefix: str) -> tuple[int, Mount]:
+        m = s3_mount(mount, s3, "--buffer", "8MiB", "--block-size", "8MiB", "--seed", "1", prefix=prefix)
+        before = s3.faults.bytes
+        with open(m.path("part-00003.jsonl"), "rb", buffering=0) as f:
+            assert len(f.read(1 << 20)) == 1 << 20
+        return s3.faults.bytes - before, m
+
+    sent, fresh = first_mib("big")
+    assert sent < 0.3 * total, f"{sent} bytes sent for the first MiB of a {total}-byte pool"
+    got = fresh.stats()["store_requests"]
+    assert got["index_published"] == len(members) and got["index_built"] == 0
+    shown = subprocess.run([sys.executable, "-m", "shufflefs", "stat", str(fresh.mnt)], capture_output=True, text=True,
+                           timeout=60)
+    assert f"{len(members)} taken from the bucket" in shown.stdout and "0 built" in shown.stdout, shown.stdout
+    assert ".shufflefs" not in os.listdir(fresh.mnt) and sorted(os.listdir(fresh.mnt)) == sorted(
+        rel.split("/", 1)[1] for rel in members)
+    sent_without, _ = first_mib("unpublished/big")
+    assert sent_without > total  # every object downloaded to index it
+
+    # a rewritten object: its old published index names the old version, so it is built here
+    changed = jsonl(3000, 99, width=2000)
+    client.put_object(Bucket=BUCKET, Key="big/part-00005.jsonl", Body=changed)
+    time.sleep(2.5)  # past the listing cache of any mount
+    again = s3_mount(mount, s3, "--buffer", "8MiB", "--block-size", "8MiB", prefix="big")
+    got = lines(b"".join(read(again.path(rel.split("/", 1)[1])) for rel in members))
+    want = lines(b"".join(changed if rel.endswith("00005.jsonl") else body for rel, body in members.items()))
+    assert got == want
+    counts = again.stats()["store_requests"]
+    assert counts["index_built"] == 1 and counts["index_published"] == len(members) - 1
+
+
+def test_publishing_needs_an_object_store_and_a_sane_part(tmp_path):
+    for args, message in [([str(tmp_path), "--publish"], "--publish writes indexes beside the data"),
+                          ([str(tmp_path), "--part", "2/2"], "--part '2/2'"),
+                          ([str(tmp_path), "--part", "x"], "expected i/N")]:
+        r = subprocess.run([sys.executable, "-m", "shufflefs", "index", *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and message in r.stderr, r.stderr

@@ -159,6 +159,7 @@ def test_state_round_trips_and_names_views_by_their_mount_path():
     ('{"epoch": 1, "views": {"": []}}', "non-empty string"),
     ('{"epoch": 1, "views": {"a": [], "./a": []}}', "twice"),
     ('{"epoch": 1, "views": {"a": [{"consumed": [[1]], "rank": 0}]}}', "unknown keys"),
+    ('{"epoch": 1, "views": {"a": [{"world_size": 65536, "parts": 65536, "consumed": []}]}}', "more than 1048576 streams"),
 ])
 def test_bad_states_say_what_is_wrong(text, message):
     with pytest.raises(ResumeError, match=message):
