@@ -224,10 +224,13 @@ class Planner:
                 self._forget_versions.add(version)
                 self._generations[file] = self._generations.get(file, 0) + 1
             for path, (_, stamp) in zip(paths, files):
+                key = cache_key(path, stamp, fmt.name, fmt.params())
                 try:
-                    self.index_cache.drop(cache_key(path, stamp, fmt.name, fmt.params()))
+                    self.index_cache.drop(key)
                 except OSError as err:
                     log.warning("cannot remove the index cache entry of %s: %s", path, err)
+                if hasattr(self.store, "distrust_published"):  # a published copy of it is not taken again
+                    self.store.distrust_published(key)
             log.warning("index of %s found wrong while reading: dropped; the next open rebuilds it", paths[0]
                         if len(paths) == 1 else f"the pool of {len(paths)} files {paths[0]} ...")
 

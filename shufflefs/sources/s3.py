@@ -14,6 +14,7 @@ and a node-local stage is written from ``read_runs``.  Needs ``pip install shuff
 
 from __future__ import annotations
 
+import logging
 import os
 import stat as st_mod
 import tempfile
@@ -29,6 +30,8 @@ from ..formats.base import Format
 from ..index.table import RecordIndex, SourceStamp
 from .base import Runs, count_requests, index_by_scan
 from .objects import ClientOptions, ObjectClient, ObjectInfo
+
+log = logging.getLogger("shufflefs")
 
 LIST_TTL = 2.0
 """Seconds a directory listing answers ``stat`` and ``list`` before it is asked for again."""
@@ -77,6 +80,7 @@ class S3Store:
         timeout, and the backoff between them (`serve.workers.Workers`)."""
         self._lock = threading.Lock()
         self._local = threading.local()
+        self._distrusted: set[str] = set()  # cache keys whose published index was found wrong
         self._listings: dict[str, tuple[float, list[str], dict[str, ObjectInfo]]] = {}
         self._started = time.time_ns()
         self._scan_dir = tempfile.gettempdir()  # where `map` downloads (the cache directory once known)
@@ -186,6 +190,9 @@ class S3Store:
         got: list[bytes] = []
 
         def published(key: str) -> bytes | None:
+            with self._lock:
+                if key in self._distrusted:
+                    return None
             data = self.client.get_object(self.published_key(key))
             if data is not None:
                 got.append(data)
@@ -201,6 +208,15 @@ class S3Store:
                 self.indexes["published"] += 1
                 self.indexes["published_bytes"] += len(got[0])
         return index
+
+    def distrust_published(self, cache_key: str) -> None:
+        """A window check found the index of ``cache_key`` wrong: this mount builds it from the
+        object from now on, whatever the bucket holds under its name."""
+        with self._lock:
+            if cache_key not in self._distrusted:
+                self._distrusted.add(cache_key)
+                log.warning("%s: the index found wrong may be the published one; this mount builds it itself",
+                            self.client.url(self.published_key(cache_key)))
 
     def published_key(self, cache_key: str) -> str:
         """The object a published index of cache key ``cache_key`` is kept in: the key names the

@@ -399,3 +399,54 @@ def test_publishing_needs_an_object_store_and_a_sane_part(tmp_path):
                           ([str(tmp_path), "--part", "x"], "expected i/N")]:
         r = subprocess.run([sys.executable, "-m", "shufflefs", "index", *args], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
+def test_damaged_or_forged_published_indexes_never_serve_wrong_bytes(mount, s3, tmp_path):
+    """A published index that is garbage is dropped and the object indexed here; one forged whole
+    (a valid entry for the object's version, its bounds moved) is caught by the window checks
+    (EIO, never wrong bytes), and the next open builds the index from the object, not the bucket."""
+    from shufflefs.index.table import IndexCache, RecordIndex
+
+    bodies = {f"forged/{n}.jsonl": jsonl(3000, 70 + i) for i, n in enumerate(("a", "b"))}
+    client = s3.client()
+    for key, body in bodies.items():
+        client.put_object(Bucket=BUCKET, Key=key, Body=body)
+    cache = tmp_path / "publisher"
+    assert publish(s3, "forged", cache).returncode == 0
+    published = sorted(o["Key"] for o in client.list_objects_v2(Bucket=BUCKET, Prefix="forged/.shufflefs/")["Contents"])
+    entries = IndexCache(cache)
+    by_object = {key: key.rsplit("/", 1)[1][: -len(".npz")] for key in published}
+    assert len(by_object) == 2 and all(entries.entry_bytes(name) is not None for name in by_object.values())
+    # which published entry is a.jsonl's: the one whose bounds end at a.jsonl's size
+    sizes = {len(b): k for k, b in bodies.items()}
+    keys = {}
+    for key, name in by_object.items():
+        with np.load(entries._file(name)) as z:
+            keys[sizes[int(z["bounds"][-1])]] = (key, name)
+    garbage_key, _ = keys["forged/a.jsonl"]
+    client.put_object(Bucket=BUCKET, Key=garbage_key, Body=b"not an index at all")
+    forged_key, forged_name = keys["forged/b.jsonl"]
+    with np.load(entries._file(forged_name)) as z:
+        meta = json.loads(bytes(z["meta"]).decode())
+        bounds = z["bounds"].copy()
+    bounds[1:-1] += 7  # every record boundary moved a few bytes: still ascending, inside the file
+    real = entries.load(forged_name, _stamp_of(meta))
+    forged = IndexCache(tmp_path / "forger")
+    forged.store(forged_name, RecordIndex(real.size, bounds, real.add_newline, real.stamp))
+    client.put_object(Bucket=BUCKET, Key=forged_key, Body=forged.entry_bytes(forged_name))
+
+    m = s3_mount(mount, s3, *ARGS, prefix="forged")
+    assert lines(read(m.path("a.jsonl"))) == lines(bodies["forged/a.jsonl"])  # garbage: indexed here
+    with pytest.raises(OSError) as e:
+        read(m.path("b.jsonl"))
+    assert e.value.errno == errno.EIO
+    assert lines(read(m.path("b.jsonl"))) == lines(bodies["forged/b.jsonl"])  # rebuilt from the object
+    counts = m.stats()["store_requests"]
+    assert counts["index_built"] == 2 and counts["index_published"] == 1
+    assert "the index found wrong may be the published one" in m.stderr()
+
+
+def _stamp_of(meta: dict):
+    from shufflefs.index.table import SourceStamp
+
+    return SourceStamp(**meta["stamp"])
