@@ -17,8 +17,6 @@ from .common import EXIT_FAIL, EXIT_OK, PROG, _human
 from .mount import _cache_dir
 from .options import FORMAT_KEYS, resolve_options
 
-INDEX_PUBLISHED = ".shufflefs/index"
-"""Where `shufflefs index --publish` writes, under the source's prefix (`sources.s3.S3Store.index_prefix`)."""
 
 
 class Progress:
@@ -86,9 +84,9 @@ def cmd_index(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     part = _part(args.part, parser)
     if scheme_of(args.source):
         return _index_store(args, parser, part)
-    if args.publish:
-        parser.error("--publish writes indexes beside the data of an s3:// source; a local source's "
-                     "indexes are shared through --cache-dir")
+    if args.publish or args.index_url:
+        parser.error("--publish and --index-url write indexes beside the data of an s3:// source; a local "
+                     "source's indexes are shared through --cache-dir")
     opts = resolve_options(args, FORMAT_KEYS, parser)
     if not os.path.isdir(args.source):
         parser.error(f"source {args.source!r} is not a directory")
@@ -172,9 +170,9 @@ def _index_store(args: argparse.Namespace, parser: argparse.ArgumentParser, part
     from ..formats import resolve_format
     from ..sources import open_store
 
-    opts = resolve_options(args, (*FORMAT_KEYS, "endpoint_url", "region"), parser)
+    opts = resolve_options(args, (*FORMAT_KEYS, "endpoint_url", "region", "index_url"), parser)
     cache_dir = _cache_dir(opts.values["cache_dir"], Path(os.devnull), parser)
-    store_opts = {k: opts.values[k] for k in ("endpoint_url", "region") if opts.values.get(k) is not None}
+    store_opts = {k: opts.values[k] for k in ("endpoint_url", "region", "index_url") if opts.values.get(k) is not None}
     try:
         store = open_store(args.source, store_opts)
     except (ValueError, ImportError, OSError, ShuffleError) as e:
@@ -213,7 +211,7 @@ def _index_store(args: argparse.Namespace, parser: argparse.ArgumentParser, part
         counts = store.requests()
     finally:
         store.close()
-    what = f", {published} published ({_human(nbytes)}) under {store.path(INDEX_PUBLISHED)}" if args.publish else ""
+    what = f", {published} published ({_human(nbytes)}) under {store.index_location}" if args.publish else ""
     print(f"{len(mine)} of {len(objects)} objects (part {part[0]}/{part[1]}): {done} indexed, {records} records"
           f"{what}, {len(failures)} failed; {_human(counts.get('bytes', 0))} downloaded in "
           f"{time.monotonic() - start:.1f} s")

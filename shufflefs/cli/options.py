@@ -117,6 +117,15 @@ def _url(value: Any) -> str:
     return value
 
 
+def _s3_url(value: Any) -> str:
+    from ..sources.s3 import parse_url
+
+    if not isinstance(value, str):
+        raise ValueError(f"not an s3://BUCKET/PREFIX URL: {value!r}")
+    parse_url(value)  # ValueError says what is wrong
+    return value
+
+
 def _strategy(value: Any) -> str:
     from ..strategies import STRATEGIES
 
@@ -194,6 +203,7 @@ OPTIONS: dict[str, _Option] = {
     "requests": _Option(_integer(1, 256), 16),
     "request_timeout": _Option(_seconds, 30.0),
     "retries": _Option(_integer(0, 20), 4),
+    "index_url": _Option(_s3_url, None),
     "verbose": _Option(_integer(0), 0),
     "foreground": _Option(_flag, False),
 }
@@ -204,7 +214,7 @@ PATH_KEYS = ("cache_dir", "log_file", "stage_dir")
 """Relative paths in a config file are relative to the file's directory."""
 MOUNT_KEYS = tuple(OPTIONS)
 STORE_KEYS = {"endpoint_url": "endpoint_url", "region": "region", "requests": "in_flight",
-              "request_timeout": "timeout_s", "retries": "retries"}
+              "request_timeout": "timeout_s", "retries": "retries", "index_url": "index_url"}
 """Options of object-store sources (s3://): option key -> keyword of the store's class."""
 
 

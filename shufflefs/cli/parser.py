@@ -159,6 +159,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     g.add_argument("--request-timeout", metavar="S", help="seconds before a request is given up and retried (default 30)")
     g.add_argument("--retries", metavar="N", help="retries of a failed request, with exponential backoff, "
                    "before the read fails with EIO (default 4)")
+    g.add_argument("--index-url", metavar="URL", help="where published indexes are (s3://BUCKET/PREFIX; default "
+                   "SRC/.shufflefs/index): see shufflefs index --publish")
     g = p.add_argument_group("daemon")
     g.add_argument("--log-file", metavar="FILE", help="append the daemon's log here")
     g.add_argument("-v", "--verbose", action="count", default=None, help="more output (repeatable)")
@@ -212,6 +214,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     p.add_argument("--part", metavar="i/N", help="index only every N-th data file (in key order) from the i-th, 0 <= i < N")
     p.add_argument("--endpoint-url", metavar="URL", help="S3-compatible server (default $AWS_ENDPOINT_URL, else AWS)")
     p.add_argument("--region", metavar="NAME", help="bucket region (default $AWS_REGION, else the profile's)")
+    p.add_argument("--index-url", metavar="URL", help="publish to s3://BUCKET/PREFIX instead of SRC/.shufflefs/index "
+                   "(another prefix or bucket; mounts then take --index-url too)")
     _add_format_options(p)
 
     p = subs["stat"] = sub.add_parser("stat", help="show a mount's settings and counters")

@@ -66,15 +66,21 @@ class S3Store:
     """The objects under one bucket prefix, read-only."""
 
     def __init__(self, location: str, endpoint_url: str | None = None, region: str | None = None,
-                 in_flight: int = 16, timeout_s: float = 30.0, retries: int = 4) -> None:
+                 in_flight: int = 16, timeout_s: float = 30.0, retries: int = 4, index_url: str | None = None) -> None:
         bucket, prefix = parse_url(location)
         self.root = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
         self.prefix = prefix
-        self.index_prefix = "/".join(p for p in (prefix, INDEX_DIR, "index") if p)
-        """Where published indexes live (`shufflefs index --publish`): ``PREFIX/.shufflefs/index/``."""
+        index_bucket, self.index_prefix = bucket, "/".join(p for p in (prefix, INDEX_DIR, "index") if p)
+        if index_url is not None:
+            index_bucket, self.index_prefix = parse_url(index_url)
+        self.index_location = f"s3://{index_bucket}/{self.index_prefix}".rstrip("/")
+        """Where published indexes live (`shufflefs index --publish`): ``PREFIX/.shufflefs/index/``,
+        or ``--index-url``."""
         self.indexes = {"published": 0, "published_bytes": 0, "built": 0, "built_bytes": 0}
         """Indexes this mount took from the bucket, and the ones it built by downloading objects."""
-        self.client = ObjectClient(bucket, ClientOptions(endpoint_url, region, in_flight, timeout_s, retries))
+        options = ClientOptions(endpoint_url, region, in_flight, timeout_s, retries)
+        self.client = ObjectClient(bucket, options)
+        self.index_client = self.client if index_bucket == bucket else ObjectClient(index_bucket, options)
         self.call_deadline = timeout_s * (retries + 1) + 10.0
         """Seconds a listing or stat may take before its request gets ETIMEDOUT: every retry's
         timeout, and the backoff between them (`serve.workers.Workers`)."""
@@ -87,7 +93,7 @@ class S3Store:
         try:
             self.list("")  # fails now, with the reason, if the bucket cannot be listed
         except ShuffleError as e:
-            self.client.close()
+            self.close()
             raise ShuffleError(e.path, None, f"{e.message}; credentials: {self.client.credentials}") from None
 
     # ---------------------------------------------------------------- names
@@ -193,7 +199,7 @@ class S3Store:
             with self._lock:
                 if key in self._distrusted:
                     return None
-            data = self.client.get_object(self.published_key(key))
+            data = self.index_client.get_object(self.published_key(key))
             if data is not None:
                 got.append(data)
             return data
@@ -216,13 +222,13 @@ class S3Store:
             if cache_key not in self._distrusted:
                 self._distrusted.add(cache_key)
                 log.warning("%s: the index found wrong may be the published one; this mount builds it itself",
-                            self.client.url(self.published_key(cache_key)))
+                            self.index_client.url(self.published_key(cache_key)))
 
     def published_key(self, cache_key: str) -> str:
         """The object a published index of cache key ``cache_key`` is kept in: the key names the
         object's URL, version (ETag, size, time) and format, so a rewritten object's index is
         never found for its new version."""
-        return f"{self.index_prefix}/{cache_key}.npz"
+        return "/".join(p for p in (self.index_prefix, f"{cache_key}.npz") if p)
 
     def publish(self, relpath: str, fmt: Format, cache_dir: str | os.PathLike) -> int:
         """Index an object (or take its cached index) and write it to the bucket for other
@@ -234,7 +240,7 @@ class S3Store:
         data = IndexCache(cache_dir).entry_bytes(key)
         if data is None:
             raise OSError(f"{self.path(relpath)}: its index was not cached in {cache_dir}")
-        self.client.put(self.published_key(key), data)
+        self.index_client.put(self.published_key(key), data)
         return len(data)
 
     def statvfs(self) -> os.statvfs_result:
@@ -242,13 +248,16 @@ class S3Store:
 
     def requests(self) -> dict[str, int]:
         """Counters of every request this mount made (`shufflefs stat`)."""
-        c = self.client
+        clients = {id(c): c for c in (self.client, self.index_client)}.values()
         with self._lock:
             indexes = {f"index_{k}": v for k, v in self.indexes.items()}
-        return {"requests": c.requests, "bytes": c.bytes, "failed": c.failures, **indexes}
+        return {"requests": sum(c.requests for c in clients), "bytes": sum(c.bytes for c in clients),
+                "failed": sum(c.failures for c in clients), **indexes}
 
     def close(self) -> None:
         self.client.close()
+        if self.index_client is not self.client:
+            self.index_client.close()
 
 
 class ObjectSource:

@@ -394,7 +394,7 @@ def test_published_indexes_make_a_fresh_node_cheap(mount, s3, tmp_path):
 
 
 def test_publishing_needs_an_object_store_and_a_sane_part(tmp_path):
-    for args, message in [([str(tmp_path), "--publish"], "--publish writes indexes beside the data"),
+    for args, message in [([str(tmp_path), "--publish"], "--publish and --index-url write indexes beside the data"),
                           ([str(tmp_path), "--part", "2/2"], "--part '2/2'"),
                           ([str(tmp_path), "--part", "x"], "expected i/N")]:
         r = subprocess.run([sys.executable, "-m", "shufflefs", "index", *args], capture_output=True, text=True, timeout=60)
@@ -450,3 +450,26 @@ def _stamp_of(meta: dict):
     from shufflefs.index.table import SourceStamp
 
     return SourceStamp(**meta["stamp"])
+
+
+def test_indexes_published_elsewhere_are_found_with_index_url(mount, s3, tmp_path):
+    """``--index-url`` keeps published indexes in another prefix (or bucket) than the data."""
+    client = s3.client()
+    client.create_bucket(Bucket="indexes")
+    members = {f"elsewhere/part-{i:05d}.jsonl": jsonl(500, 80 + i) for i in range(3)}
+    for key, body in members.items():
+        client.put_object(Bucket=BUCKET, Key=key, Body=body)
+    r = publish(s3, "elsewhere", tmp_path / "pub", "--index-url", "s3://indexes/ds-idx")
+    assert r.returncode == 0 and "3 published" in r.stdout and "s3://indexes/ds-idx" in r.stdout, r.stdout + r.stderr
+    assert len(client.list_objects_v2(Bucket="indexes", Prefix="ds-idx/")["Contents"]) == 3
+    assert "Contents" not in client.list_objects_v2(Bucket=BUCKET, Prefix="elsewhere/.shufflefs/")
+    found = s3_mount(mount, s3, *ARGS, "--index-url", "s3://indexes/ds-idx", prefix="elsewhere")
+    plain = s3_mount(mount, s3, *ARGS, prefix="elsewhere")
+    everything = lines(b"".join(members.values()))
+    for m in (found, plain):  # a pool: its shards together hold its members' records
+        assert lines(b"".join(read(m.path(rel.split("/", 1)[1])) for rel in members)) == everything
+    assert found.stats()["store_requests"]["index_published"] == 3
+    assert plain.stats()["store_requests"]["index_published"] == 0
+    bad = subprocess.run([sys.executable, "-m", "shufflefs", "mount", str(tmp_path), str(tmp_path / "m"), "--index-url",
+                          "http://x"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "s3://" in bad.stderr, bad.stderr
