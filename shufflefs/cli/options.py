@@ -204,6 +204,7 @@ OPTIONS: dict[str, _Option] = {
     "request_timeout": _Option(_seconds, 30.0),
     "retries": _Option(_integer(0, 20), 4),
     "index_url": _Option(_s3_url, None),
+    "listing_ttl": _Option(_seconds, None),
     "verbose": _Option(_integer(0), 0),
     "foreground": _Option(_flag, False),
 }
@@ -214,7 +215,8 @@ PATH_KEYS = ("cache_dir", "log_file", "stage_dir")
 """Relative paths in a config file are relative to the file's directory."""
 MOUNT_KEYS = tuple(OPTIONS)
 STORE_KEYS = {"endpoint_url": "endpoint_url", "region": "region", "requests": "in_flight",
-              "request_timeout": "timeout_s", "retries": "retries", "index_url": "index_url"}
+              "request_timeout": "timeout_s", "retries": "retries", "index_url": "index_url",
+              "listing_ttl": "listing_ttl"}
 """Options of object-store sources (s3://): option key -> keyword of the store's class."""
 
 

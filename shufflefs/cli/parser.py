@@ -161,6 +161,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                    "before the read fails with EIO (default 4)")
     g.add_argument("--index-url", metavar="URL", help="where published indexes are (s3://BUCKET/PREFIX; default "
                    "SRC/.shufflefs/index): see shufflefs index --publish")
+    g.add_argument("--listing-ttl", metavar="S", help="seconds a listing of a prefix answers lookups before it is "
+                   "asked for again, 0.1 to 3600 (default 2): longer saves LIST requests on large prefixes, "
+                   "shorter shows new or rewritten objects sooner")
     g = p.add_argument_group("daemon")
     g.add_argument("--log-file", metavar="FILE", help="append the daemon's log here")
     g.add_argument("-v", "--verbose", action="count", default=None, help="more output (repeatable)")

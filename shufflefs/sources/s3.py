@@ -4,8 +4,8 @@ Keys under the prefix are the files, ``/`` separates directories.  An object's v
 ETag (with size and last-modified time; `objects.ObjectInfo.ino`), so a rewritten object is
 detected like a rewritten file: indexes are cached by version, and every GET asks for the
 version the index describes (``If-Match``), so a changed object answers ESTALE, never bytes of
-two versions.  Listings are kept for `LIST_TTL` seconds, so that ``ls -l`` and every lookup do
-not each cost a request.
+two versions.  Listings are kept for `LIST_TTL` seconds (``--listing-ttl``), so that ``ls -l``
+and every lookup do not each cost a request.
 
 Windows are built from ranged GETs of their runs, many in flight (`objects.ObjectClient`); the
 source has no file descriptors (``place`` returns None), so the views copy with the numpy gather
@@ -66,10 +66,12 @@ class S3Store:
     """The objects under one bucket prefix, read-only."""
 
     def __init__(self, location: str, endpoint_url: str | None = None, region: str | None = None,
-                 in_flight: int = 16, timeout_s: float = 30.0, retries: int = 4, index_url: str | None = None) -> None:
+                 in_flight: int = 16, timeout_s: float = 30.0, retries: int = 4, index_url: str | None = None,
+                 listing_ttl: float = LIST_TTL) -> None:
         bucket, prefix = parse_url(location)
         self.root = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
         self.prefix = prefix
+        self.listing_ttl = listing_ttl
         index_bucket, self.index_prefix = bucket, "/".join(p for p in (prefix, INDEX_DIR, "index") if p)
         if index_url is not None:
             index_bucket, self.index_prefix = parse_url(index_url)
@@ -108,7 +110,7 @@ class S3Store:
         now = time.monotonic()
         with self._lock:
             got = self._listings.get(relpath)
-        if got is not None and now - got[0] < LIST_TTL:
+        if got is not None and now - got[0] < self.listing_ttl:
             return got[1], got[2]
         prefix = self.key(relpath)
         dirs, objects = self.client.list_dir(prefix)
@@ -147,7 +149,7 @@ class S3Store:
         return None  # object stores have no links
 
     def _current(self, relpath: str, stamp: SourceStamp) -> ObjectInfo:
-        """The object as listed (at most `LIST_TTL` old), which must be version ``stamp``: no
+        """The object as listed (at most ``listing_ttl`` old), which must be version ``stamp``: no
         request of its own, since a change the listing has not seen yet answers the first GET
         (``If-Match``) with ESTALE."""
         try:

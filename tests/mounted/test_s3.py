@@ -473,3 +473,19 @@ def test_indexes_published_elsewhere_are_found_with_index_url(mount, s3, tmp_pat
     bad = subprocess.run([sys.executable, "-m", "shufflefs", "mount", str(tmp_path), str(tmp_path / "m"), "--index-url",
                           "http://x"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "s3://" in bad.stderr, bad.stderr
+
+
+def test_the_listing_lifetime_is_an_option(mount, s3, tmp_path):
+    """``--listing-ttl``: a long one keeps answering from the listing (a new object is not seen
+    until it runs out), the default refreshes within seconds; nonsense is refused."""
+    client = s3.client()
+    client.put_object(Bucket=BUCKET, Key="ttl/a.jsonl", Body=jsonl(50, 1))
+    long, default = (s3_mount(mount, s3, *ARGS, *extra, prefix="ttl") for extra in (["--listing-ttl", "600"], []))
+    assert os.listdir(long.mnt) == os.listdir(default.mnt) == ["a.jsonl"]
+    client.put_object(Bucket=BUCKET, Key="ttl/b.jsonl", Body=jsonl(50, 2))
+    time.sleep(2.5)
+    assert sorted(os.listdir(default.mnt)) == ["a.jsonl", "b.jsonl"]
+    assert os.listdir(long.mnt) == ["a.jsonl"]
+    r = subprocess.run([sys.executable, "-m", "shufflefs", "mount", f"s3://{BUCKET}/ttl", str(tmp_path / "m"),
+                        "--listing-ttl", "0"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--listing-ttl" in r.stderr, r.stderr
