@@ -113,22 +113,29 @@ def cmd_index(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     bar = Progress(len(jobs), sum(j[2] for j in jobs))
     records = cached = built = 0
     reported = len(failures)
+    # files side by side on every core (the scans are numpy and release the GIL); one file's
+    # progress is shown as it is scanned, several files' as each ends
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    progress = bar.file_progress if workers == 1 else (lambda scanned: None)
     try:
-        for path, fmt, size in jobs:
-            try:
-                index, was_cached = _load_index(path, fmt, cache, bar.file_progress)
-            except ShuffleError as e:
-                failures.append(str(e))
-            except OSError as e:
-                failures.append(f"{path}: {e.strerror or e}")
-            else:
-                records += index.n
-                cached += was_cached
-                built += not was_cached
-            if len(failures) > reported:
-                bar.note(f"{PROG} index: {failures[-1]}")
-                reported = len(failures)
-            bar.file_done(size)
+        with ThreadPoolExecutor(workers) as pool:
+            futures = {pool.submit(_load_index, path, fmt, cache, progress): (path, size) for path, fmt, size in jobs}
+            for future in as_completed(futures):
+                path, size = futures[future]
+                try:
+                    index, was_cached = future.result()
+                except ShuffleError as e:
+                    failures.append(str(e))
+                except OSError as e:
+                    failures.append(f"{path}: {e.strerror or e}")
+                else:
+                    records += index.n
+                    cached += was_cached
+                    built += not was_cached
+                if len(failures) > reported:
+                    bar.note(f"{PROG} index: {failures[-1]}")
+                    reported = len(failures)
+                bar.file_done(size)
     finally:
         bar.close()
     elapsed = time.monotonic() - bar.start
