@@ -45,6 +45,7 @@ from shufflefs.config import format_size, parse_size  # noqa: E402
 from shufflefs.sources.objects import COALESCE_GAP, PART, plan_requests  # noqa: E402
 from shufflefs.strategies import ShuffleSpec, make_plan  # noqa: E402
 from shufflefs.strategies.summary import BlockSummary  # noqa: E402
+from shufflefs.windows.layout import id_runs  # noqa: E402
 
 LIST_PAGE = 1000
 """Keys an S3 LIST answers per request."""
@@ -64,12 +65,7 @@ def window_requests(plan, summary) -> Epoch:
     gets = nbytes = 0
     for k in range(plan.n_windows):
         runs = plan.window_runs(k)
-        if runs is None:
-            ids = np.sort(np.asarray(plan.window(k), np.int64))
-            first = ids[np.concatenate(([True], np.diff(ids) != 1))] if len(ids) else ids
-            count = np.diff(np.append(np.flatnonzero(np.concatenate(([True], np.diff(ids) != 1))), len(ids)))
-        else:
-            first, count = (np.asarray(a, np.int64) for a in runs)
+        first, count = (np.asarray(a, np.int64) for a in (runs if runs is not None else id_runs(plan.window(k))))
         if not len(first):
             continue
         starts = summary.record_starts(first)

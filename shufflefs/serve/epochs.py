@@ -69,17 +69,19 @@ class Epochs:
         still ran under its siblings' layouts, consuming nothing: it resumes with their shapes
         (else, under another layout, it would show records its siblings showed before).  Named
         shards must agree on their layouts."""
-        gen, stops = self.resumed(relpath, members[0])
         if self.resume is None or self._overridden(members[0]):
             return 0, (), None
+        stops = self.resume.stops(relpath)
         named = {m: self.resume.stops(m) for m in members if self.resume.stops(m)}
         shapes = {tuple(s.shape for s in st) for st in named.values()}
         if len(shapes) > 1:
             return self.resume_gen, stops or next(iter(named.values())), (
                 "the pool's shards in the resume state ran under different layouts: "
                 + "; ".join(f"{m}: {[s.shape for s in st]}" for m, st in sorted(named.items())))
-        if stops or not named:
-            return gen, stops, None
+        if stops:
+            return self.resume_gen, stops, None
+        if not named:
+            return 0, (), None
         zeros = tuple(Stop(s.world, s.parts, tuple((0,) * s.parts for _ in range(s.world)))
                       for s in next(iter(named.values())))
         return self.resume_gen, zeros, None

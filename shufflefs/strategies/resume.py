@@ -199,44 +199,33 @@ def _check(stop: Stop, streams: list[list[Piece]], j: int) -> None:
                                   f"consumed {stop.consumed[r][i]} records, but its view holds {have}")
 
 
+def _walk(lengths: Sequence[int], stops: Sequence[Stop], last: tuple[int, int]) -> tuple[list[Piece], list[list[Piece]]]:
+    """Along ``stops``: the pieces they consumed, and the streams of the layout ``last`` after them."""
+    if len(lengths) != (stops[0].world * stops[0].parts if stops else last[0] * last[1]):
+        shape = stops[0].shape if stops else last
+        raise ResumeError(f"{len(lengths)} streams for a first layout of {shape[0]} x {shape[1]}")
+    streams = [[(s, 0, int(n))] if n else [] for s, n in enumerate(lengths)]
+    consumed: list[Piece] = []
+    for j, stop in enumerate(stops):
+        _check(stop, streams, j)
+        counts = [stop.consumed[k // stop.parts][k % stop.parts] for k in range(len(streams))]
+        consumed.extend(p for st, c in zip(streams, counts) for p in _take(st, 0, c))
+        rests = [_drop_front(st, c) for st, c in zip(streams, counts)]
+        shape = stops[j + 1].shape if j + 1 < len(stops) else last
+        streams = rests if shape == stop.shape else _cut([p for st in rests for p in st], *shape)
+    return consumed, [_merge(st) for st in streams]
+
+
 def resumed_pieces(lengths: Sequence[int], stops: Sequence[Stop], world: int, parts: int) -> list[list[Piece]]:
     """What each (rank, part) of a layout of ``world`` ranks and ``parts`` parts shows, rank-major
     (index ``rank * parts + part``), after ``stops``; ``lengths``: the records of every original
     stream, which are the first stop's (rank-major too).  Without stops: the original streams."""
-    if not stops:
-        if len(lengths) != world * parts:
-            raise ResumeError(f"{len(lengths)} streams for a layout of {world} x {parts}")
-        return [[(s, 0, int(n))] if n else [] for s, n in enumerate(lengths)]
-    if len(lengths) != stops[0].world * stops[0].parts:
-        raise ResumeError(f"{len(lengths)} streams for a first layout of {stops[0].world} x {stops[0].parts}")
-    streams = [[(s, 0, int(n))] if n else [] for s, n in enumerate(lengths)]
-    for j, stop in enumerate(stops):
-        _check(stop, streams, j)
-        rests = [_drop_front(st, stop.consumed[k // stop.parts][k % stop.parts]) for k, st in enumerate(streams)]
-        shape = stops[j + 1].shape if j + 1 < len(stops) else (world, parts)
-        if shape == stop.shape:
-            streams = rests
-        else:
-            streams = _cut([p for st in rests for p in st], *shape)
-    return [_merge(st) for st in streams]
+    return _walk(lengths, stops, (world, parts))[1]
 
 
 def consumed_pieces(lengths: Sequence[int], stops: Sequence[Stop]) -> list[Piece]:
     """Every piece of the original streams that ``stops`` consumed (for checks and `stat`)."""
-    out: list[Piece] = []
-    if not stops:
-        return out
-    streams = [[(s, 0, int(n))] if n else [] for s, n in enumerate(lengths)]
-    for j, stop in enumerate(stops):
-        _check(stop, streams, j)
-        for k, st in enumerate(streams):
-            n = stop.consumed[k // stop.parts][k % stop.parts]
-            out.extend(_take(st, 0, n))
-        rests = [_drop_front(st, stop.consumed[k // stop.parts][k % stop.parts]) for k, st in enumerate(streams)]
-        if j + 1 < len(stops):
-            shape = stops[j + 1].shape
-            streams = rests if shape == stop.shape else _cut([p for st in rests for p in st], *shape)
-    return out
+    return _walk(lengths, stops, stops[-1].shape if stops else (1, len(lengths)))[0] if stops else []
 
 
 class ResumedPlan(Plan):
