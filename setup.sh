@@ -18,7 +18,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for pkg in fuse3 libfuse3-dev pkg-config attr gcc; do
+pkgs="fuse3 libfuse3-dev pkg-config attr gcc"
+[ "${1:-}" = test ] && pkgs="$pkgs iproute2"  # the tests' emulated wide-area link (ip, tc)
+for pkg in $pkgs; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 PY=${PYTHON:-python3}

@@ -84,14 +84,17 @@ def cmd_index(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     part = _part(args.part, parser)
     if scheme_of(args.source):
         return _index_store(args, parser, part)
-    if args.publish or args.index_url:
-        parser.error("--publish and --index-url write indexes beside the data of an s3:// source; a local "
-                     "source's indexes are shared through --cache-dir")
-    opts = resolve_options(args, FORMAT_KEYS, parser)
+    if args.index_url:
+        parser.error("--index-url is where an s3:// source's indexes are published; a local source's go to --index-dir")
+    opts = resolve_options(args, (*FORMAT_KEYS, "index_dir"), parser)
     if not os.path.isdir(args.source):
         parser.error(f"source {args.source!r} is not a directory")
     source = Path(os.path.realpath(args.source))
-    cache = IndexCache(_cache_dir(opts.values["cache_dir"], source, parser))
+    if args.publish != (opts.values["index_dir"] is not None):
+        parser.error("a local source's indexes are published with --publish --index-dir DIR (a shared path "
+                     "that mounts then take as --index-dir)")
+    where = opts.values["index_dir"] if args.publish else opts.values["cache_dir"]
+    cache = IndexCache(_cache_dir(where, source, parser))
 
     jobs = []
     skipped = 0
@@ -177,6 +180,8 @@ def _index_store(args: argparse.Namespace, parser: argparse.ArgumentParser, part
     from ..formats import resolve_format
     from ..sources import open_store
 
+    if getattr(args, "index_dir", None) is not None:
+        parser.error("--index-dir is for local sources; an s3:// source publishes beside its data, or to --index-url")
     opts = resolve_options(args, (*FORMAT_KEYS, "endpoint_url", "region", "index_url"), parser)
     cache_dir = _cache_dir(opts.values["cache_dir"], Path(os.devnull), parser)
     store_opts = {k: opts.values[k] for k in ("endpoint_url", "region", "index_url") if opts.values.get(k) is not None}

@@ -97,6 +97,13 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         given = [_cli_name(key) for key in STORE_KEYS if getattr(args, key, None) is not None]
         if given:
             parser.error(f"{', '.join(given)}: only for object-store sources (s3://BUCKET/PREFIX)")
+        if v["index_dir"] is not None:
+            if not os.path.isdir(v["index_dir"]):
+                parser.error(f"--index-dir {str(v['index_dir'])!r} is not a directory")
+            store_options = {"index_dir": os.path.realpath(v["index_dir"])}
+    elif v["index_dir"] is not None:
+        parser.error("--index-dir is for local sources; an s3:// source's published indexes are in the "
+                     "bucket (--index-url)")
     if remote and v["block_size"] is None:
         v["block_size"] = REMOTE_BLOCK
     if v["rank"] >= v["world_size"]:

@@ -204,6 +204,7 @@ OPTIONS: dict[str, _Option] = {
     "request_timeout": _Option(_seconds, 30.0),
     "retries": _Option(_integer(0, 20), 4),
     "index_url": _Option(_s3_url, None),
+    "index_dir": _Option(_path, None),
     "listing_ttl": _Option(_seconds, None),
     "verbose": _Option(_integer(0), 0),
     "foreground": _Option(_flag, False),
@@ -211,7 +212,7 @@ OPTIONS: dict[str, _Option] = {
 """Options that a ``--config`` file may also set (as top-level keys, dashes or underscores)."""
 
 FORMAT_KEYS = ("cache_dir", "record_size", "header_bytes")
-PATH_KEYS = ("cache_dir", "log_file", "stage_dir")
+PATH_KEYS = ("cache_dir", "log_file", "stage_dir", "index_dir")
 """Relative paths in a config file are relative to the file's directory."""
 MOUNT_KEYS = tuple(OPTIONS)
 STORE_KEYS = {"endpoint_url": "endpoint_url", "region": "region", "requests": "in_flight",

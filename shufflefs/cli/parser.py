@@ -32,6 +32,9 @@ def _add_format_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--record-size", metavar="SIZE", help="record size of fixed-size '.bin' files")
     g.add_argument("--header-bytes", metavar="SIZE", help="header bytes of fixed-size '.bin' files (default 0)")
     g.add_argument("--cache-dir", metavar="DIR", help="where indexes are cached (default: %s)" % _default_cache_text())
+    g.add_argument("--index-dir", metavar="DIR", help="local sources: indexes published on a shared path "
+                   "(shufflefs index SRC --publish --index-dir DIR), read when one matches a file's version, "
+                   "never written by a mount; the same SRC path on every node (s3:// sources: --index-url)")
     g.add_argument(
         "--config", metavar="FILE",
         help="TOML file: top-level keys are long option names, [[format]] tables hold glob, "
@@ -162,8 +165,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     g.add_argument("--index-url", metavar="URL", help="where published indexes are (s3://BUCKET/PREFIX; default "
                    "SRC/.shufflefs/index): see shufflefs index --publish")
     g.add_argument("--listing-ttl", metavar="S", help="seconds a listing of a prefix answers lookups before it is "
-                   "asked for again, 0.1 to 3600 (default 2): longer saves LIST requests on large prefixes, "
-                   "shorter shows new or rewritten objects sooner")
+                   "asked for again, 0.1 to 3600 (default 2), counted from its arrival, and at least ten times "
+                   "as long as it took (a prefix of 100,000 objects takes seconds): longer saves LIST requests "
+                   "on large prefixes, shorter shows new or rewritten objects sooner")
     g = p.add_argument_group("daemon")
     g.add_argument("--log-file", metavar="FILE", help="append the daemon's log here")
     g.add_argument("-v", "--verbose", action="count", default=None, help="more output (repeatable)")
@@ -213,7 +217,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
         "from the i-th (a Slurm array or an indexed Job builds a large bucket in parallel).",
     )
     p.add_argument("source", metavar="SRC", help="dataset directory, or s3://BUCKET/PREFIX")
-    p.add_argument("--publish", action="store_true", help="s3:// sources: write the indexes to the bucket")
+    p.add_argument("--publish", action="store_true", help="write the indexes where every node finds them: beside "
+                   "the data of an s3:// source, or into --index-dir for a local one")
     p.add_argument("--part", metavar="i/N", help="index only every N-th data file (in key order) from the i-th, 0 <= i < N")
     p.add_argument("--endpoint-url", metavar="URL", help="S3-compatible server (default $AWS_ENDPOINT_URL, else AWS)")
     p.add_argument("--region", metavar="NAME", help="bucket region (default $AWS_REGION, else the profile's)")

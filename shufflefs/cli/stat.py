@@ -82,6 +82,12 @@ def format_stats(stats: dict) -> str:
             lines.append(("indexes", f"{store['index_published']} taken from the bucket "
                                      f"({_human(store.get('index_published_bytes', 0))}), {store.get('index_built', 0)} "
                                      f"built by downloading their objects ({_human(store.get('index_built_bytes', 0))})"))
+        if "link_ahead" in store:
+            measured = (f"GETs take {store['link_latency_ms']:.0f} ms or more, an 8 MiB part "
+                        f"{store['link_part_ms']:.0f} ms unloaded; " if "link_part_ms" in store else "")
+            rate = f"{_human(store['link_rate'])}/s delivered lately; " if "link_rate" in store else ""
+            lines.append(("link", f"{measured}{rate}{_human(store['link_ahead'])} kept loading ahead "
+                                  f"(cap {_human(store['link_ahead_cap'])}: --requests x 8 MiB)"))
     if isinstance(staging, dict):
         lines.append(("stage dir", f"{staging.get('dir')}  ({staging.get('built', 0)} built, {staging.get('failed', 0)} failed)"))
         for st in staging.get("stages", []):

@@ -80,8 +80,11 @@ class IndexBuilder:
             self._free.put(slot)
         self._generation = 0  # bumped by `shutdown`: scans begun before it end
 
-    def build(self, path: str | os.PathLike, fmt: Format, cache_dir: str | os.PathLike | None = None) -> RecordIndex:
-        """The cached index of ``path`` if its stamp still matches, else a scan in a worker (then cached).
+    def build(self, path: str | os.PathLike, fmt: Format, cache_dir: str | os.PathLike | None = None,
+              index_dir: str | os.PathLike | None = None) -> RecordIndex:
+        """The cached index of ``path`` if its stamp still matches, else one published in
+        ``index_dir`` for this version (`shufflefs index --publish --index-dir`; only read), else
+        a scan in a worker (then cached).
 
         Raises what the scan raises (`FormatError`, `StaleSourceError`, `OSError`, ...) as it was
         raised in the worker, and `StaleSourceError` if the worker died.
@@ -89,7 +92,10 @@ class IndexBuilder:
         path = os.fspath(path)
         cache = IndexCache(cache_dir)
         stamp = SourceStamp.of(resolve.stat_path(path))
-        cached = cache.load(cache_key(path, stamp, fmt.name, fmt.params()), stamp)
+        key = cache_key(path, stamp, fmt.name, fmt.params())
+        cached = cache.load(key, stamp)
+        if cached is None and index_dir is not None:
+            cached = IndexCache(index_dir).load(key, stamp)
         if cached is not None:
             return cached
         index = self.scan(path, fmt)

@@ -468,7 +468,8 @@ class Catalog:
                     await self.tasks.run(("view", node.ino), functools.partial(self.views.make, node))
                 if node.view is not None and node.layout.n_windows:
                     ref = self.views.window(node, 0, ahead=True)
-                    self.epoch_prefetches += self.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work)
+                    self.epoch_prefetches += self.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work,
+                                                                  background=True)
             finally:
                 node.opens -= 1
                 if node.opens == 0:

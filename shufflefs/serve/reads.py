@@ -1,6 +1,7 @@
 """Reads of an open view: a handle remembers the window it is reading, so a read inside it is one
 slice of the window's buffer (no lookup, no await).  Entering a window holds it for the handle
-and, for a sequential reader, starts loading the next two (`windows.cache.AHEAD`)."""
+and, for a sequential reader, starts loading the next ones (`WindowCache.ahead_windows`: two, or
+for a remote source its measured bandwidth x latency)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import trio
 
-from ..windows.cache import AHEAD, Slot, WindowCache
+from ..windows.cache import Slot, WindowCache
 from ..windows.layout import HEADER, TRAILER
 from .nodes import Handle, Node
 from .views import Views
@@ -71,8 +72,9 @@ class Reads:
                 out[pos: pos + len(data)] = data
             pos += p.hi - p.lo
         if entered and sequential and h.slot is not None:
-            for ahead in range(1, AHEAD + 1):
-                self._prefetch(node, h.k + ahead)
+            n = self.windows.ahead_windows(h.slot.owner, h.slot.nbytes)
+            for ref in self.views.ahead(node, h.k, n):
+                self.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work)
         return data if out is None else out
 
     async def _acquire(self, node: Node, k: int, ref: Any) -> Slot:
@@ -97,11 +99,6 @@ class Reads:
         starts = h.node.layout.window_starts
         h.slot, h.k, h.lo, h.hi, h.shift = slot, k, int(starts[k]), int(starts[k + 1]), shift
         return True
-
-    def _prefetch(self, node: Node, k: int) -> None:
-        if k < node.layout.n_windows:
-            ref = self.views.window(node, k, ahead=True)
-            self.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work)
 
     def leave(self, h: Handle) -> None:
         """The handle no longer reads its window (it may be dropped when memory is needed)."""

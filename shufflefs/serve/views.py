@@ -225,7 +225,8 @@ class Views:
         plan = node.plan.inner if shares_stream(node) else node.plan
         sizes = np.asarray(plan.window_sizes)
         self._owners.setdefault(owner, []).append(node.view)
-        self.windows.register(owner, int(sizes.max()) if len(sizes) else 0, window_work(plan))
+        self.windows.register(owner, int(sizes.max()) if len(sizes) else 0, window_work(plan),
+                              getattr(self.store, "readahead", None))
 
     # ------------------------------------------------------------------ windows
 
@@ -251,6 +252,20 @@ class Views:
         owner = self.owner(node)
         return WindowRef((owner, kin), int(stream.window_sizes[kin]), shift, functools.partial(
             _load_stream, self._owners[owner], kin, ahead, stream), window_work(stream, kin))
+
+    def ahead(self, node: Node, k: int, n: int) -> list[WindowRef]:
+        """The ``n`` windows a sequential reader of view window k reads next: the view's own, or
+        for a pool's shard its stream's, which go on into the next shard (read next in name
+        order), so that loads stay in flight across the end of a shard."""
+        if not shares_stream(node):
+            return [self.window(node, j, ahead=True) for j in range(k + 1, min(k + 1 + n, node.layout.n_windows))]
+        stream = node.plan.inner
+        kin, _ = node.plan.stream_window(k)
+        owner = self.owner(node)
+        views = self._owners[owner]
+        return [WindowRef((owner, j), int(stream.window_sizes[j]), 0,
+                          functools.partial(_load_stream, views, j, True, stream), window_work(stream, j))
+                for j in range(kin + 1, min(kin + 1 + n, len(stream.window_sizes)))]
 
     # ------------------------------------------------------------------ closing
 

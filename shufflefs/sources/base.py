@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 import trio
@@ -169,6 +169,10 @@ class Store(Protocol):
 
     root: str
     """What the mount shows (logs, ``shufflefs stat``)."""
+
+    readahead: Any
+    """None for a local tree; a remote store's `link.LinkMeter`: the bytes its windows should
+    keep loading ahead of a sequential reader (`windows.cache.Readahead`)."""
 
     def path(self, relpath: str) -> str:
         """The name of a file in logs and errors (for local files, the path itself)."""

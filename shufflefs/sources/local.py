@@ -181,8 +181,10 @@ class LocalFile:
 class LocalStore:
     """A directory tree on a local (or locally mounted) filesystem."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, index_dir: str | None = None) -> None:
         self.root = os.path.abspath(root)
+        self.index_dir = index_dir  # published indexes on a shared path (read, never written)
+        self.readahead = None  # the page cache's readahead and the window cache's `AHEAD` do
         self.real_root = os.path.realpath(self.root)
         resolve.confine(self.root)  # every source path from here on resolves beneath it
         os.stat(self.root)
@@ -246,7 +248,7 @@ class LocalStore:
         # the daemon.  Cached indexes load here directly.
         from ..index.build import default_builder
 
-        return default_builder().build(self.path(relpath), fmt, cache_dir)
+        return default_builder().build(self.path(relpath), fmt, cache_dir, self.index_dir)
 
     def statvfs(self) -> os.statvfs_result:
         return os.statvfs(self.root)

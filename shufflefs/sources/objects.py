@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,6 +30,7 @@ import numpy as np
 from ..errors import ShuffleError, StaleSourceError
 from ..windows.layout import gather
 from .base import count_requests
+from .link import LinkMeter
 
 log = logging.getLogger("shufflefs")
 
@@ -144,6 +146,8 @@ class ObjectClient:
                           "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=5), "base": 2}},
         )
         self.pool = ThreadPoolExecutor(max(opts.in_flight, 1), thread_name_prefix="s3-get")
+        self.meter = LinkMeter(PART, max(opts.in_flight, 1))
+        """What the GETs so far say the link needs in flight (the window cache's readahead)."""
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes = 0
@@ -176,8 +180,10 @@ class ObjectClient:
         import obstore
 
         try:
+            began = time.monotonic()
             got = obstore.get(self.store, key, options={"range": (start, end), "if_match": etag})
             meta, data = got.meta, np.frombuffer(got.bytes(), np.uint8)
+            self.meter.record(began, time.monotonic(), len(data))
         except Exception as e:  # noqa: BLE001 -- any client failure is an I/O error of this range
             with self._lock:
                 self.failures += 1

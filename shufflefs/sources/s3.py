@@ -4,8 +4,11 @@ Keys under the prefix are the files, ``/`` separates directories.  An object's v
 ETag (with size and last-modified time; `objects.ObjectInfo.ino`), so a rewritten object is
 detected like a rewritten file: indexes are cached by version, and every GET asks for the
 version the index describes (``If-Match``), so a changed object answers ESTALE, never bytes of
-two versions.  Listings are kept for `LIST_TTL` seconds (``--listing-ttl``), so that ``ls -l``
-and every lookup do not each cost a request.
+two versions.  Listings are kept for `LIST_TTL` seconds (``--listing-ttl``) after they arrive, so
+that ``ls -l`` and every lookup do not each cost a request; one directory is listed by one thread
+at a time (the others wait for its answer), and a listing that took long (100,000 objects: seconds
+of pages) is kept `SLOW_LISTING` times as long as it took, so that walking a large prefix does
+not list it again and again.
 
 Windows are built from ranged GETs of their runs, many in flight (`objects.ObjectClient`); the
 source has no file descriptors (``place`` returns None), so the views copy with the numpy gather
@@ -35,6 +38,8 @@ log = logging.getLogger("shufflefs")
 
 LIST_TTL = 2.0
 """Seconds a directory listing answers ``stat`` and ``list`` before it is asked for again."""
+SLOW_LISTING = 10.0
+"""A listing is kept at least this many times as long as it took to arrive."""
 PLAIN_CHUNK = 1 << 20
 """A pass-through file is read in ranged GETs of at least this size (one chunk kept)."""
 DIR_MODE = st_mod.S_IFDIR | 0o555
@@ -82,6 +87,7 @@ class S3Store:
         """Indexes this mount took from the bucket, and the ones it built by downloading objects."""
         options = ClientOptions(endpoint_url, region, in_flight, timeout_s, retries)
         self.client = ObjectClient(bucket, options)
+        self.readahead = self.client.meter
         self.index_client = self.client if index_bucket == bucket else ObjectClient(index_bucket, options)
         self.call_deadline = timeout_s * (retries + 1) + 10.0
         """Seconds a listing or stat may take before its request gets ETIMEDOUT: every retry's
@@ -89,7 +95,8 @@ class S3Store:
         self._lock = threading.Lock()
         self._local = threading.local()
         self._distrusted: set[str] = set()  # cache keys whose published index was found wrong
-        self._listings: dict[str, tuple[float, list[str], dict[str, ObjectInfo]]] = {}
+        self._listings: dict[str, tuple[float, list[str], dict[str, ObjectInfo]]] = {}  # (expires, ...)
+        self._listing_now: dict[str, threading.Event] = {}  # directories being listed right now
         self._started = time.time_ns()
         self._scan_dir = tempfile.gettempdir()  # where `map` downloads (the cache directory once known)
         try:
@@ -107,19 +114,36 @@ class S3Store:
         return f"{self.root}/{relpath}" if relpath else self.root
 
     def _listing(self, relpath: str) -> tuple[list[str], dict[str, ObjectInfo]]:
-        now = time.monotonic()
-        with self._lock:
-            got = self._listings.get(relpath)
-        if got is not None and now - got[0] < self.listing_ttl:
-            return got[1], got[2]
-        prefix = self.key(relpath)
-        dirs, objects = self.client.list_dir(prefix)
-        cut = len(prefix) + 1 if prefix else 0
-        subdirs = [d[cut:] for d in dirs if not (relpath == "" and d[cut:] == INDEX_DIR)]  # ours, not data
-        files = {o.key[cut:]: o for o in objects if o.key[cut:] and "/" not in o.key[cut:]}
-        with self._lock:
-            self._listings[relpath] = (now, subdirs, files)
-        return subdirs, files
+        while True:
+            with self._lock:
+                got = self._listings.get(relpath)
+                if got is not None and time.monotonic() < got[0]:
+                    return got[1], got[2]
+                pending = self._listing_now.get(relpath)
+                if pending is None:
+                    pending = self._listing_now[relpath] = threading.Event()
+                    break
+            pending.wait(self.call_deadline)  # another thread lists it: take its answer
+            with self._lock:
+                now = self._listings.get(relpath)
+            if now is not None and now is not got:
+                return now[1], now[2]
+            # that listing failed: list it here (and fail with this thread's own error)
+        try:
+            began = time.monotonic()
+            prefix = self.key(relpath)
+            dirs, objects = self.client.list_dir(prefix)
+            cut = len(prefix) + 1 if prefix else 0
+            subdirs = [d[cut:] for d in dirs if not (relpath == "" and d[cut:] == INDEX_DIR)]  # ours, not data
+            files = {o.key[cut:]: o for o in objects if o.key[cut:] and "/" not in o.key[cut:]}
+            done = time.monotonic()
+            with self._lock:
+                self._listings[relpath] = (done + max(self.listing_ttl, SLOW_LISTING * (done - began)), subdirs, files)
+            return subdirs, files
+        finally:
+            with self._lock:
+                self._listing_now.pop(relpath, None)
+            pending.set()
 
     def _info(self, relpath: str) -> ObjectInfo | None:
         """The object at ``relpath`` from its directory's listing; None for a directory."""
@@ -253,8 +277,12 @@ class S3Store:
         clients = {id(c): c for c in (self.client, self.index_client)}.values()
         with self._lock:
             indexes = {f"index_{k}": v for k, v in self.indexes.items()}
+        latency, part, rate = self.readahead.estimate(time.monotonic())
+        link = {"link_latency_ms": latency * 1e3, "link_part_ms": part * 1e3, "link_rate": rate,
+                "link_ahead": self.readahead.in_flight(time.monotonic()), "link_ahead_cap": self.readahead.cap}
         return {"requests": sum(c.requests for c in clients), "bytes": sum(c.bytes for c in clients),
-                "failed": sum(c.failures for c in clients), **indexes}
+                "failed": sum(c.failures for c in clients), **indexes,
+                **{k: v for k, v in link.items() if v == v}}  # NaN (unmeasured) left out
 
     def close(self) -> None:
         self.client.close()

@@ -49,6 +49,8 @@ Everything here except the loader callables runs in the trio thread.
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections import OrderedDict
 from typing import Any, Callable, Hashable
 
@@ -56,6 +58,7 @@ import numpy as np
 import trio
 
 from ..errors import ShuffleError
+from .slots import Readahead, Slot, new_buffer, touched_buffer
 
 log = logging.getLogger("shufflefs")
 
@@ -65,55 +68,20 @@ AHEAD = 2
 """Windows a sequential reader has loaded ahead of the one it reads (entering window k asks for
 k+1 .. k+AHEAD), so that two loads can run at once; each only if it fits (see the module
 docstring)."""
+REMOTE_LOADS = 32
+"""Window loads of remote sources that may run at once: they mostly wait for the network (their
+requests share the store's own cap, ``--requests``), so the CPU's load limit does not apply."""
 HOLD_IDLE = 0.25
 """Seconds a held window must go unread before a waiting read may take its memory."""
 ROOM_WAIT = 5.0
 """Seconds without any window landing or being let go after which a waiting read loads over the
 limit (a load stuck on a hung source would otherwise keep every reader waiting)."""
+__all__ = ["AHEAD", "WINDOWS", "Loader", "Readahead", "Slot", "WindowCache", "new_buffer", "touched_buffer"]
 
 Loader = Callable[[np.ndarray, np.ndarray | None], tuple[np.ndarray, np.ndarray | None]]
 """Blocking: ``loader(out, scratch) -> (window bytes, scratch used)``.  The window is built in
 ``out`` (always large enough) and the source read through ``scratch`` if it is large enough
 (else the loader allocates one and returns it, for reuse)."""
-
-
-def new_buffer(nbytes: int) -> np.ndarray:
-    """A new window buffer (numpy asks for transparent huge pages; see the module docstring)."""
-    return np.empty(nbytes, np.uint8)
-
-
-def touched_buffer(nbytes: int) -> np.ndarray:
-    """A new window buffer with every page already faulted in (blocking: for a worker thread)."""
-    buf = new_buffer(nbytes)
-    buf[::4096] = 0
-    return buf
-
-
-class Slot:
-    """One window of one view: loading, then ready (``data``) or failed (``error``)."""
-
-    __slots__ = ("key", "owner", "nbytes", "work", "event", "data", "buf", "error", "pins", "holders", "cached",
-                 "unread", "used")
-
-    def __init__(self, key: Hashable, owner: Hashable, buf: np.ndarray | None, nbytes: int, work: int = 0) -> None:
-        self.key = key
-        self.owner = owner
-        self.buf = buf  # the allocation behind ``data`` (None until the loader made a new one)
-        self.nbytes = nbytes  # charged to the limit until recycled
-        self.work = work  # the load's working memory, charged to the limit while it runs
-        self.event = trio.Event()
-        self.data: np.ndarray | None = None
-        self.error: BaseException | None = None
-        self.pins = 0  # reads copying from it right now
-        self.holders = 0  # open handles whose current window it is
-        self.cached = True  # in the LRU (findable); False once evicted or dropped
-        self.unread = False  # prefetched and not read yet
-        self.used = 0.0  # trio time of its last read (set by readers of a held window too)
-
-    @property
-    def busy(self) -> bool:
-        """Not evictable: loading, pinned by a read, or held by a handle."""
-        return self.pins > 0 or self.holders > 0 or not self.event.is_set()
 
 
 class WindowCache:
@@ -126,6 +94,8 @@ class WindowCache:
         self._slots: OrderedDict[Hashable, Slot] = OrderedDict()  # least recently used first
         self._largest: dict[Hashable, int] = {}
         self._work: dict[Hashable, int] = {}
+        self._ahead: dict[Hashable, Readahead] = {}
+        self.remote_limiter = trio.CapacityLimiter(REMOTE_LOADS)
         self._free: list[np.ndarray] = []
         self._scratch: list[np.ndarray] = []
         self.limit = 0
@@ -143,11 +113,15 @@ class WindowCache:
 
     # ------------------------------------------------------------------ views and the limit
 
-    def register(self, owner: Hashable, largest: int, work: int = 0) -> None:
+    def register(self, owner: Hashable, largest: int, work: int = 0, ahead: Readahead | None = None) -> None:
         """A view whose windows may be loaded; ``largest`` is its largest window in bytes and
-        ``work`` the most memory a load of one of them works with besides the window."""
+        ``work`` the most memory a load of one of them works with besides the window.  A view of
+        a remote source gives its ``ahead``: sequential readers then keep that many bytes loading
+        (`ahead_windows`), and the limit makes room for its cap."""
         self._largest[owner] = max(1, int(largest))
         self._work[owner] = max(0, int(work))
+        if ahead is not None:
+            self._ahead[owner] = ahead
         self._set_limit()
         self._warm()
 
@@ -155,6 +129,7 @@ class WindowCache:
         """The view is gone: drop its windows (loads in flight are dropped when they end)."""
         self._largest.pop(owner, None)
         self._work.pop(owner, None)
+        self._ahead.pop(owner, None)
         for slot in [s for s in self._slots.values() if s.owner == owner]:
             self._drop(slot)
         self._set_limit()
@@ -165,7 +140,8 @@ class WindowCache:
         largest = max(self._largest.values(), default=0)
         work = max(self._work.values(), default=0)
         extra = AHEAD * work if AHEAD * work <= largest // 4 else max(0, work - largest)
-        self.limit = self.windows * largest + extra
+        remote = max((2 * self._largest[o] + a.cap for o, a in self._ahead.items()), default=0)
+        self.limit = max(self.windows * largest, remote) + extra
         self._trim()
         if not self._largest:
             self._free.clear()
@@ -316,7 +292,11 @@ class WindowCache:
         try:
             # abandoned if cancelled (at unmount only), so that a load stuck on a hung source
             # does not hold up the exit; its buffer is then never reused
-            slot.buf, data, scratch = await trio.to_thread.run_sync(load, limiter=self.limiter, abandon_on_cancel=True)
+            # a remote source's loads wait for the network, not the CPU; but the first windows
+            # of every file after an epoch change share the link a few at a time, so that the
+            # one the first read wants (started first) is not slowed by all the others
+            limiter = self.remote_limiter if slot.owner in self._ahead and not slot.background else self.limiter
+            slot.buf, data, scratch = await trio.to_thread.run_sync(load, limiter=limiter, abandon_on_cancel=True)
         except BaseException as e:  # noqa: BLE001 -- handed to the waiters, never lost
             if isinstance(e, trio.Cancelled):
                 slot.error = OSError("load cancelled at shutdown")
@@ -341,14 +321,24 @@ class WindowCache:
 
     # ------------------------------------------------------------------ public
 
-    def prefetch(self, key: Hashable, nbytes: int, loader: Loader, work: int = 0) -> bool:
+    def ahead_windows(self, owner: Hashable, window_bytes: int) -> int:
+        """Windows of ``window_bytes`` a sequential reader of ``owner`` keeps loading ahead:
+        `AHEAD`, or for a remote source enough for its measured bandwidth x latency."""
+        ahead = self._ahead.get(owner)
+        if ahead is None:
+            return AHEAD
+        return max(AHEAD, math.ceil(ahead.in_flight(time.monotonic()) / max(1, window_bytes)))
+
+    def prefetch(self, key: Hashable, nbytes: int, loader: Loader, work: int = 0, background: bool = False) -> bool:
         """Start loading in the background if the window (and the load's ``work`` bytes) fits
-        without evicting a busy one."""
+        without evicting a busy one.  ``background``: for no reader yet (loads of remote sources
+        then take turns with the CPU's few, instead of all sharing the link at once)."""
         if key in self._slots or self.nursery is None or key[0] not in self._largest or self._waiting:
             return False  # (reads waiting for room come first)
         if not self._evict_for(max(nbytes, self._largest[key[0]]) + work, unread_too=False):
             return False
-        self._start(key, nbytes, loader, work).unread = True
+        slot = self._start(key, nbytes, loader, work)
+        slot.unread, slot.background = True, background
         self.prefetched += 1
         return True
 

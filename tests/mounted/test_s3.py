@@ -393,8 +393,9 @@ def test_published_indexes_make_a_fresh_node_cheap(mount, s3, tmp_path):
     assert counts["index_built"] == 1 and counts["index_published"] == len(members) - 1
 
 
-def test_publishing_needs_an_object_store_and_a_sane_part(tmp_path):
-    for args, message in [([str(tmp_path), "--publish"], "--publish and --index-url write indexes beside the data"),
+def test_publishing_needs_a_place_and_a_sane_part(tmp_path):
+    for args, message in [([str(tmp_path), "--publish"], "--publish --index-dir DIR"),
+                          ([str(tmp_path), "--index-url", "s3://b/p"], "a local source's go to --index-dir"),
                           ([str(tmp_path), "--part", "2/2"], "--part '2/2'"),
                           ([str(tmp_path), "--part", "x"], "expected i/N")]:
         r = subprocess.run([sys.executable, "-m", "shufflefs", "index", *args], capture_output=True, text=True, timeout=60)
