@@ -161,7 +161,8 @@ def main() -> None:
     for s, rs in rows.items():
         med = {k: statistics.median(r[k] for r in rs) for k in ("rate", "first_s", "cpu_per_gb", "fetched_x")}
         cut = "~" if any(r["cut"] for r in rs) else ""
-        print(f"| {s} | {cut}{med['rate'] / 1e6:.0f} | {med['rate'] / ceiling:.2f} | {med['first_s'] * 1e3:.0f} | "
+        mbs = med["rate"] / 1e6
+        print(f"| {s} | {cut}{mbs:.{0 if mbs >= 10 else 1}f} | {med['rate'] / ceiling:.3f} | {med['first_s'] * 1e3:.0f} | "
               f"{med['cpu_per_gb']:.2f} | {med['fetched_x']:.2f} |")
 
 

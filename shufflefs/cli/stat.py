@@ -83,8 +83,10 @@ def format_stats(stats: dict) -> str:
                                      f"({_human(store.get('index_published_bytes', 0))}), {store.get('index_built', 0)} "
                                      f"built by downloading their objects ({_human(store.get('index_built_bytes', 0))})"))
         if "link_ahead" in store:
-            measured = (f"GETs take {store['link_latency_ms']:.0f} ms or more, an 8 MiB part "
-                        f"{store['link_part_ms']:.0f} ms unloaded; " if "link_part_ms" in store else "")
+            measured = f"GETs take {store['link_latency_ms']:.0f} ms or more" if "link_latency_ms" in store else ""
+            if "link_part_ms" in store:
+                measured += f", an 8 MiB part {store['link_part_ms']:.0f} ms unloaded"
+            measured += "; " if measured else ""
             rate = f"{_human(store['link_rate'])}/s delivered lately; " if "link_rate" in store else ""
             lines.append(("link", f"{measured}{rate}{_human(store['link_ahead'])} kept loading ahead "
                                   f"(cap {_human(store['link_ahead_cap'])}: --requests x 8 MiB)"))

@@ -55,14 +55,14 @@ class LinkMeter:
 
     def estimate(self, now: float) -> tuple[float, float, float]:
         """``(latency s, seconds a part takes unloaded, delivered bytes/s)``; NaN where unmeasured
-        (the latency, the shortest GET of any size, is what `shufflefs stat` shows)."""
+        (a part's time, when no GET was of about a part: record orders ask for a few KiB each)."""
         with self._lock:
             gets = [g for g in self._gets if g[1] >= now - MEMORY]
         if not gets:
             return math.nan, math.nan, math.nan
         latency = min(e - s for s, e, _ in gets)
         parts = [e - s for s, e, n in gets if 2 * n >= self.part]
-        unloaded = min(parts) if parts else latency
+        unloaded = min(parts) if parts else math.nan
         recent = [(s, e, n) for s, e, n in gets if e >= now - HORIZON]
         if not recent:
             return latency, unloaded, math.nan
@@ -71,8 +71,8 @@ class LinkMeter:
 
     def in_flight(self, now: float) -> int:
         """Bytes to keep requested ahead of the reader (see the module docstring)."""
-        _, unloaded, rate = self.estimate(now)
+        latency, unloaded, rate = self.estimate(now)
         if math.isnan(rate):
             return self.start
-        want = GAIN * rate * unloaded + self.part
+        want = GAIN * rate * (latency if math.isnan(unloaded) else unloaded) + self.part
         return int(min(max(want, self.floor), self.cap))

@@ -47,7 +47,7 @@ class ObjectError(ShuffleError):
     next read tries again)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ObjectInfo:
     """What a listing says of one object."""
 
@@ -173,6 +173,20 @@ class ObjectClient:
         finally:
             self._count(1, 0)
         return [p.rstrip("/") for p in result["common_prefixes"]], [_info(m) for m in result["objects"]]
+
+    def first_page(self, prefix: str) -> None:
+        """One LIST request under ``prefix`` (a key prefix without the trailing ``/``): raises,
+        with the reason, if the bucket cannot be listed.  A mount checks this much before it
+        starts, whatever the prefix holds; the full listing waits for the first lookup."""
+        import obstore
+
+        try:
+            stream = obstore.list(self.store, f"{prefix}/" if prefix else None, chunk_size=1)
+            next(iter(stream), None)
+        except Exception as e:  # noqa: BLE001
+            raise _as_error(e, self.url(prefix), None, "LIST") from None
+        finally:
+            self._count(1, 0)
 
     def get(self, key: str, etag: str, start: int, end: int, into: np.ndarray | None = None) -> np.ndarray:
         """Bytes ``[start, end)`` of the object's version ``etag``, exactly that many (copied into

@@ -100,7 +100,7 @@ class S3Store:
         self._started = time.time_ns()
         self._scan_dir = tempfile.gettempdir()  # where `map` downloads (the cache directory once known)
         try:
-            self.list("")  # fails now, with the reason, if the bucket cannot be listed
+            self.client.first_page(prefix)  # fails now, with the reason, if the bucket cannot be listed
         except ShuffleError as e:
             self.close()
             raise ShuffleError(e.path, None, f"{e.message}; credentials: {self.client.credentials}") from None

@@ -490,3 +490,36 @@ def test_the_listing_lifetime_is_an_option(mount, s3, tmp_path):
     r = subprocess.run([sys.executable, "-m", "shufflefs", "mount", f"s3://{BUCKET}/ttl", str(tmp_path / "m"),
                         "--listing-ttl", "0"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--listing-ttl" in r.stderr, r.stderr
+
+
+def test_a_prefix_is_listed_once_however_many_ask_and_a_slow_listing_is_kept_longer(s3):
+    """Lookups of many names at once (``ls -l``, a DataLoader's workers) wait for one LIST of the
+    directory instead of each listing it; a listing that took long (a prefix of 100,000 objects
+    takes seconds) is kept ten times as long as it took, not asked for again every --listing-ttl."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from shufflefs.sources.s3 import SLOW_LISTING, S3Store
+
+    store = S3Store(f"s3://{BUCKET}/ds", endpoint_url=s3.endpoint, listing_ttl=0.1)
+    try:
+        slow, calls = 0.3, []
+        real = store.client.list_dir
+
+        def list_dir(prefix):  # noqa: ANN001, ANN202 -- a slow server
+            calls.append(prefix)
+            time.sleep(slow)
+            return real(prefix)
+
+        store.client.list_dir = list_dir
+        with ThreadPoolExecutor(16) as ex:
+            got = list(ex.map(lambda _: store.list("pool"), range(16)))
+        assert all(g == got[0] for g in got) and len(got[0]) == 4
+        assert calls == ["ds/pool"]
+        time.sleep(2 * 0.1)  # past --listing-ttl, well within SLOW_LISTING x its time
+        store.list("pool")
+        assert calls == ["ds/pool"]
+        time.sleep(SLOW_LISTING * slow)
+        store.list("pool")
+        assert calls == ["ds/pool", "ds/pool"]
+    finally:
+        store.close()
