@@ -1,0 +1,86 @@
+"""Which records of each source a mixture's epoch takes, and in which proportions they follow
+one another.  Pure numpy: a function of (seed, epoch, the mix table), the same on every node.
+
+A mixture blends sources (each a set of files of one format) by weight into ``samples`` records
+per epoch:
+
+* **Counts.** Source i gives `quotas` ``round(samples * w_i / sum(w))`` records, by largest
+  remainders, so the counts add up to ``samples`` exactly and each is within one of its share.
+* **No repeats before exhaustion.** Each source's records form an endless stream of passes, each
+  pass a fresh permutation of all its records (`pass_order`), and epoch e takes positions
+  ``[e * take, (e + 1) * take)`` of that stream (`epoch_records`).  A source asked for fewer
+  records than it has gives the next slice each epoch, every record once before any repeats; one
+  asked for more repeats whole passes plus a slice of the next.  A permutation is of runs of
+  ``run`` consecutive records (1: single records), which keeps a slice to a few long reads of a
+  large source: its runs, not its records, are what an epoch chooses.
+* **Interleaved.** `interleave` places the sources' records so that every stretch of the epoch
+  holds each source's share (the k-th record of a source taking ``take`` goes at about
+  ``(k + 1/2) / take`` of the way through), before a strategy shuffles within its windows.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from .base import rng
+
+MIX_SALT = 0x6D1C
+"""Keeps a mixture's draws apart from every strategy's (`base.rng` keys)."""
+
+
+def quotas(samples: int, weights: Sequence[float]) -> np.ndarray:
+    """Records each source gives an epoch: proportional to ``weights``, summing to ``samples``
+    exactly, each within one of ``samples * w / sum(w)`` (largest remainders; ties to the first)."""
+    w = np.asarray(weights, np.float64)
+    if samples < 0 or len(w) == 0 or np.any(~np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        raise ValueError(f"a mixture needs samples >= 0 and weights >= 0 with a positive sum: {samples}, {list(w)}")
+    exact = samples * w / w.sum()
+    base = np.floor(exact).astype(np.int64)
+    short = int(samples - base.sum())
+    order = np.argsort(-(exact - base), kind="stable")
+    base[order[:short]] += 1
+    return base
+
+
+def pass_order(seed: int, source: int, passes: int, n: int, run: int = 1,
+               lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """Positions ``[lo, hi)`` of pass ``passes`` of source ``source`` (``n`` records): its record
+    ids in a random order of runs of ``run`` consecutive records (the last run may be shorter).
+    Only the runs the slice touches are expanded, so a slice of a huge source stays small."""
+    hi = n if hi is None else min(hi, n)
+    if n == 0 or hi <= lo:
+        return np.zeros(0, np.int64)
+    runs = -(-n // run)
+    starts = rng(seed, MIX_SALT, source, passes).permutation(runs).astype(np.int64) * run
+    lengths = np.minimum(starts + run, n) - starts
+    first = np.cumsum(lengths) - lengths  # where each run begins in the pass
+    a = int(np.searchsorted(first, lo, side="right")) - 1
+    b = int(np.searchsorted(first, hi, side="left"))
+    starts, lengths, first = starts[a:b], lengths[a:b], first[a:b]
+    ids = np.repeat(starts - first, lengths) + np.arange(int(first[0]), int(first[-1] + lengths[-1]), dtype=np.int64)
+    return ids[lo - int(first[0]): hi - int(first[0])]
+
+
+def epoch_records(seed: int, epoch: int, source: int, n: int, take: int, run: int = 1) -> np.ndarray:
+    """The ``take`` record ids (of ``n``) source ``source`` gives epoch ``epoch``, in stream order:
+    positions ``[epoch * take, (epoch + 1) * take)`` of its endless stream of passes."""
+    if take == 0:
+        return np.zeros(0, np.int64)
+    if n == 0:
+        raise ValueError(f"source {source} has no records but is asked for {take}")
+    lo, hi = epoch * take, (epoch + 1) * take
+    return np.concatenate([pass_order(seed, source, p, n, run, max(lo - p * n, 0), min(hi - p * n, n))
+                           for p in range(lo // n, (hi - 1) // n + 1)])
+
+
+def interleave(takes: Sequence[int]) -> np.ndarray:
+    """Source of each position of an epoch of ``sum(takes)`` records: source i's k-th record at
+    about ``(k + 1/2) / takes[i]`` of the way through, so any stretch of m positions holds within
+    about one record per source of ``m * takes[i] / sum(takes)`` from each."""
+    takes = np.asarray(takes, np.int64)
+    src = np.repeat(np.arange(len(takes)), takes)
+    k = np.arange(len(src)) - np.repeat(np.cumsum(takes) - takes, takes)
+    due = (k + 0.5) / np.repeat(np.maximum(takes, 1), takes)
+    return src[np.argsort(due, kind="stable")]
