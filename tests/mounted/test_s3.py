@@ -523,3 +523,33 @@ def test_a_prefix_is_listed_once_however_many_ask_and_a_slow_listing_is_kept_lon
         assert calls == ["ds/pool", "ds/pool"]
     finally:
         store.close()
+
+
+def test_a_flat_prefix_is_listed_page_by_page_and_a_nested_one_by_delimiter(s3, monkeypatch):
+    """A prefix of files only is listed as a stream of pages (each turned into entries as it
+    arrives, so memory does not hold every page at once); one with subdirectories is listed
+    with a delimiter, so its subdirectories' contents are not walked.  Both list what a
+    delimited listing lists."""
+    import obstore
+
+    from shufflefs.sources import objects
+    from shufflefs.sources.objects import ClientOptions, ObjectClient
+
+    client = s3.client()
+    for i in range(25):
+        client.put_object(Bucket=BUCKET, Key=f"flat/f{i:03d}.jsonl", Body=b"{}\n")
+        client.put_object(Bucket=BUCKET, Key=f"deep/f{i:03d}.jsonl", Body=b"{}\n")
+    client.put_object(Bucket=BUCKET, Key="deep/sub/g.jsonl", Body=b"{}\n")
+    monkeypatch.setattr(objects, "LIST_PAGE", 10)
+    oc = ObjectClient(BUCKET, ClientOptions(endpoint_url=s3.endpoint))
+    try:
+        for prefix, pages in (("flat", 3), ("deep", 4)):  # deep: 3 pages streamed, then a delimited LIST
+            before = oc.requests
+            dirs, objs = oc.list_dir(prefix)
+            want = obstore.list_with_delimiter(oc.store, prefix)
+            assert dirs == [p.rstrip("/") for p in want["common_prefixes"]]
+            assert sorted(o.key for o in objs) == sorted(m["path"] for m in want["objects"])
+            assert oc.requests - before == pages
+        assert oc.list_dir("deep")[0] == ["deep/sub"] and oc.list_dir("flat")[0] == []
+    finally:
+        oc.close()
