@@ -158,7 +158,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
     g.add_argument("--endpoint-url", metavar="URL",
                    help="S3-compatible server (default $AWS_ENDPOINT_URL, else AWS)")
     g.add_argument("--region", metavar="NAME", help="bucket region (default $AWS_REGION, else the profile's)")
-    g.add_argument("--requests", metavar="N", help="ranged GETs in flight at once for the whole mount, 1 to 256 (default 16)")
+    g.add_argument("--requests", metavar="N", help="ranged GETs in flight at once for the whole mount, 1 to 256 (default "
+                   "16); N x 8 MiB is also the most a sequential reader's readahead keeps loading (it follows the "
+                   "link's measured bandwidth x latency below that)")
     g.add_argument("--request-timeout", metavar="S", help="seconds before a request is given up and retried (default 30)")
     g.add_argument("--retries", metavar="N", help="retries of a failed request, with exponential backoff, "
                    "before the read fails with EIO (default 4)")
