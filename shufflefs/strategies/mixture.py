@@ -77,10 +77,13 @@ def epoch_records(seed: int, epoch: int, source: int, n: int, take: int, run: in
 
 def interleave(takes: Sequence[int]) -> np.ndarray:
     """Source of each position of an epoch of ``sum(takes)`` records: source i's k-th record at
-    about ``(k + 1/2) / takes[i]`` of the way through, so any stretch of m positions holds within
-    about one record per source of ``m * takes[i] / sum(takes)`` from each."""
+    ``(k + phase_i) / takes[i]`` of the way through (phases spread over (0, 1) by source), so
+    any stretch of m positions holds ``m * takes[i] / sum(takes)`` of each, give or take about a
+    record per source (each of the others may have one more than its share in the stretch)."""
     takes = np.asarray(takes, np.int64)
     src = np.repeat(np.arange(len(takes)), takes)
     k = np.arange(len(src)) - np.repeat(np.cumsum(takes) - takes, takes)
-    due = (k + 0.5) / np.repeat(np.maximum(takes, 1), takes)
+    # each source's own phase, so that sources of equal counts do not all fall on the same spots
+    phase = (np.arange(len(takes)) + 0.5) / max(len(takes), 1)
+    due = (k + phase[src]) / np.repeat(np.maximum(takes, 1), takes)
     return src[np.argsort(due, kind="stable")]

@@ -1,7 +1,8 @@
 """A mixture's epochs: each source gives its weight's share of the samples (counts within one,
 summing exactly), every record of a source once before any repeats (a down-sampled source gives
 the next slice each epoch, an up-sampled one whole passes plus a slice), a pure function of
-(seed, epoch, table), and interleaved so that every stretch holds each source's share."""
+(seed, epoch, table), and interleaved so that every stretch holds each source's share, within
+about a record per source."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def test_the_same_inputs_give_the_same_records_and_epochs_differ():
 
 
 @given(st.lists(st.integers(0, 3000), min_size=1, max_size=5).filter(lambda t: sum(t) > 0), st.integers(50, 1000))
-@settings(max_examples=60)
+@settings(max_examples=300)
 def test_every_stretch_holds_each_sources_share(takes, m):
     order = interleave(takes)
     total = sum(takes)
@@ -87,7 +88,13 @@ def test_every_stretch_holds_each_sources_share(takes, m):
     m = min(m, total)
     for i, t in enumerate(takes):
         inside = np.convolve((order == i).astype(np.int64), np.ones(m, np.int64), mode="valid")
-        assert np.all(np.abs(inside - m * t / total) <= 2), (i, t, m, inside.min(), inside.max())
+        # each other source can put at most about one record more than its share in the way
+        assert np.all(np.abs(inside - m * t / total) <= max(2, len(takes))), (i, t, m, inside.min(), inside.max())
+
+
+def test_sources_of_one_record_each_are_spread_out():
+    order = interleave([1, 1, 1, 148])  # found by the property above before sources had phases
+    assert np.all(np.diff(np.flatnonzero(order != 3)) >= 30)
 
 
 def test_a_huge_source_costs_memory_for_its_runs_only():
