@@ -33,6 +33,8 @@ MEMORY = 30.0
 """Seconds of GETs that the latency and the per-connection rate are taken from: long enough to
 remember the link unloaded while it is full (a full link slows every GET down, and a target
 sized by loaded GETs would grow with the queue it makes)."""
+RECOMPUTE = 0.01
+"""Seconds an answer of `LinkMeter.in_flight` stands while no GET ends."""
 SAMPLES = 4096
 """GETs remembered at most (the most recent)."""
 
@@ -47,11 +49,13 @@ class LinkMeter:
         self.start = min(max(start_parts * self.part, self.floor), self.cap)
         self._gets: deque[tuple[float, float, int]] = deque(maxlen=SAMPLES)  # (started, ended, bytes)
         self._lock = threading.Lock()
+        self._answer: tuple[float, int] | None = None  # (when, in_flight): asked on every window entered
 
     def record(self, started: float, ended: float, nbytes: int) -> None:
         """A GET that returned ``nbytes`` between the two times (seconds, one monotonic clock)."""
         with self._lock:
             self._gets.append((float(started), float(max(ended, started)), int(nbytes)))
+            self._answer = None
 
     def estimate(self, now: float) -> tuple[float, float, float]:
         """``(latency s, seconds a part takes unloaded, delivered bytes/s)``; NaN where unmeasured
@@ -70,9 +74,17 @@ class LinkMeter:
         return latency, unloaded, sum(n for _, _, n in recent) / span
 
     def in_flight(self, now: float) -> int:
-        """Bytes to keep requested ahead of the reader (see the module docstring)."""
+        """Bytes to keep requested ahead of the reader (see the module docstring).  Computed
+        again only after a GET ends or `RECOMPUTE` seconds later: a reader of small windows asks
+        on every window, and the estimate walks up to `SAMPLES` GETs."""
+        answer = self._answer
+        if answer is not None and 0 <= now - answer[0] < RECOMPUTE:
+            return answer[1]
         latency, unloaded, rate = self.estimate(now)
         if math.isnan(rate):
-            return self.start
-        want = GAIN * rate * (latency if math.isnan(unloaded) else unloaded) + self.part
-        return int(min(max(want, self.floor), self.cap))
+            got = self.start
+        else:
+            want = GAIN * rate * (latency if math.isnan(unloaded) else unloaded) + self.part
+            got = int(min(max(want, self.floor), self.cap))
+        self._answer = (now, got)
+        return got
