@@ -44,6 +44,10 @@ MIN_BUFFER, MAX_SIZE = 4096, 1 << 40
 MIN_BUFFER_FRACTION = 1e-4
 """The smallest ``--buffer`` share, 0.01%: below it a buffer holds a record or two."""
 MAX_WORLD = 1 << 20
+MIX_DIR = ".mix"
+"""``MNT/.mix/NAME/`` holds the shards of mixture NAME (``[[mix]]`` in the config file).  Not
+listed in ``MNT/``, so that readers walking the mount do not read the sources twice."""
+MAX_MIX_SHARDS = 4096
 PARTS_DIR = ".parts"
 """``MNT/.parts/K/i/`` mirrors the tree; each view there holds the i-th of K disjoint parts of
 what the view at ``MNT/`` holds (one part per loader process).  Not listed in ``MNT/``."""
@@ -91,6 +95,27 @@ def format_buffer(buffer: int | float) -> str:
     return f"{buffer * 100:g}%" if isinstance(buffer, float) else format_size(buffer)
 
 
+@dataclass(frozen=True)
+class MixSource:
+    """One source of a mixture: the data files ``glob`` matches (as `FormatRule` globs match),
+    drawn with ``weight``."""
+
+    glob: str
+    weight: float
+
+
+@dataclass(frozen=True)
+class MixSpec:
+    """A mixture (``[[mix]]``): ``samples`` records per epoch (None: as many as its sources
+    hold) drawn from ``sources`` in proportion to their weights, shown as ``shards`` files
+    (None: one per source file)."""
+
+    name: str
+    sources: tuple[MixSource, ...]
+    samples: int | None = None
+    shards: int | None = None
+
+
 @dataclass
 class MountConfig:
     """Everything a mount needs; built by the CLI, read by the filesystem."""
@@ -112,6 +137,8 @@ class MountConfig:
     """Shuffle each set of shard files as one pool (`shufflefs.pools.shards`); False: every file alone."""
     pool_globs: list[str] = field(default_factory=list)
     """Declared sets: each glob pools the data files it matches (`pools.find_sets`)."""
+    mixes: list[MixSpec] = field(default_factory=list)
+    """Mixtures shown under ``MNT/.mix/`` (`pools.mixes`)."""
     stage_dir: Path | None = None
     """pls: keep the rank's partition of every file in stage files here (`shufflefs.stages.store`)."""
     store_options: dict[str, Any] = field(default_factory=dict)

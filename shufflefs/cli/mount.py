@@ -135,7 +135,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     config = MountConfig(
         source=src, mountpoint=mnt, spec=spec, epoch=v["epoch"], rank=v["rank"], world=v["world_size"],
         rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
-        pool=not v["no_pool"], pool_globs=opts.pools, stage_dir=stage_dir, verify=v["verify"],
+        pool=not v["no_pool"], pool_globs=opts.pools, mixes=opts.mixes, stage_dir=stage_dir, verify=v["verify"],
         store_options=store_options, direct_io=v["direct_io"], block_floor_note=floor_note,
         cache_warning=None if unwritable is None else (f"cache directory {cache_dir} cannot be written "
                                                        f"({unwritable}): indexes built by this mount are "

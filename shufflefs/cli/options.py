@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -11,6 +13,7 @@ from typing import Any, Callable, Sequence
 from ..config import (
     MAX_BLOCK,
     MAX_EPOCH,
+    MAX_MIX_SHARDS,
     MAX_PAGE,
     MAX_SEED,
     MAX_SIZE,
@@ -19,6 +22,8 @@ from ..config import (
     MIN_BUFFER,
     MIN_BUFFER_FRACTION,
     MIN_PAGE,
+    MixSource,
+    MixSpec,
     format_size,
     parse_buffer,
     parse_size,
@@ -235,6 +240,8 @@ class ConfigFile:
     """``[[format]]`` tables rewritten as ``--format`` texts, in file order."""
     pools: list[str] = field(default_factory=list)
     """``[[pool]]`` tables' globs, in file order."""
+    mixes: list[MixSpec] = field(default_factory=list)
+    """``[[mix]]`` tables, in file order."""
 
 
 def read_config(path: str | os.PathLike) -> ConfigFile:
@@ -257,6 +264,7 @@ def read_config(path: str | os.PathLike) -> ConfigFile:
     values: dict[str, Any] = {}
     formats: list[str] = []
     pools: list[str] = []
+    mixes: list[MixSpec] = []
     for raw_key, value in data.items():
         key = raw_key.replace("-", "_")
         where = f"config file {str(path)!r}"
@@ -268,12 +276,59 @@ def read_config(path: str | os.PathLike) -> ConfigFile:
             tables = value if isinstance(value, list) else [value]
             for i, table in enumerate(tables):
                 pools.append(_pool_table_glob(table, f"{where}: [[pool]] #{i + 1}"))
+        elif key == "mix":
+            tables = value if isinstance(value, list) else [value]
+            for i, table in enumerate(tables):
+                mixes.append(_mix_table(table, f"{where}: [[mix]] #{i + 1}"))
+            names = [m.name for m in mixes]
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise ValueError(f"{where}: two [[mix]] tables are named {twice[0]!r}")
         elif key in OPTIONS:
             values[key] = value
         else:
-            known = ", ".join(sorted([*OPTIONS, "format", "pool"]))
+            known = ", ".join(sorted([*OPTIONS, "format", "pool", "mix"]))
             raise ValueError(f"{where}: unknown key {raw_key!r} (known: {known})")
-    return ConfigFile(values, formats, pools)
+    return ConfigFile(values, formats, pools, mixes)
+
+
+_MIX_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def _mix_table(table: Any, where: str) -> MixSpec:
+    """A ``[[mix]]`` table: ``name``, ``samples``, ``shards`` and its ``[[mix.source]]`` tables."""
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: must be a table with keys name, samples, shards and [[mix.source]] tables")
+    unknown = set(table) - {"name", "samples", "shards", "source"}
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (known: name, samples, shards, source)")
+    name = table.get("name")
+    if not isinstance(name, str) or not _MIX_NAME.fullmatch(name):
+        raise ValueError(f"{where}: 'name' must be letters, digits, '_', '-' or '.' (not first), at most 100: {name!r}")
+    where = f"{where} ({name})"
+    samples, shards = table.get("samples"), table.get("shards")
+    try:
+        samples = None if samples is None else _integer(1, 2**62)(samples)
+        shards = None if shards is None else _integer(1, MAX_MIX_SHARDS)(shards)
+    except ValueError as e:
+        raise ValueError(f"{where}: samples and shards: {e}") from None
+    sources = table.get("source")
+    if not isinstance(sources, list) or not sources:
+        raise ValueError(f"{where}: needs at least one [[mix.source]] table with a glob and a weight")
+    out = []
+    for i, src in enumerate(sources):
+        at = f"{where}: [[mix.source]] #{i + 1}"
+        if not isinstance(src, dict) or set(src) - {"glob", "weight"}:
+            raise ValueError(f"{at}: must be a table with keys glob and weight")
+        glob, weight = src.get("glob"), src.get("weight", 1)
+        if not isinstance(glob, str) or not glob:
+            raise ValueError(f"{at}: 'glob' must be a non-empty string")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"{at}: 'weight' must be a number >= 0: {weight!r}")
+        out.append(MixSource(glob, float(weight)))
+    if sum(s.weight for s in out) <= 0:
+        raise ValueError(f"{where}: the weights add up to 0; at least one must be positive")
+    return MixSpec(name, tuple(out), samples, shards)
 
 
 def _pool_table_glob(table: Any, where: str) -> str:
@@ -316,6 +371,8 @@ class Resolved:
     """`shufflefs.formats.FormatRule`s: command line first, then the config file's."""
     pools: list[str] = field(default_factory=list)
     """Declared pool globs: command line first, then the config file's."""
+    mixes: list[MixSpec] = field(default_factory=list)
+    """The config file's mixtures."""
 
     @property
     def format_defaults(self) -> dict[str, Any]:
@@ -362,7 +419,7 @@ def resolve_options(args: argparse.Namespace, keys: Sequence[str], parser: argpa
             rules.append(parse_format_option(text, _format_defaults(values)))
         except (ValueError, KeyError, TypeError) as e:
             parser.error(f"argument --format: {_message(e)}")
-    return Resolved(values, rules, [*getattr(args, "pool", []), *cfg.pools])
+    return Resolved(values, rules, [*getattr(args, "pool", []), *cfg.pools], cfg.mixes)
 
 
 INSPECT_SHUFFLE_KEYS = ("block_size", "buffer", "seed", "page_size")

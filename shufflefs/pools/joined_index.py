@@ -32,6 +32,9 @@ class PooledIndex(RecordIndex):
     member_frames: tuple[tuple[int, int, int], ...]
     """``(size, header_end, trailer_start)`` of every member file."""
     member_stamps: tuple[SourceStamp | None, ...]
+    member_file: np.ndarray
+    """The file of every member (int64[members]): member m is file m here; a mixture's members
+    are segments of its files (`mix_index.MixIndex`)."""
 
     def __init__(self, members: list[RecordIndex] | tuple[RecordIndex, ...]) -> None:
         if not members:
@@ -52,6 +55,7 @@ class PooledIndex(RecordIndex):
         put(self, "shifts", heads - bases[:-1])
         put(self, "member_frames", tuple((m.size, m.header_end, m.trailer_start) for m in members))
         put(self, "member_stamps", tuple(m.stamp for m in members))
+        put(self, "member_file", np.arange(len(members), dtype=I64))
         put(self, "_newline", firsts[1:][newline] - 1)
 
     @property

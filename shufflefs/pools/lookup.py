@@ -25,13 +25,61 @@ TREE_TTL = 1.0
 STAMP_TTL = 1.0
 
 
+def entries(store: Store, directory: str) -> tuple[list[str], list[str]]:
+    """The regular files and the directories in ``directory`` (links followed by neither)."""
+    files, dirs = [], []
+    for name in sorted(store.list(directory)):
+        p = f"{directory}/{name}" if directory else name
+        try:
+            mode = store.stat(p).st_mode
+        except FileNotFoundError:
+            continue
+        if stat.S_ISREG(mode):
+            files.append(p)
+        elif stat.S_ISDIR(mode):
+            dirs.append(p)
+    return files, dirs
+
+
+def walk(store: Store) -> list[str]:
+    """Every regular file of the store's tree (links not followed)."""
+    out, todo = [], [""]
+    while todo:
+        files, dirs = entries(store, todo.pop())
+        out.extend(files)
+        todo.extend(reversed(dirs))
+    return out
+
+
 @dataclass(frozen=True)
 class PoolEntry:
-    """A member's place in its pool, and the stamps of all members (in shard order)."""
+    """A member's place in its pool, and the stamps of all members (in shard order).  Output
+    shard i of the pool has member i's name; a mixture's entry (`mixes.MixEntry`) has the same
+    attributes and names of its own."""
 
     pool: ShardSet
     shard: int
     stamps: tuple[SourceStamp, ...]
+    mix = None
+
+    @property
+    def shards(self) -> int:
+        return len(self.pool.members)
+
+    @property
+    def shard_paths(self) -> tuple[str, ...]:
+        """The relative paths of the output shards, in order."""
+        return self.pool.members
+
+    @property
+    def epoch_path(self) -> str:
+        """Whose epoch the shards follow: the first member's."""
+        return self.pool.members[0]
+
+    @property
+    def epoch_paths(self) -> tuple[str, ...]:
+        """The paths an epoch set on one shard is set on."""
+        return self.pool.members
 
 
 class PoolTable:
@@ -47,27 +95,10 @@ class PoolTable:
         self._stamps: dict[tuple, tuple[float, tuple[SourceStamp, ...]]] = {}
 
     def _entries(self, directory: str) -> tuple[list[str], list[str]]:
-        """The regular files and the directories in ``directory`` (links followed by neither)."""
-        files, dirs = [], []
-        for name in sorted(self.store.list(directory)):
-            p = f"{directory}/{name}" if directory else name
-            try:
-                mode = self.store.stat(p).st_mode
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(mode):
-                files.append(p)
-            elif stat.S_ISDIR(mode):
-                dirs.append(p)
-        return files, dirs
+        return entries(self.store, directory)
 
     def _walk(self) -> list[str]:
-        out, todo = [], [""]
-        while todo:
-            files, dirs = self._entries(todo.pop())
-            out.extend(files)
-            todo.extend(reversed(dirs))
-        return out
+        return walk(self.store)
 
     def _members(self, relpath: str) -> dict[str, tuple[ShardSet, int]]:
         if self.globs:

@@ -11,7 +11,6 @@ logged and counted first (`fail`).
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 import stat
@@ -19,15 +18,18 @@ from typing import Any
 
 import trio
 
-from ..config import PARTS_DIR, MountConfig
+from ..config import MIX_DIR, PARTS_DIR, MountConfig
 from ..errors import ShuffleError, StaleSourceError
 from ..index.table import SourceStamp
 from ..pools.lookup import PoolTable
+from ..pools.mixes import MixTable
 from ..shared_tasks import SharedTasks
 from ..sources import Store, open_store
 from ..strategies.resume import ResumeState
 from ..windows.cache import WindowCache
+from .epoch_prep import EpochPrep
 from .epochs import Epochs
+from .mix_tree import MixTree, in_mix_tree
 from .nodes import (
     DIR,
     FILE,
@@ -83,9 +85,10 @@ class Catalog:
         self.reads = Reads(self.views, self.windows)
         self.pools = PoolTable(self.store, self.tree.format_key, config.pool_globs) if config.pool else None
         self.tree.pools = self.pools
+        self.mixes = MixTree(MixTable(self.store, self.tree.format_key, config.mixes), self.tree) \
+            if config.mixes else None
         self.handles = 0
-        self.epoch_prefetches = 0
-        self._preparing: set[tuple] = set()  # files whose next epoch's view is being prepared
+        self.prep = EpochPrep(self)
         # True: the kernel keeps views' names (`fs.KernelNames`), so an open may come without a lookup
         self.names_cached = False
 
@@ -152,13 +155,13 @@ class Catalog:
                 pool = None if self.pools is None else await self.workers.run(self.pools.find, relpath, SourceStamp.of(st))
             stamp = SourceStamp.of(st)  # one object for the key and the node (a node per listed file)
             version = pool.stamps if pool is not None else stamp
-            epoch_path = pool.pool.members[0] if pool is not None else relpath
+            epoch_path = pool.epoch_path if pool is not None else relpath
             epoch = self.epochs.of(epoch_path)
             problem = None  # a resumed view is a node of its own (and a shard follows its pool's layouts)
             if pool is None:
                 resumed, stops = self.epochs.resumed(relpath, epoch_path)
             else:
-                resumed, stops, problem = self.epochs.resumed_shard(relpath, pool.pool.members)
+                resumed, stops, problem = self.epochs.resumed_shard(relpath, pool.shard_paths, epoch_path)
             # an index found wrong since makes a new node: a shard's or share's size follows it
             found_wrong = self.planner.generation(("pool", pool.pool.key) if pool is not None else ("file", relpath))
             key, kind = ("v", relpath, epoch, version, found_wrong, resumed, *suffix), VIEW
@@ -210,6 +213,15 @@ class Catalog:
             node = self.tree.find(self.tree.up_key(parent))
             if node is None:
                 raise Reply(errno.ENOENT)
+        elif self._mixing(parent, name):
+            relpath = os.path.join(parent.relpath, name) if parent.relpath else name
+            try:
+                probe = await self.workers.run(self.mixes.look, parent.relpath, name)
+                if probe is None:
+                    raise Reply(errno.ENOENT)
+                node = await self.entry(relpath, probe, parent.space)
+            except (ShuffleError, OSError) as e:
+                raise self.fail("lookup", relpath, self.epochs.of(relpath), None, e) from None
         elif parent.role is not None or (parent.ino == ROOT and name == PARTS_DIR):
             node = self.tree.split_dir(parent, name)
         else:
@@ -231,6 +243,18 @@ class Catalog:
         node.lookups += 1
         return node
 
+    def _mixing(self, parent: Node, name: str) -> bool:
+        """Whether ``name`` in ``parent`` is in a ``.mix`` tree (the mount's or a part's)."""
+        if self.mixes is None or parent.role is not None:
+            return False
+        return in_mix_tree(parent.relpath) or (parent.relpath == "" and name == MIX_DIR)
+
+    async def probe(self, relpath: str) -> Probe | None:
+        """An entry as it is now: a source file's, or a mixture's shard."""
+        if self.mixes is not None and in_mix_tree(relpath):
+            return await self.workers.run(self.mixes.probe, relpath)
+        return await self.workers.run(self.tree.probe, relpath, os.path.basename(relpath))
+
     async def _refresh(self, relpath: str, listing: list, i: int) -> None:
         """Describe entries of a kept listing again ahead of the lookups (`Tree.ahead`)."""
         try:
@@ -250,6 +274,8 @@ class Catalog:
 
     async def restat(self, node: Node) -> Stat:
         """A non-view node's attributes as the source has them now."""
+        if self.mixes is not None and in_mix_tree(node.relpath):
+            return node.st  # a directory of the mount's own
         try:
             st = Stat(await self.workers.run(self.store.stat, node.relpath, node.ino == ROOT))
         except Timeout:
@@ -265,7 +291,7 @@ class Catalog:
 
     async def size(self, node: Node) -> None:
         """Size a listed view whose size is still unknown (its attributes were asked)."""
-        probe = await self.workers.run(self.tree.probe, node.relpath, os.path.basename(node.relpath))
+        probe = await self.probe(node.relpath)
         if probe is None or probe.fmt is None or SourceStamp.of(probe.st) != node.stamp:
             raise Reply(errno.ESTALE)  # no longer that version: the kernel looks the name up again
         await self._size(node, probe)
@@ -297,7 +323,11 @@ class Catalog:
         if node.kind != DIR:
             raise Reply(errno.ENOTDIR)
         try:
+            if self.mixes is not None and in_mix_tree(node.relpath):
+                return await self.workers.run(self.mixes.list, node.relpath)
             return [] if node.role is not None else await self.workers.run(self.tree.list, node.relpath)
+        except ShuffleError as e:
+            raise self.fail("list", node.relpath, self.epochs.of(node.relpath), None, e) from None
         except OSError as e:
             raise self.gone(node.relpath, e) from None
 
@@ -355,8 +385,12 @@ class Catalog:
         which the kernel looks the name up again (now with a stat) and retries the open once: a
         new open shows the new version, as after a fresh lookup."""
         try:
-            st = await self.workers.run(self.store.stat, node.relpath)
-        except OSError:
+            if node.pool is not None and node.pool.mix is not None:
+                probe = await self.probe(node.relpath)
+                st = probe.st if probe is not None and probe.pool.stamps == node.pool.stamps else None
+            else:
+                st = await self.workers.run(self.store.stat, node.relpath)
+        except (OSError, ShuffleError):
             st = None
         if st is None or SourceStamp.of(st) != node.stamp:
             self.tree.forget_listed(node.relpath)
@@ -409,72 +443,18 @@ class Catalog:
             return False
         if node.pool is None:
             return node.key[5] == self.epochs.resumed(node.relpath, node.epoch_path)[0]
-        return node.key[5] == self.epochs.resumed_shard(node.relpath, node.pool.pool.members)[0]
+        return node.key[5] == self.epochs.resumed_shard(node.relpath, node.pool.shard_paths, node.epoch_path)[0]
 
     def set_epoch(self, node: Node, epoch: int) -> None:
         """Move the epoch of ``node`` (the root: every file), then prepare the new epoch's views
         of the files opened most recently, so that the first read after the change finds window
         0 ready or on its way."""
         self.epochs.set(node, epoch)
-        self._epoch_moved(node)
+        self.prep.moved(node)
 
     def set_resume(self, node: Node, state: ResumeState) -> None:
         """Resume ``state``'s epoch on every file (``node``: the root), as `set_epoch` does."""
         if node.kind != DIR or node.relpath != "":
             raise Reply(errno.ENOTSUP)
         self.epochs.set_resume(state)
-        self._epoch_moved(node)
-
-    def _epoch_moved(self, node: Node) -> None:
-        self.views.close_stale()
-        if self.views.stages is not None:
-            self.views.stages.tidy()
-        for relpath, space in self.epochs.moved(node):  # newest first
-            if self.windows.nursery is not None:
-                self.windows.nursery.start_soon(self._prepare, relpath, space)
-
-    async def _prepare(self, relpath: str, space: tuple[int, int] = (0, 1)) -> None:
-        """Prepare the current epoch's view of ``relpath`` (`_prepare_once`), one at a time per
-        file: epoch changes faster than plans are built start no more work, the running
-        preparation repeats once for the epoch that is current when it ends.  (Without this a
-        storm of epoch changes queued a plan per epoch, each held until its view was made.)"""
-        key = (relpath, *space)
-        if key in self._preparing:
-            return
-        self._preparing.add(key)
-        try:
-            while True:
-                epoch = self.epochs.of(relpath), self.epochs.resume_gen
-                await self._prepare_once(relpath, space)
-                if (self.epochs.of(relpath), self.epochs.resume_gen) == epoch:
-                    return
-        finally:
-            self._preparing.discard(key)
-
-    async def _prepare_once(self, relpath: str, space: tuple[int, int]) -> None:
-        """Open the current epoch's view of ``relpath`` without a handle and load its window 0,
-        so that the first read after an epoch change finds it ready (the view then waits among
-        the idle ones).  Failures are left for the open to report."""
-        try:
-            probe = await self.workers.run(self.tree.probe, relpath, os.path.basename(relpath))
-            if probe is None or probe.fmt is None:
-                return
-            node = await self.entry(relpath, probe, space)
-            if node.kind != VIEW or node.broken is not None:
-                return
-            node.opens += 1  # keeps the view from closing while it is being made
-            try:
-                if node.view is None:
-                    await self.tasks.run(("view", node.ino), functools.partial(self.views.make, node))
-                if node.view is not None and node.layout.n_windows:
-                    ref = self.views.window(node, 0, ahead=True)
-                    self.epoch_prefetches += self.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work,
-                                                                  background=True)
-            finally:
-                node.opens -= 1
-                if node.opens == 0:
-                    self.views.retire(node)  # idle until its first open (or forgotten if it failed)
-        except (ShuffleError, OSError) as e:
-            log.debug("preparing %s for the new epoch: %s", relpath, e)
-        except Exception:  # noqa: BLE001 -- a background task must never end the mount
-            log.exception("preparing %s for the new epoch failed", relpath)
+        self.prep.moved(node)

@@ -63,13 +63,15 @@ class Epochs:
         stops = self.resume.stops(relpath)
         return (self.resume_gen, stops) if stops else (0, ())
 
-    def resumed_shard(self, relpath: str, members: tuple[str, ...]) -> tuple[int, tuple[Stop, ...], str | None]:
-        """`resumed` for a shard of the pool of ``members``, plus a problem (else None).  The
+    def resumed_shard(self, relpath: str, members: tuple[str, ...], epoch_path: str | None = None
+                      ) -> tuple[int, tuple[Stop, ...], str | None]:
+        """`resumed` for a shard of the pool (or mixture) whose shards are ``members`` and
+        whose epoch is ``epoch_path``'s (default: the first shard's), plus a problem (else None).  The
         shards of a pool cut the pool's streams by position, so a shard the state does not name
         still ran under its siblings' layouts, consuming nothing: it resumes with their shapes
         (else, under another layout, it would show records its siblings showed before).  Named
         shards must agree on their layouts."""
-        if self.resume is None or self._overridden(members[0]):
+        if self.resume is None or self._overridden(epoch_path or members[0]):
             return 0, (), None
         stops = self.resume.stops(relpath)
         named = {m: self.resume.stops(m) for m in members if self.resume.stops(m)}
@@ -120,7 +122,7 @@ class Epochs:
             self.dirs[node.relpath] = epoch
             log.info("epoch of files under %s set to %d", node.relpath, epoch)
         elif node.kind == VIEW and node.pool is not None:  # a pool's shards share its epoch
-            for m in node.pool.pool.members:
+            for m in node.pool.epoch_paths:
                 self.files[m] = epoch
             log.info("epoch of the pool %s set to %d", node.pool.pool.key, epoch)
         elif node.kind == VIEW:
@@ -143,7 +145,7 @@ class Epochs:
         """The recently opened files (newest first) whose epoch setting on ``node`` moved."""
         prefix = node.relpath + "/" if node.kind == DIR else None
         everything = node.kind == DIR and node.relpath == ""
-        members = node.pool.pool.members if node.pool is not None else ()
+        members = node.pool.shard_paths if node.pool is not None else ()
         return [(relpath, (part, parts)) for relpath, part, parts in reversed(self._recent)
                 if everything or relpath == node.relpath or (prefix and relpath.startswith(prefix))
                 or relpath in members]

@@ -10,6 +10,7 @@ import time
 from ..formats import Format
 from ..index.table import RecordIndex, SourceStamp
 from ..pools.lookup import PoolEntry
+from ..pools.mixes import MixEntry
 from ..strategies import Plan
 from ..windows.cache import Slot
 from ..windows.layout import Layout
@@ -58,7 +59,7 @@ class Node:
         self.part, self.parts = 0, 1
         self.role: str | None = None  # ROLE_PARTS or ROLE_COUNT for the directories naming a split
         # a shard of a pool: shows a stretch of the pool's stream, framed by its own header/trailer
-        self.pool: PoolEntry | None = None
+        self.pool: PoolEntry | MixEntry | None = None
         self.frame: tuple[bytes, bytes] | None = None
         # False: last looked up from a recent listing's attributes, so an open checks the version
         self.trusted = True
@@ -68,13 +69,22 @@ class Node:
 
     @property
     def epoch_path(self) -> str:
-        """The file whose epoch this node follows: a pool's shards all follow its first member."""
-        return self.pool.pool.members[0] if self.pool is not None else self.relpath
+        """The file whose epoch this node follows: a pool's shards all follow its first member,
+        a mixture's its ``.mix/NAME``."""
+        return self.pool.epoch_path if self.pool is not None else self.relpath
 
     @property
     def space(self) -> tuple[int, int]:
         """``(part, parts)``: the loader part whose tree the node is in (``(0, 1)``: the mount's)."""
         return self.part, self.parts
+
+
+def frame_file(node: Node) -> tuple[str, SourceStamp]:
+    """The file (and its version) whose header and trailer a view shows: its own, or for a
+    mixture's shard its first file's."""
+    if node.pool is not None and node.pool.mix is not None:
+        return node.pool.pool.members[0], node.pool.stamps[0]
+    return node.relpath, node.stamp
 
 
 class Stat:

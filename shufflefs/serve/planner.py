@@ -17,26 +17,21 @@ import trio
 from ..config import MountConfig
 from ..errors import FormatError, ResumeMismatch, StaleSourceError
 from ..formats import Format
-from ..formats.npy import header_with_rows, row_kind
+from ..formats.npy import header_with_rows
 from ..index.table import IndexCache, RecordIndex, SourceStamp, cache_key
 from ..pools.joined_index import PooledIndex
 from ..pools.lookup import PoolEntry
+from ..pools.mix_index import MixIndex, epoch_index
+from ..pools.mixes import MixError
 from ..shared_tasks import SharedTasks
 from ..sources.base import Store
 from ..strategies import Plan, make_plan
-from ..strategies.base import (
-    BLOCK_STRATEGIES,
-    BUFFER_BLOCKS,
-    FEW_BLOCKS,
-    MIX_ASSUMPTION,
-    buffer_label_mix,
-    effective_block_size,
-)
 from ..strategies.costs import record_costs
 from ..strategies.resume import LengthOf, PlanOf, ResumeError, resumed_plan, share_length
 from ..strategies.slices import SlicePlan, slice_edges
 from ..windows.layout import Layout
-from .nodes import Node
+from .nodes import Node, frame_file
+from .plan_notes import PlanNotes, check_headers, check_npy_pool
 from .plan_memory import PlanMemory, plan_estimate, plan_nbytes
 from .workers import Workers
 
@@ -67,8 +62,7 @@ class Planner:
         self._bad_indexes: OrderedDict[tuple, FormatError] = OrderedDict()
         self._costs: OrderedDict[tuple, np.ndarray] = OrderedDict()  # --balance-field
         self._pool_plans: OrderedDict[tuple, Plan] = OrderedDict()  # the pooled streams shards cut up
-        self.few_blocks: dict[str, int] = {}  # files with fewer than FEW_BLOCKS of a size the user set
-        self.small_buffers: dict[str, dict] = {}  # files whose buffer holds fewer than BUFFER_BLOCKS blocks
+        self.notes = PlanNotes(config.spec)
         # indexes a window check found wrong (`distrust`, told from loading threads): forgotten
         # by the trio thread at its next use of the memos (`_drain`)
         self._lock = threading.Lock()
@@ -82,9 +76,37 @@ class Planner:
     async def index(self, node: Node) -> RecordIndex:
         """The node's file's index, or its pool's."""
         self._drain()
+        if node.pool is not None and node.pool.mix is not None:
+            return await self._mix_index(node)
         if node.pool is not None:
             return await self._pool_index(node.pool, node.fmt)
         return await self.file_index(node.relpath, node.stamp, node.fmt)
+
+    async def _mix_index(self, node: Node) -> MixIndex:
+        """The epoch of a mixture (`pools.mix_index`) over the pool of all its files."""
+        entry, mix = node.pool, node.pool.mix
+        base = await self._pool_index(entry, node.fmt)
+        key = (self._pool_key(entry, node.fmt), node.epoch)
+        if key in self._indexes and self._indexes[key].base is base:
+            self._indexes.move_to_end(key)
+            return self._indexes[key]
+
+        def build() -> MixIndex:
+            try:
+                index = epoch_index(base, mix.firsts, [s.weight for s in mix.spec.sources], mix.spec.samples,
+                                    self.spec, node.epoch)
+            except ValueError as e:
+                raise MixError(mix.key, None, f"mixture {mix.spec.name!r}: {e}") from None
+            log.info("mixture %s epoch %d: %s records from its sources", mix.spec.name, node.epoch,
+                     "+".join(map(str, index.takes)))
+            return index
+
+        async def memo() -> MixIndex:
+            index = await self.workers.run(build, limiter=self.workers.index)
+            self._memo(key, index)
+            return index
+
+        return await self.tasks.run(("mix", *key), memo)
 
     def _memo(self, key: tuple, index: RecordIndex) -> None:
         self._indexes[key] = index
@@ -109,29 +131,15 @@ class Planner:
                 for i in range(len(pool.members)):
                     nursery.start_soon(one, i)
             if fmt.name == "npy":
-                await self.workers.run(self._check_npy_pool, pool)
+                await self.workers.run(check_npy_pool, self.store, pool)
+            elif entry.mix is not None:
+                await self.workers.run(check_headers, self.store, pool, members)
             index = await self.workers.run(PooledIndex, members, limiter=self.workers.index)
             log.info("pool %s: %d shards, %d records", pool.key, len(pool.members), index.n)
             self._memo(key, index)
             return index
 
         return await self.tasks.run(key, build)
-
-    def _check_npy_pool(self, pool: Any) -> None:
-        """Blocking: arrays pool only if their rows are alike (the shards' headers are rewritten)."""
-        kinds = []
-        for m in pool.members:
-            f = self.store.open_file(m)
-            try:
-                head = f.read(0, 1 << 16)
-            finally:
-                f.close()
-            path = self.store.path(m)
-            kinds.append((row_kind(head, path), path))
-        for kind, path in kinds[1:]:
-            if kind != kinds[0][0]:
-                raise FormatError(path, 0, f"rows {kind} differ from those of {kinds[0][1]} {kinds[0][0]}; "
-                                  "arrays pool only with rows of one dtype and shape (--no-pool shuffles each file alone)")
 
     async def file_index(self, relpath: str, stamp: SourceStamp, fmt: Format) -> RecordIndex:
         """Built once per (file, stamp, format) even under concurrent opens; cached on disk."""
@@ -254,6 +262,8 @@ class Planner:
             self._forget, self._forget_versions = set(), set()
         for key in keys:
             self._indexes.pop(key, None)
+        for key in [k for k in self._indexes if len(k) == 2 and k[0] in keys]:  # mixtures' epochs
+            del self._indexes[key]
         for key in [k for k in self._pool_plans if k[:3] in versions]:
             del self._pool_plans[key]
         for version in versions:
@@ -281,8 +291,7 @@ class Planner:
             except BaseException:
                 self.memory.release(node.ino)
                 raise
-            self._note_few_blocks(node, index)
-            self._note_small_buffer(node, index)
+            self.notes.note(node.pool.pool.key if node.pool is not None else node.relpath, index, node.parts)
             if node.size < 0:  # a rank's share or a shard: sized by its plan (a negative size
                 node.size = layout.size  # reaching the kernel would make the inode bad: EIO)
             elif layout.size != node.size:
@@ -316,42 +325,6 @@ class Planner:
                 node.frame = await self.workers.run(self._frame, node, frame, rows)
         head, trail = (None, None) if node.frame is None else map(len, node.frame)
         return plan, await self.workers.run(Layout, index, plan, head, trail, limiter=self.workers.index)
-
-    def _note_few_blocks(self, node: Node, index: RecordIndex) -> None:
-        """A file (or pool) of fewer than `FEW_BLOCKS` blocks, which block orders barely shuffle:
-        say so once (a warning for a size the user set, an info line for the automatic size,
-        whose floor of a page leaves every file under 8 pages few blocks)."""
-        if self.spec.strategy not in (*BLOCK_STRATEGIES, "pls") or index.data_bytes <= 0:
-            return
-        size = effective_block_size(self.spec, index.data_bytes)
-        name = node.pool.pool.key if node.pool is not None else node.relpath
-        blocks = -(-index.data_bytes // size)
-        if blocks >= FEW_BLOCKS or name in self.few_blocks:
-            return
-        if len(self.few_blocks) < 1000:
-            self.few_blocks[name] = blocks
-        given = self.spec.block_size is not None
-        log.log(logging.WARNING if given else logging.INFO,
-                "%s: %d block(s) of %d bytes: fewer than %d blocks, so block orders barely shuffle it%s", name,
-                blocks, size, FEW_BLOCKS, "; lower --block-size" if given else
-                " (the automatic size is at least a page); use --strategy full or once for files this small")
-
-    def _note_small_buffer(self, node: Node, index: RecordIndex) -> None:
-        """A file (or pool) whose buffer holds fewer than `BUFFER_BLOCKS` of its blocks, so that
-        block and corgipile mix few runs of one label: warn once, with the expected label mix."""
-        if self.spec.strategy not in BLOCK_STRATEGIES or index.data_bytes <= 0:
-            return
-        name = node.pool.pool.key if node.pool is not None else node.relpath
-        if name in self.small_buffers:
-            return
-        blocks, mix = buffer_label_mix(self.spec, index.data_bytes, node.parts)
-        if blocks >= BUFFER_BLOCKS or mix == 0.0:
-            return
-        if len(self.small_buffers) < 1000:
-            self.small_buffers[name] = {"blocks_per_buffer": blocks, "expected_label_mix": round(mix, 3)}
-        log.warning("%s: a buffer holds %d blocks (fewer than %d): expected label mix %.3f (TV %s; 0 is a "
-                    "perfect mix); set --block-size smaller or --buffer larger", name, blocks, BUFFER_BLOCKS,
-                    mix, MIX_ASSUMPTION)
 
     async def _make_plan(self, node: Node, index: RecordIndex, cost_key: tuple) -> Plan:
         """`make_plan` on a worker thread, with the records' costs for ``--balance`` (kept per
@@ -413,8 +386,10 @@ class Planner:
         if node.pool is None:
             return self._costs_of(node.relpath, node.stamp, index, field, fmt)
         e = node.pool
-        return np.concatenate([self._costs_of(m, e.stamps[i], index.member_index(i), field, fmt)
-                               for i, m in enumerate(e.pool.members)])
+        base = index.base if isinstance(index, MixIndex) else index
+        costs = np.concatenate([self._costs_of(m, e.stamps[i], base.member_index(i), field, fmt)
+                                for i, m in enumerate(e.pool.members)])
+        return costs[index.base_ids()] if isinstance(index, MixIndex) else costs
 
     def _costs_of(self, relpath: str, stamp: SourceStamp, index: RecordIndex, field: str | None, fmt: str) -> np.ndarray:
         load = lambda: self.store.map(relpath, stamp)  # noqa: E731 -- mapped only when needed
@@ -426,14 +401,15 @@ class Planner:
         views of the layouts its epoch ran under (`strategies.resume`), its own windows."""
         entry = node.pool
         version = (entry.pool.key, entry.pool.members, entry.stamps)
-        shards = len(entry.pool.members)
+        costs_key = version if entry.mix is None else (*version, node.epoch)  # a mixture's records vary by epoch
+        shards = entry.shards
 
         def shard_of(stream: Plan) -> SlicePlan:
             edges = slice_edges(int(np.asarray(stream.window_records).sum()), shards)
             return SlicePlan(stream, int(edges[entry.shard]), int(edges[entry.shard + 1]), entry.shard, shards)
 
         if node.resume:
-            known = self._costs.get(version)
+            known = self._costs.get(costs_key)
 
             def resumed() -> Plan:
                 costs = known if known is not None or not self.spec.balance else self._record_costs(node, index)
@@ -442,13 +418,14 @@ class Planner:
 
             plan = await self.workers.run(resumed, limiter=self.workers.plan)
         else:
-            plan = shard_of(await self._stream(node, index, version))
-        frame = await self.workers.run(self._frame, node, index.member_frames[entry.shard],
+            plan = shard_of(await self._stream(node, index, version, costs_key))
+        own = 0 if entry.mix is not None else entry.shard  # a mixture's shards are framed as its first file
+        frame = await self.workers.run(self._frame, node, index.member_frames[own],
                                        int(np.asarray(plan.window_records).sum()), limiter=self.workers.index)
         node.frame = frame
         return plan, Layout(index, plan, len(frame[0]), len(frame[1]))
 
-    async def _stream(self, node: Node, index: PooledIndex, version: tuple) -> Plan:
+    async def _stream(self, node: Node, index: PooledIndex, version: tuple, costs_key: tuple) -> Plan:
         """The pool's stream that a shard cuts (the rank's, or its part's), built once for all
         the shards that ask at once and kept for the others (`POOL_STREAMS`)."""
         key = (*version, node.epoch, node.part, node.parts)
@@ -458,7 +435,7 @@ class Planner:
             stream = None  # planned over an index since found wrong
         if stream is None:
             async def build() -> Plan:
-                plan = await self._make_plan(node, index, version)
+                plan = await self._make_plan(node, index, costs_key)
                 self._pool_plans[key] = plan
                 while len(self._pool_plans) > POOL_STREAMS:
                     self._pool_plans.popitem(last=False)
@@ -473,7 +450,7 @@ class Planner:
         header end and trailer start), its own file's, an ``.npy`` header rewritten for the rows
         it shows (``numpy.load`` refuses a count that is wrong)."""
         size, head, trail = frame
-        src = self.store.open(node.relpath, node.stamp)
+        src = self.store.open(*frame_file(node))
         try:
             header, trailer = src.read_range(0, head), src.read_range(trail, size)
         finally:

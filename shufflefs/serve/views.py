@@ -32,7 +32,7 @@ from ..strategies.exchange import Partitions
 from ..strategies.partial_local import pls_exchange
 from ..windows.cache import WindowCache
 from ..windows.view import SharedView, View, ViewClosed, window_work
-from .nodes import Node
+from .nodes import Node, frame_file
 from .planner import Planner
 from .tree import Tree
 from .workers import Workers
@@ -119,7 +119,7 @@ class Views:
             return
         plan = await self.planner.plan(node)
         stage = None
-        if self.stages is not None:
+        if self.stages is not None and (node.pool is None or node.pool.mix is None):  # a mixture is not staged
             stage = await self.stages.acquire(await self._stage_target(node), node.epoch)
         view = await self.workers.run(self._new_view, node, plan, stage, limiter=self.workers.index)
         if node.opens == 0:  # every opener gave up meanwhile
@@ -138,6 +138,8 @@ class Views:
             return self.store.open(node.relpath, node.index.stamp)
         entry = node.pool
         key = (entry.pool.key, entry.pool.members, entry.stamps)
+        if entry.mix is not None:
+            key += (id(node.index),)  # an epoch of a mixture: the pieces of its files differ by epoch
         src = self._pool_sources.get(key)
         try:
             src = src.share() if src is not None else None
@@ -179,10 +181,11 @@ class Views:
         """Blocking: an ``.npy`` view's frame and, if its file stores rows strided (Fortran
         order), their columns (`transposed`) with the whole view's header saying C order."""
         index = node.index
-        head = index.member_frames[node.pool.shard][1] if node.pool is not None else index.header_end
+        own = (0 if node.pool.mix is not None else node.pool.shard) if node.pool is not None else None
+        head = index.member_frames[own][1] if own is not None else index.header_end
         if not head:
             return node.frame, None
-        src = self.store.open(node.relpath, node.stamp)
+        src = self.store.open(*frame_file(node))
         try:
             header = src.read_range(0, head)
         finally:

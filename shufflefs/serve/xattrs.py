@@ -207,8 +207,8 @@ def describe(cat: Catalog) -> dict[str, Any]:
         **({"block_floor": spec.block_floor or AUTO_BLOCK_FLOOR, "block_floor_note": config.block_floor_note
             or f"the default ({AUTO_BLOCK_FLOOR >> 10} KiB): no measurement of the device"}
            if spec.block_size is None else {}),
-        few_blocks=dict(cat.planner.few_blocks),
-        small_buffers=dict(cat.planner.small_buffers),
+        few_blocks=dict(cat.planner.notes.few_blocks),
+        small_buffers=dict(cat.planner.notes.small_buffers),
         buffer=format_buffer(spec.buffer),
         page_size=spec.page_size,
         rank=config.rank,
@@ -232,7 +232,7 @@ def describe(cat: Catalog) -> dict[str, Any]:
         cache_dir=str(config.cache_dir if config.cache_dir is not None else default_cache_dir()),
         **({"cache_warning": config.cache_warning} if config.cache_warning else {}),
         memory={**cat.windows.describe(), **cat.planner.describe()},
-        epoch_prefetches=cat.epoch_prefetches,
+        epoch_prefetches=cat.prep.prefetches,
         gather=GATHER,
         code=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         read_bytes=views.read_bytes.snapshot(),

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..index.table import SourceStamp
 from ..pools.joined_index import PooledIndex, split_runs
+from ..windows.layout import gather
 from .base import Members, Runs, Source
 
 
@@ -62,47 +63,57 @@ class PoolSource:
         if not self._placed:
             return None
         first, count, member = index.split_runs(first, count)
-        return Runs(first, count, self.fds[member], index.shifts[member])
+        return Runs(first, count, self.fds[index.member_file[member]], index.shifts[member])
 
     def mapped_members(self) -> Members | None:
-        """Every member's mapping (`Members`); None unless each member with records has one."""
+        """Every member's mapping (`Members`); None unless each file with records has one."""
         if not self._placed:
             return None
         index, maps, slot = self.index, [], np.full(len(self.files), -1, np.int64)
-        counts = np.diff(index.member_firsts)
+        used = np.zeros(len(self.files), bool)
+        used[index.member_file[np.diff(index.member_firsts) > 0]] = True
         for m, f in enumerate(self.files):
             ask = getattr(f, "mapping", None)
             mapped = ask() if ask is not None else None
             if mapped is not None:
                 slot[m] = len(maps)
                 maps.append(mapped)
-            elif counts[m]:
+            elif used[m]:
                 return None
-        return Members(tuple(maps), np.asarray(index.member_firsts[:-1], np.int64), slot,
-                       np.asarray(index.shifts, np.int64), self.fds)
+        return Members(tuple(maps), np.asarray(index.member_firsts[:-1], np.int64), slot[index.member_file],
+                       np.asarray(index.shifts, np.int64), self.fds[index.member_file])
 
     def file_of(self, fd: int) -> Source:
         return self.files[self._by_fd[fd]]
 
     def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Pooled byte ranges (ascending, perhaps across members), concatenated (remote members,
-        or the build without the compiled module): cut where members start, one read per member
-        stretch."""
+        """Byte ranges of the index (ascending, perhaps across members), concatenated (remote
+        members, or the build without the compiled module): cut where members start, one read
+        per file of its pieces in file order (a mixture's pieces of one file may come in any
+        order: they are read sorted and put back in place)."""
         index = self.index
         first, count, member = split_runs(index.bounds[index.member_firsts], starts, np.asarray(ends) - starts)
         total = int(count.sum())
         buf = out[:total] if out is not None and len(out) >= total else np.empty(total, np.uint8)
+        at, file = first + index.shifts[member], index.member_file[member]
+        dest = np.cumsum(count) - count
+        order = np.lexsort((at, file))
+        direct = bool(np.all(order == np.arange(len(order))))
+        if direct:
+            into = buf
+        else:
+            at, file, count, dest = at[order], file[order], count[order], dest[order]
+            into = np.empty(total, np.uint8)
         pos, waits = 0, []
-        for piece in np.split(np.arange(len(member)), np.flatnonzero(np.diff(member)) + 1):
+        for piece in np.split(np.arange(len(file)), np.flatnonzero(np.diff(file)) + 1):
             if len(piece):
-                m, size = int(member[piece[0]]), int(count[piece].sum())
-                at = first[piece] + index.shifts[m]
-                f, part = self.files[m], buf[pos: pos + size]
+                m, size = int(file[piece[0]]), int(count[piece].sum())
+                f, part = self.files[m], into[pos: pos + size]
                 begin = getattr(f, "begin_runs", None)  # remote members: all in flight, then wait
                 if begin is not None:
-                    waits.append(begin(at, at + count[piece], part))
+                    waits.append(begin(at[piece], at[piece] + count[piece], part))
                 else:
-                    f.read_runs(at, at + count[piece], part)
+                    f.read_runs(at[piece], at[piece] + count[piece], part)
                 pos += size
         error: BaseException | None = None
         for finish in waits:  # every one waited for: none may still write into ``buf`` after a raise
@@ -112,6 +123,8 @@ class PoolSource:
                 error = error or e
         if error is not None:
             raise error
+        if not direct:
+            gather(into, np.cumsum(count) - count, count, buf, dest)
         return buf
 
     def read_range(self, start: int, end: int) -> bytes:
@@ -123,7 +136,7 @@ class PoolSource:
         first, count, member = index.split_runs(first, count)
         b = index.bounds
         starts, ends = b[first] + index.shifts[member], b[first + count] + index.shifts[member]
-        for m, s, e in zip(member.tolist(), starts.tolist(), ends.tolist()):
+        for m, s, e in zip(index.member_file[member].tolist(), starts.tolist(), ends.tolist()):
             os.posix_fadvise(self.files[m].fd, s, e - s, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:

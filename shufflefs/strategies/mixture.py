@@ -87,3 +87,33 @@ def interleave(takes: Sequence[int]) -> np.ndarray:
     phase = (np.arange(len(takes)) + 0.5) / max(len(takes), 1)
     due = (k + phase[src]) / np.repeat(np.maximum(takes, 1), takes)
     return src[np.argsort(due, kind="stable")]
+
+
+def epoch_segments(seed: int, epoch: int, counts: Sequence[int], takes: Sequence[int],
+                   runs: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An epoch's records as ``(source, first, count)`` (int64 each): runs of consecutive
+    records of one source (ids local to the source), in the order the epoch's stream holds them.
+
+    Source s gives `epoch_records` (``takes[s]`` of its ``counts[s]`` records, permuted in runs of
+    ``runs[s]``); its records are cut where ids stop following one another, and the pieces of all
+    sources are interleaved by where they fall in their source's take, as `interleave` places
+    records (a piece of source s that starts at its k-th record and holds c records goes at
+    ``(k + phase_s * c) / takes[s]``), so every stretch of the stream holds each source's share,
+    give or take a piece per source.  A strategy then shuffles the stream."""
+    sources, firsts, lengths, due = [], [], [], []
+    phases = (np.arange(len(takes)) + 0.5) / max(len(takes), 1)
+    for s, (n, take, run) in enumerate(zip(counts, takes, runs)):
+        ids = epoch_records(seed, epoch, s, int(n), int(take), max(1, int(run)))
+        if len(ids) == 0:
+            continue
+        cut = np.flatnonzero(np.diff(ids) != 1) + 1
+        starts = np.concatenate((np.zeros(1, np.int64), cut))
+        count = np.diff(np.concatenate((starts, [len(ids)]))).astype(np.int64)
+        sources.append(np.full(len(starts), s, np.int64))
+        firsts.append(ids[starts])
+        lengths.append(count)
+        due.append((starts + phases[s] * count) / int(take))
+    if not sources:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.argsort(np.concatenate(due), kind="stable")
+    return np.concatenate(sources)[order], np.concatenate(firsts)[order], np.concatenate(lengths)[order]

@@ -168,7 +168,8 @@ def added_newlines(newline_ids: np.ndarray, ids: np.ndarray) -> int:
 def _cached(members: Members) -> bool:
     """Whether at least `CACHED` of the mapped files' pages are in the page cache."""
     cached = total = 0
-    for m in np.flatnonzero(members.slot >= 0).tolist():
+    slots, at = np.unique(members.slot, return_index=True)  # a file once, however many members map it
+    for m in at[slots >= 0].tolist():
         mapped = members.maps[int(members.slot[m])]
         cached += _cached_pages(int(members.fd[m]), mapped)
         total += -(-len(mapped) // PAGE)

@@ -1,0 +1,182 @@
+"""Which files each mixture (``[[mix]]``) draws from, read from the source tree, and the names
+of its shards under ``MNT/.mix/NAME/``.
+
+A mixture's files are its sources' files, source after source, each source's in `path_order`:
+the members of one pool whose records a `mix_index.MixIndex` picks from every epoch.  All of
+them must be data files of one format (a reader of the shards reads one format), each source
+must match at least one, and no file may belong to two sources.  Blocking (the store's
+listings); resolved again at most once per `TREE_TTL` seconds, members' stamps after
+`STAMP_TTL`, as `lookup.PoolTable` does.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..config import MIX_DIR, MixSpec
+from ..errors import ShuffleError
+from ..formats import FormatRule
+from ..index.table import SourceStamp
+from ..sources.base import Store
+from .lookup import STAMP_TTL, TREE_TTL, walk
+from .shards import path_order
+
+_EXT = re.compile(r"(?:\.[A-Za-z][A-Za-z0-9]*)+$")
+
+
+class MixError(ShuffleError):
+    """A mixture that cannot be served as declared (its sources match no files, or files of
+    several formats): the reason names the mixture and the files."""
+
+
+@dataclass(frozen=True)
+class MixSet:
+    """A mixture's files as one pool (``members``, source after source; ``firsts``: where each
+    source's files start among them, then their count) and its ``shards`` output files."""
+
+    key: str
+    members: tuple[str, ...]
+    format: str
+    spec: MixSpec
+    firsts: tuple[int, ...]
+    shards: int
+    ext: str
+    declared = True
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The shards' file names (``blend-00000-of-00004.jsonl``): a shard set's names."""
+        n = self.shards
+        return tuple(f"{self.spec.name}-{i:05d}-of-{n:05d}{self.ext}" for i in range(n))
+
+
+@dataclass(frozen=True)
+class MixEntry:
+    """Output shard ``shard`` of a mixture, with its files' stamps: what a `lookup.PoolEntry` is
+    for a pool's shard (the catalog serves both alike)."""
+
+    pool: MixSet
+    shard: int
+    stamps: tuple[SourceStamp, ...]
+
+    @property
+    def mix(self) -> MixSet:
+        return self.pool
+
+    @property
+    def shards(self) -> int:
+        return self.pool.shards
+
+    @property
+    def shard_paths(self) -> tuple[str, ...]:
+        return tuple(f"{self.pool.key}/{name}" for name in self.pool.names)
+
+    @property
+    def epoch_path(self) -> str:
+        """A mixture follows its own epoch: ``.mix/NAME``'s (set on any of its shards, on
+        ``.mix/NAME`` or ``.mix``, or the mount's)."""
+        return self.pool.key
+
+    @property
+    def epoch_paths(self) -> tuple[str, ...]:
+        return (self.pool.key,)
+
+
+def mixture_files(spec: MixSpec, files: list[str], format_key: Callable[[str], str | None]) -> MixSet:
+    """The mixture ``spec`` over the source tree's ``files``; `MixError` if it cannot be served."""
+    where = f"mixture {spec.name!r}"
+    owner: dict[str, int] = {}
+    members: list[str] = []
+    firsts = [0]
+    for i, source in enumerate(spec.sources):
+        rule = FormatRule(source.glob, "none")
+        got = sorted((p for p in files if rule.matches(p) and format_key(p) is not None), key=path_order)
+        if not got:
+            raise MixError(MIX_DIR, None, f"{where}: source #{i + 1} ({source.glob!r}) matches no data file")
+        for p in got:
+            if p in owner:
+                raise MixError(MIX_DIR, None, f"{where}: {p} matches source #{owner[p] + 1} "
+                               f"({spec.sources[owner[p]].glob!r}) and #{i + 1} ({source.glob!r}); "
+                               "a file belongs to one source")
+            owner[p] = i
+        members.extend(got)
+        firsts.append(len(members))
+    kinds: dict[str, str] = {}
+    for p in members:
+        kinds.setdefault(format_key(p) or "", p)
+    if len(kinds) > 1:
+        seen = "; ".join(f"{p} is {k}" for k, p in kinds.items())
+        raise MixError(MIX_DIR, None, f"{where}: its files differ in format ({seen}); all files of a mixture must share one "
+                       "format and its parameters")
+    ext = _EXT.search(posixpath.basename(members[0]))
+    return MixSet(f"{MIX_DIR}/{spec.name}", tuple(members), next(iter(kinds)), spec, tuple(firsts),
+                  spec.shards or len(members), ext.group(0) if ext else "")
+
+
+class MixTable:
+    """The mixtures of a mount as found in its source tree now."""
+
+    def __init__(self, store: Store, format_key: Callable[[str], str | None], specs: list[MixSpec]) -> None:
+        self.store, self.format_key = store, format_key
+        self.specs = {s.name: s for s in specs}
+        self._lock = threading.Lock()
+        self._tree: tuple[float, list[str]] | None = None
+        self._found: dict[str, MixSet | MixError] = {}  # for the files of ``_tree``
+        self._stamps: dict[tuple, tuple[float, tuple[SourceStamp, ...]]] = {}
+
+    def _files(self) -> list[str]:
+        now = time.monotonic()
+        if self._tree is None or now - self._tree[0] > TREE_TTL:
+            files = walk(self.store)
+            if self._tree is None or files != self._tree[1]:
+                self._found.clear()
+            self._tree = (now, files)
+        return self._tree[1]
+
+    def find(self, name: str) -> MixSet | None:
+        """Mixture ``name`` (None: no such mixture); `MixError` if it cannot be served."""
+        spec = self.specs.get(name)
+        if spec is None:
+            return None
+        with self._lock:
+            files = self._files()
+            got = self._found.get(name)
+            if got is None:
+                try:
+                    got = mixture_files(spec, files, self.format_key)
+                except MixError as e:
+                    got = e
+                self._found[name] = got
+        if isinstance(got, MixError):
+            raise MixError(got.path, None, got.message)
+        return got
+
+    def entry(self, name: str, shard_name: str) -> MixEntry | None:
+        """The entry of shard ``shard_name`` of mixture ``name``, or None if there is none."""
+        mix = self.find(name)
+        if mix is None or shard_name not in mix.names:
+            return None
+        with self._lock:
+            key, now = (mix.key, mix.members), time.monotonic()
+            known = self._stamps.get(key)
+            if known is None or now - known[0] > STAMP_TTL:
+                stamps = tuple(SourceStamp.of(self.store.stat(m, follow_last=True)) for m in mix.members)
+                if len(self._stamps) > 256:
+                    self._stamps.clear()
+                known = self._stamps[key] = (now, stamps)
+        return MixEntry(mix, mix.names.index(shard_name), known[1])
+
+    def check(self) -> list[str]:
+        """What keeps any mixture from being served now (empty: all can be)."""
+        problems = []
+        for name in self.specs:
+            try:
+                self.find(name)
+            except MixError as e:
+                problems.append(e.message)
+        return problems

@@ -1,0 +1,78 @@
+"""What an epoch change sets off: the views of the old epoch close, and the new epoch's views of
+the files opened most recently are prepared (planned, window 0 loaded) before their first read."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any
+
+from ..errors import ShuffleError
+from .nodes import VIEW, Node
+
+log = logging.getLogger("shufflefs")
+
+
+class EpochPrep:
+    """Of one `catalog.Catalog` (not imported: it holds this)."""
+
+    def __init__(self, cat: Any) -> None:
+        self.cat = cat
+        self.prefetches = 0  # window loads started by preparations
+        self._preparing: set[tuple] = set()  # files whose next epoch's view is being prepared
+
+    def moved(self, node: Node) -> None:
+        """The epoch setting on ``node`` moved: close the views that are no longer current, then
+        prepare the new epoch's views of the files opened most recently."""
+        self.cat.views.close_stale()
+        if self.cat.views.stages is not None:
+            self.cat.views.stages.tidy()
+        for relpath, space in self.cat.epochs.moved(node):  # newest first
+            if self.cat.windows.nursery is not None:
+                self.cat.windows.nursery.start_soon(self._prepare, relpath, space)
+
+    async def _prepare(self, relpath: str, space: tuple[int, int] = (0, 1)) -> None:
+        """Prepare the current epoch's view of ``relpath`` (`_once`), one at a time per
+        file: epoch changes faster than plans are built start no more work, the running
+        preparation repeats once for the epoch that is current when it ends.  (Without this a
+        storm of epoch changes queued a plan per epoch, each held until its view was made.)"""
+        key = (relpath, *space)
+        if key in self._preparing:
+            return
+        self._preparing.add(key)
+        try:
+            while True:
+                epoch = self.cat.epochs.of(relpath), self.cat.epochs.resume_gen
+                await self._once(relpath, space)
+                if (self.cat.epochs.of(relpath), self.cat.epochs.resume_gen) == epoch:
+                    return
+        finally:
+            self._preparing.discard(key)
+
+    async def _once(self, relpath: str, space: tuple[int, int]) -> None:
+        """Open the current epoch's view of ``relpath`` without a handle and load its window 0,
+        so that the first read after an epoch change finds it ready (the view then waits among
+        the idle ones).  Failures are left for the open to report."""
+        try:
+            probe = await self.cat.probe(relpath)
+            if probe is None or probe.fmt is None:
+                return
+            node = await self.cat.entry(relpath, probe, space)
+            if node.kind != VIEW or node.broken is not None:
+                return
+            node.opens += 1  # keeps the view from closing while it is being made
+            try:
+                if node.view is None:
+                    await self.cat.tasks.run(("view", node.ino), functools.partial(self.cat.views.make, node))
+                if node.view is not None and node.layout.n_windows:
+                    ref = self.cat.views.window(node, 0, ahead=True)
+                    self.prefetches += self.cat.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work,
+                                                                  background=True)
+            finally:
+                node.opens -= 1
+                if node.opens == 0:
+                    self.cat.views.retire(node)  # idle until its first open (or forgotten if it failed)
+        except (ShuffleError, OSError) as e:
+            log.debug("preparing %s for the new epoch: %s", relpath, e)
+        except Exception:  # noqa: BLE001 -- a background task must never end the mount
+            log.exception("preparing %s for the new epoch failed", relpath)

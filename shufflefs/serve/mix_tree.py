@@ -1,0 +1,63 @@
+"""The ``.mix`` directory of a mount: ``.mix/NAME/`` for every mixture of the config file,
+holding its shards as views (probes carry a `pools.mixes.MixEntry` where a pool's shard carries
+its `PoolEntry`).  Blocking, for worker threads, like `tree.Tree`'s probes."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from types import SimpleNamespace
+
+from ..config import MIX_DIR
+from ..pools.mixes import MixTable
+from .nodes import Probe, Stat
+from .tree import Tree
+
+
+def in_mix_tree(relpath: str) -> bool:
+    return relpath == MIX_DIR or relpath.startswith(MIX_DIR + "/")
+
+
+class MixTree:
+    """Probes of ``.mix``, ``.mix/NAME`` and ``.mix/NAME/SHARD``.  A shard's attributes: its
+    files' newest mtime and ctime (so a changed source is a new version), read-only; its size
+    comes from its plan, like a pool shard's."""
+
+    def __init__(self, table: MixTable, tree: Tree) -> None:
+        self.table, self.tree = table, tree
+
+    def _dir(self, name: str) -> Probe:
+        return Probe(name, self.tree.nodes[1].st, None, None, None, None, time.monotonic())
+
+    def look(self, parent: str, name: str) -> Probe | None:
+        """The probe of ``name`` in ``parent`` (``""``: the root, where only ``.mix`` is ours)."""
+        if parent == "":
+            return self._dir(MIX_DIR) if name == MIX_DIR else None
+        if parent == MIX_DIR:
+            return self._dir(name) if self.table.find(name) is not None else None
+        mix = parent[len(MIX_DIR) + 1:]
+        if "/" in mix:
+            return None
+        entry = self.table.entry(mix, name)
+        if entry is None:
+            return None
+        members = [self.tree.store.stat(m, follow_last=True) for m in entry.pool.members[:1]]
+        root = self.tree.nodes[1].st
+        st = SimpleNamespace(
+            st_mode=stat.S_IFREG | (members[0].st_mode & 0o444), st_ino=0, st_nlink=1, st_uid=root.st_uid,
+            st_gid=root.st_gid, st_size=0, st_atime_ns=max(s.mtime_ns for s in entry.stamps),
+            st_mtime_ns=max(s.mtime_ns for s in entry.stamps), st_ctime_ns=max(s.ctime_ns for s in entry.stamps),
+            st_blksize=root.st_blksize, st_blocks=0)
+        return Probe(name, Stat(st), self.tree.format(entry.pool.members[0]), None, None, entry, time.monotonic())
+
+    def list(self, relpath: str) -> list[Probe]:
+        if relpath == MIX_DIR:
+            return [self._dir(name) for name in sorted(self.table.specs)]
+        mix = self.table.find(relpath[len(MIX_DIR) + 1:])
+        if mix is None:
+            return []
+        return [p for p in (self.look(relpath, n) for n in mix.names) if p is not None]
+
+    def probe(self, relpath: str) -> Probe | None:
+        return self.look(os.path.dirname(relpath), os.path.basename(relpath))
