@@ -231,6 +231,8 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
         fs = ShuffleFS(config)
     except (OSError, ValueError, ImportError, ShuffleError) as e:
         log.error("cannot start: %s", e)
+        if to_file:  # the log is elsewhere: the user must still see why
+            print(f"shufflefs: cannot start: {e}", file=sys.stderr)
         return EXIT_FAILED
     own_tmp = scratch.claim(fs.index_cache.dir)
     fs.index_cache.dir, config.cache_warning = scratch.index_cache(fs.index_cache.dir, own_tmp)

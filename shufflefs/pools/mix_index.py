@@ -91,9 +91,12 @@ class MixIndex(PooledIndex):
 
 RECORD_ORDERS = ("full", "once")
 """Strategies that order single records: a mixture samples their records one by one.  The
-others read blocks, and an epoch takes a source's records in runs of a block's worth, so that a
-block of the mixture is a block of one file (the records an epoch takes are then runs of about a
-block, chosen at random, rather than single records)."""
+others read blocks, and an epoch takes a source's records by its files' blocks (the grid a plan
+cuts them on), so that a block of the mixture is a block of one file: the records an epoch
+takes are then whole blocks chosen at random, rather than single records."""
+GROUPED_ORDERS = ("stratified",)
+"""Strategies that deal every stretch of their stream to every buffer: the epoch's stream holds
+its sources one after another, so every buffer gets each source's share to within a block."""
 
 
 def epoch_index(base: PooledIndex, firsts: Sequence[int], weights: Sequence[float], samples: int | None,
@@ -109,10 +112,10 @@ def epoch_index(base: PooledIndex, firsts: Sequence[int], weights: Sequence[floa
     if len(empty):
         raise ValueError(f"source #{int(empty[0]) + 1} has no records but is asked for {int(takes[empty[0]])}")
     if spec.strategy in RECORD_ORDERS:
-        runs = np.ones(len(counts), I64)
+        runs: list = [1] * len(counts)
     else:
-        block = effective_block_size(spec, base.data_bytes)
-        nbytes = base.bounds[starts[1:]] - base.bounds[starts[:-1]]
-        runs = np.maximum(1, block * counts // np.maximum(nbytes, 1))
-    src, first, count = epoch_segments(spec.seed, epoch, counts, takes, runs)
+        blocks = base.unit_firsts(effective_block_size(spec, base.data_bytes))
+        runs = [np.concatenate((blocks[(blocks >= a) & (blocks < b)], [b])) - a if b > a else 1
+                for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
+    src, first, count = epoch_segments(spec.seed, epoch, counts, takes, runs, spec.strategy in GROUPED_ORDERS)
     return MixIndex(base, first + starts[src], count, takes)

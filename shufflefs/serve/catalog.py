@@ -85,8 +85,14 @@ class Catalog:
         self.reads = Reads(self.views, self.windows)
         self.pools = PoolTable(self.store, self.tree.format_key, config.pool_globs) if config.pool else None
         self.tree.pools = self.pools
-        self.mixes = MixTree(MixTable(self.store, self.tree.format_key, config.mixes), self.tree) \
-            if config.mixes else None
+        self.mixes = None
+        if config.mixes:  # a mixture that cannot be served as declared refuses the mount, with the reason
+            table = MixTable(self.store, self.tree.format_key, config.mixes)
+            problems = table.check()
+            if problems:
+                self.store.close()
+                raise ValueError("; ".join(problems))
+            self.mixes = MixTree(table, self.tree)
         self.handles = 0
         self.prep = EpochPrep(self)
         # True: the kernel keeps views' names (`fs.KernelNames`), so an open may come without a lookup

@@ -44,17 +44,25 @@ def quotas(samples: int, weights: Sequence[float]) -> np.ndarray:
     return base
 
 
-def pass_order(seed: int, source: int, passes: int, n: int, run: int = 1,
+def pass_order(seed: int, source: int, passes: int, n: int, run: int | np.ndarray = 1,
                lo: int = 0, hi: int | None = None) -> np.ndarray:
     """Positions ``[lo, hi)`` of pass ``passes`` of source ``source`` (``n`` records): its record
-    ids in a random order of runs of ``run`` consecutive records (the last run may be shorter).
+    ids in a random order of runs of consecutive records: ``run`` records each (the last run may
+    be shorter), or the runs an array of first ids (then ``n``) cuts, such as a file's blocks.
     Only the runs the slice touches are expanded, so a slice of a huge source stays small."""
     hi = n if hi is None else min(hi, n)
     if n == 0 or hi <= lo:
         return np.zeros(0, np.int64)
-    runs = -(-n // run)
-    starts = rng(seed, MIX_SALT, source, passes).permutation(runs).astype(np.int64) * run
-    lengths = np.minimum(starts + run, n) - starts
+    if isinstance(run, np.ndarray):
+        cuts = run.astype(np.int64)
+        if len(cuts) < 2 or cuts[0] != 0 or cuts[-1] != n or np.any(np.diff(cuts) <= 0):
+            raise ValueError(f"runs must cut 0..{n} into non-empty pieces")
+        perm = rng(seed, MIX_SALT, source, passes).permutation(len(cuts) - 1)
+        starts, lengths = cuts[perm], np.diff(cuts)[perm]
+    else:
+        runs = -(-n // run)
+        starts = rng(seed, MIX_SALT, source, passes).permutation(runs).astype(np.int64) * run
+        lengths = np.minimum(starts + run, n) - starts
     first = np.cumsum(lengths) - lengths  # where each run begins in the pass
     a = int(np.searchsorted(first, lo, side="right")) - 1
     b = int(np.searchsorted(first, hi, side="left"))
@@ -63,7 +71,7 @@ def pass_order(seed: int, source: int, passes: int, n: int, run: int = 1,
     return ids[lo - int(first[0]): hi - int(first[0])]
 
 
-def epoch_records(seed: int, epoch: int, source: int, n: int, take: int, run: int = 1) -> np.ndarray:
+def epoch_records(seed: int, epoch: int, source: int, n: int, take: int, run: int | np.ndarray = 1) -> np.ndarray:
     """The ``take`` record ids (of ``n``) source ``source`` gives epoch ``epoch``, in stream order:
     positions ``[epoch * take, (epoch + 1) * take)`` of its endless stream of passes."""
     if take == 0:
@@ -90,20 +98,22 @@ def interleave(takes: Sequence[int]) -> np.ndarray:
 
 
 def epoch_segments(seed: int, epoch: int, counts: Sequence[int], takes: Sequence[int],
-                   runs: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   runs: Sequence[int | np.ndarray], grouped: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """An epoch's records as ``(source, first, count)`` (int64 each): runs of consecutive
     records of one source (ids local to the source), in the order the epoch's stream holds them.
 
-    Source s gives `epoch_records` (``takes[s]`` of its ``counts[s]`` records, permuted in runs of
-    ``runs[s]``); its records are cut where ids stop following one another, and the pieces of all
+    Source s gives `epoch_records` (``takes[s]`` of its ``counts[s]`` records, permuted in runs
+    ``runs[s]``); its records are cut where ids stop following one another.  The pieces of all
     sources are interleaved by where they fall in their source's take, as `interleave` places
     records (a piece of source s that starts at its k-th record and holds c records goes at
     ``(k + phase_s * c) / takes[s]``), so every stretch of the stream holds each source's share,
-    give or take a piece per source.  A strategy then shuffles the stream."""
+    give or take a piece per source.  ``grouped``: source after source instead, for a strategy
+    that deals every stretch of the stream to every buffer (`stratified`), which then gives each
+    buffer each source's share to within a block.  A strategy then shuffles the stream."""
     sources, firsts, lengths, due = [], [], [], []
     phases = (np.arange(len(takes)) + 0.5) / max(len(takes), 1)
     for s, (n, take, run) in enumerate(zip(counts, takes, runs)):
-        ids = epoch_records(seed, epoch, s, int(n), int(take), max(1, int(run)))
+        ids = epoch_records(seed, epoch, s, int(n), int(take), run if isinstance(run, np.ndarray) else max(1, int(run)))
         if len(ids) == 0:
             continue
         cut = np.flatnonzero(np.diff(ids) != 1) + 1
@@ -112,7 +122,7 @@ def epoch_segments(seed: int, epoch: int, counts: Sequence[int], takes: Sequence
         sources.append(np.full(len(starts), s, np.int64))
         firsts.append(ids[starts])
         lengths.append(count)
-        due.append((starts + phases[s] * count) / int(take))
+        due.append(s + (starts + phases[s] * count) / int(take) if grouped else (starts + phases[s] * count) / int(take))
     if not sources:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     order = np.argsort(np.concatenate(due), kind="stable")

@@ -1,0 +1,216 @@
+"""Level: mounted (real FUSE mounts, real readers).
+
+Mixtures (``[[mix]]`` in the config file) through real mounts: ``MNT/.mix/NAME/`` holds shard
+files of the sources' format whose records, read in name order, are the epoch's blend:
+
+* each source gives exactly its quota of the samples;
+* a down-sampled source gives records not given before until all were given, an up-sampled one
+  whole passes plus a slice;
+* every stretch of 1,000 records holds each source's share within a few points;
+* the same on every mount (a pure function of seed, epoch and table);
+* split across ranks and loader parts, every record of the epoch's blend exactly once;
+* a mixture that cannot be served refuses the mount with the reason.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import REPO
+
+WEB, BOOKS, CODE = 4000, 1000, 1500  # records per web file (3 files), in books/, per code file (2 files)
+
+
+def _lines(src: str, f: int, n: int, width: int) -> bytes:
+    rng = np.random.default_rng(hash((src, f)) % 2**32)
+    return b"".join(json.dumps({"src": src, "f": f, "k": k, "pad": "x" * int(rng.integers(0, width))}).encode()
+                    + b"\n" for k in range(n))
+
+
+def tree(root: Path) -> Path:
+    src = root / "src"
+    for f in range(3):
+        (src / "web").mkdir(parents=True, exist_ok=True)
+        (src / "web" / f"web-{f:03d}.jsonl").write_bytes(_lines("web", f, WEB, 80))
+    (src / "books").mkdir()
+    (src / "books" / "shelf.jsonl").write_bytes(_lines("books", 0, BOOKS, 400)[:-1])  # no last newline
+    (src / "code").mkdir()
+    for f in range(2):
+        (src / "code" / f"c{f}.jsonl").write_bytes(_lines("code", f, CODE, 200))
+    return src
+
+
+def config(root: Path, samples: int | None, sources: list[tuple[str, float]], name: str = "blend",
+           extra: str = "") -> Path:
+    text = f'[[mix]]\nname = "{name}"\n' + (f"samples = {samples}\n" if samples else "") + extra
+    for glob, weight in sources:
+        text += f'[[mix.source]]\nglob = "{glob}"\nweight = {weight}\n'
+    path = root / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def records(mnt: Path, under: str = ".mix/blend") -> list[tuple]:
+    """The mixture's records, its shards read in name order by ``cat``."""
+    d = mnt / under
+    names = sorted(os.listdir(d))
+    out = subprocess.run(["cat", *[str(d / n) for n in names]], capture_output=True, check=True).stdout
+    return [(r["src"], r["f"], r["k"]) for r in map(json.loads, out.splitlines())]
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> Path:
+    return tree(tmp_path_factory.mktemp("mixsrc"))
+
+
+ARGS = ["--seed", "11", "--block-size", "1KiB", "--buffer", "128KiB"]
+
+
+def test_quotas_no_repeats_before_exhaustion_and_whole_passes(mount, src, tmp_path):
+    """web: 4,500 of 12,000 a epoch (down-sampled); books: 1,500 of 1,000 (up-sampled)."""
+    cfg = config(tmp_path, 6000, [("web/*.jsonl", 3), ("books/*.jsonl", 1)])
+    m = mount(None, *ARGS, "--config", str(cfg), src=src)
+    assert ".mix" not in os.listdir(m.mnt)  # not listed: a walk of the mount reads each source once
+    names = sorted(os.listdir(m.mnt / ".mix" / "blend"))
+    assert names == [f"blend-{i:05d}-of-00004.jsonl" for i in range(4)]  # one shard per file by default
+    web: list[collections.Counter] = []
+    for epoch in range(3):
+        m.set_epoch(epoch)
+        got = records(m.mnt)
+        assert collections.Counter(r[0] for r in got) == {"web": 4500, "books": 1500}
+        web.append(collections.Counter(r for r in got if r[0] == "web"))
+        books = collections.Counter(r for r in got if r[0] == "books")
+        assert len(books) == BOOKS and set(books.values()) == {1, 2}  # a whole pass, then 500 again
+        assert sum(v == 2 for v in books.values()) == 500
+    # epochs 0 and 1: the first two slices of web's first pass, disjoint and without repeats
+    assert set(web[0].values()) == set(web[1].values()) == {1} and not web[0].keys() & web[1].keys()
+    # epoch 2: the rest of the pass (every record before any repeat), then the next pass's head,
+    # which may hold records of that rest again (the only repeats)
+    seen = web[0].keys() | web[1].keys()
+    rest = web[2].keys() - seen
+    assert len(rest) == 3 * WEB - 9000 and len(seen | rest) == 3 * WEB
+    twice = {r for r, c in web[2].items() if c > 1}
+    assert twice <= rest and max(web[2].values()) <= 2
+    assert sum(web[2].values()) - len(rest) == 1500  # the second pass's head
+
+
+def _deviation(got: np.ndarray, k: int = 3) -> tuple[float, float]:
+    """Worst and mean distance of a source's share in 1,000-record stretches from its share."""
+    share = np.bincount(got, minlength=k) / len(got)
+    m = len(got) // 1000 * 1000
+    counts = np.stack([np.bincount(r, minlength=k) for r in got[:m].reshape(-1, 1000)]) / 1000
+    d = np.abs(counts - share)
+    return float(d.max()), float(d.mean())
+
+
+def test_every_thousand_records_hold_each_sources_share(mount, src, tmp_path):
+    """The default (stratified) mixes the sources into every stretch as well as a uniform
+    shuffle of the blend (full) does; corgipile's random blocks within a few points."""
+    cfg = config(tmp_path, 9000, [("web/*.jsonl", 5), ("code/*.jsonl", 3), ("books/*.jsonl", 2)])
+    dev = {}
+    for strategy in ("stratified", "corgipile", "full"):
+        m = mount(None, "--seed", "11", "--block-size", "1KiB", "--buffer", "128KiB", "--strategy", strategy,
+                  "--config", str(cfg), src=src)
+        got = np.array([{"web": 0, "code": 1, "books": 2}[r[0]] for r in records(m.mnt)])
+        assert np.array_equal(np.bincount(got), [4500, 2700, 1800])
+        dev[strategy] = _deviation(got)
+    assert dev["stratified"][0] <= 0.05 and dev["stratified"][1] <= 1.5 * dev["full"][1] + 0.003, dev
+    assert dev["corgipile"][0] <= 0.12 and dev["corgipile"][1] <= 3.5 * dev["full"][1], dev
+
+
+def test_the_same_blend_on_every_mount_and_epochs_differ(mount, src, tmp_path):
+    cfg = config(tmp_path, 3000, [("web/*.jsonl", 1), ("code/*.jsonl", 1)])
+    a = mount(None, *ARGS, "--config", str(cfg), "--epoch", "2", src=src)
+    b = mount(None, *ARGS, "--config", str(cfg), "--epoch", "2", src=src)
+    assert records(a.mnt) == records(b.mnt)
+    a.set_epoch(3, ".mix/blend/blend-00000-of-00005.jsonl")  # a shard's epoch is its mixture's
+    assert a.xattr("epoch", ".mix/blend/blend-00004-of-00005.jsonl") == "3"
+    assert a.xattr("epoch", "web/web-000.jsonl") == "2"  # the sources' own views keep theirs
+    assert records(a.mnt) != records(b.mnt)
+
+
+def test_ranks_and_loader_parts_split_the_blend_exactly_once(mount, src, tmp_path):
+    cfg = config(tmp_path, 7001, [("web/*.jsonl", 2), ("books/*.jsonl", 1)])
+    whole = mount(None, *ARGS, "--config", str(cfg), src=src)
+    blend = collections.Counter(records(whole.mnt))
+    ranks = [mount(None, *ARGS, "--config", str(cfg), "--rank", str(r), "--world-size", "3", src=src)
+             for r in range(3)]
+    shares = [collections.Counter(records(r.mnt)) for r in ranks]
+    assert sum(shares, collections.Counter()) == blend
+    assert max(sum(s.values()) for s in shares) - min(sum(s.values()) for s in shares) <= 1
+    parts = [collections.Counter(records(whole.mnt, f".parts/2/{i}/.mix/blend")) for i in range(2)]
+    assert parts[0] + parts[1] == blend
+
+
+def test_a_csv_header_is_kept_and_headers_must_agree(mount, tmp_path):
+    src = tmp_path / "csvsrc"
+    (src / "a").mkdir(parents=True)
+    (src / "b").mkdir()
+    (src / "a" / "x.csv").write_text("id,src\n" + "".join(f"{i},a\n" for i in range(300)))
+    (src / "b" / "y.csv").write_text("id,src\n" + "".join(f"{i},b\n" for i in range(100)))
+    cfg = config(tmp_path, 400, [("a/*.csv", 1), ("b/*.csv", 1)], extra="shards = 2\n")
+    m = mount(None, "--config", str(cfg), src=src)
+    import pandas as pd
+
+    frames = [pd.read_csv(m.mnt / ".mix/blend" / n) for n in sorted(os.listdir(m.mnt / ".mix/blend"))]
+    df = pd.concat(frames)
+    assert list(df.columns) == ["id", "src"] and len(df) == 400
+    assert df["src"].value_counts().to_dict() == {"a": 200, "b": 200}
+    (src / "b" / "y.csv").write_text("id,source\n" + "".join(f"{i},b\n" for i in range(100)))
+    m = mount(None, "--config", str(cfg), src=src)
+    with pytest.raises(OSError):  # headers that disagree: an error, never one header for both
+        (m.mnt / ".mix/blend/blend-00000-of-00002.csv").read_bytes()
+    assert "header differs" in m.stderr() and "y.csv" in m.stderr()
+
+
+@pytest.mark.parametrize("files,sources,reason", [
+    ({"a/x.jsonl": b'{"a":1}\n', "b/y.csv": b"a\n1\n"}, [("a/*", 1), ("b/*", 1)], "differ in format"),
+    ({"a/x.jsonl": b'{"a":1}\n'}, [("a/*", 1), ("nothing/*", 1)], "matches no data file"),
+    ({"a/x.jsonl": b'{"a":1}\n'}, [("a/*", 1), ("*.jsonl", 1)], "a file belongs to one source"),
+])
+def test_a_mixture_that_cannot_be_served_refuses_the_mount(tmp_path, files, sources, reason):
+    src = tmp_path / "src"
+    for rel, data in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_bytes(data)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    cfg = config(tmp_path, 10, sources)
+    r = subprocess.run([sys.executable, "-m", "shufflefs", "mount", str(src), str(mnt), "--config", str(cfg),
+                        "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    try:
+        assert r.returncode != 0 and reason in r.stderr, r.stderr
+        assert "blend" in r.stderr
+    finally:
+        if os.path.ismount(mnt):
+            subprocess.run(["fusermount3", "-u", str(mnt)])
+
+
+@pytest.mark.parametrize("table,message", [
+    ('[[mix]]\nname = "x"\n', "needs at least one [[mix.source]]"),
+    ('[[mix]]\nname = ".x"\n[[mix.source]]\nglob = "*"\n', "'name' must be"),
+    ('[[mix]]\nname = "x"\nsamples = 0\n[[mix.source]]\nglob = "*"\n', "samples"),
+    ('[[mix]]\nname = "x"\n[[mix.source]]\nglob = "*"\nweight = -1\n', "'weight' must be a number >= 0"),
+    ('[[mix]]\nname = "x"\n[[mix.source]]\nglob = "*"\nweight = 0\n', "add up to 0"),
+    ('[[mix]]\nname = "x"\nshard = 3\n[[mix.source]]\nglob = "*"\n', "unknown key(s) shard"),
+    ('[[mix]]\nname = "x"\n[[mix.source]]\nglob = "*"\n[[mix]]\nname = "x"\n[[mix.source]]\nglob = "*"\n',
+     "two [[mix]] tables are named 'x'"),
+])
+def test_nonsense_mix_tables_are_refused_before_mounting(tmp_path, table, message):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "mnt").mkdir()
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(table)
+    r = subprocess.run([sys.executable, "-m", "shufflefs", "mount", str(tmp_path / "src"), str(tmp_path / "mnt"),
+                        "--config", str(cfg)], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert not os.path.ismount(tmp_path / "mnt")

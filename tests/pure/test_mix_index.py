@@ -1,0 +1,138 @@
+"""Level: pure (files on disk, no mount).
+
+A mixture's epoch as one offset table (`MixIndex`): each source's records are exactly the ones
+`epoch_records` takes, in stream order; its pieces interleave so every stretch holds each
+source's share; every record of the epoch has its file's bytes (repeats included, a missing
+last newline added), read alike through descriptors, mappings and plain range reads; units never
+cross segments nor their file's block grid; and the table is a pure function of its inputs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shufflefs.formats import make_format
+from shufflefs.index.table import SourceStamp
+from shufflefs.pools.joined_index import PooledIndex
+from shufflefs.pools.mix_index import MixIndex, epoch_index
+from shufflefs.sources.local import SourceFile
+from shufflefs.sources.pool import PoolSource
+from shufflefs.strategies import ShuffleSpec, make_plan
+from shufflefs.strategies.mixture import epoch_records, epoch_segments
+from shufflefs.windows import view
+
+
+@given(st.integers(0, 2**31), st.integers(0, 30),
+       st.lists(st.tuples(st.integers(1, 400), st.integers(0, 900), st.integers(1, 50)), min_size=1, max_size=4))
+@settings(max_examples=80)
+def test_each_sources_pieces_are_its_epoch_records_in_order(seed, epoch, table):
+    counts, takes, runs = zip(*table)
+    src, first, count = epoch_segments(seed, epoch, counts, takes, runs)
+    for s in range(len(counts)):
+        mine = src == s
+        ids = np.concatenate([np.arange(f, f + c) for f, c in zip(first[mine], count[mine])] or [np.zeros(0, int)])
+        assert np.array_equal(ids, epoch_records(seed, epoch, s, counts[s], takes[s], runs[s]))
+    assert np.all(count > 0)
+
+
+@pytest.mark.parametrize("takes", [(3000, 1000), (500, 1500, 2000), (9000, 30, 970)])
+def test_every_stretch_of_single_records_holds_each_sources_share(takes):
+    src, first, count = epoch_segments(7, 2, [5000] * len(takes), takes, [1] * len(takes))
+    per_record = np.repeat(src, count)
+    share = np.asarray(takes) / sum(takes)
+    for lo in range(0, len(per_record) - 1000, 250):
+        got = np.bincount(per_record[lo: lo + 1000], minlength=len(takes)) / 1000
+        assert np.all(np.abs(got - share) <= len(takes) / 1000 + 1e-9), (lo, got, share)
+
+
+def _files(tmp_path, sizes):
+    """JSON-ish lines of varying length naming their file and line; the last file's last line
+    lacks its newline."""
+    paths, members, records = [], [], []
+    fmt = make_format("lines")
+    for f, n in enumerate(sizes):
+        lines = [f"f{f}-{i}-" + "x" * ((i * 7 + f) % 23) for i in range(n)]
+        data = "\n".join(lines) + ("" if f == len(sizes) - 1 else "\n")
+        path = tmp_path / f"part-{f}.txt"
+        path.write_text(data)
+        idx = fmt.scan(np.frombuffer(path.read_bytes(), np.uint8), str(path))
+        members.append(type(idx)(idx.size, idx.bounds, idx.add_newline, SourceStamp.of(os.stat(path))))
+        paths.append(str(path))
+        records.extend((line + "\n").encode() for line in lines)
+    return paths, PooledIndex(members), records
+
+
+@pytest.mark.parametrize("strategy,samples", [("corgipile", None), ("full", 700), ("block", 5000), ("none", 40)])
+@pytest.mark.parametrize("path", ["runs", "mapped", "reads"])
+def test_every_record_of_the_epoch_has_its_files_bytes(tmp_path, monkeypatch, strategy, samples, path):
+    paths, base, records = _files(tmp_path, [300, 50, 700, 120])
+    spec = ShuffleSpec(strategy=strategy, seed=5, block_size=512, buffer=2048)
+    mix = epoch_index(base, [0, 2, 4], [2, 1], samples, spec, epoch=3)
+    assert mix.n == (samples or 1170) and sum(mix.takes) == mix.n
+    ids = mix.base_ids()
+    assert np.array_equal(mix.out_lengths(np.arange(mix.n)), [len(records[i]) for i in ids])
+    if path != "mapped":
+        monkeypatch.setattr(view, "_gather_mapped", None)
+    if path == "reads":
+        monkeypatch.setattr(view, "_build_window", None)
+    plan = make_plan(mix, spec, 3)
+    v = view.View(paths[0], mix, plan, PoolSource(paths, mix, SourceFile), frame=(b"", b""))
+    try:
+        got = b"".join(v.load_window(k)[0].tobytes() for k in range(plan.n_windows))
+    finally:
+        v.close()
+    order = np.concatenate([plan.window(k) for k in range(plan.n_windows)])
+    assert got == b"".join(records[i] for i in ids[order])
+
+
+def test_an_upsampled_source_repeats_whole_passes_and_its_repeats_read_alike(tmp_path):
+    paths, base, records = _files(tmp_path, [40, 30])
+    spec = ShuffleSpec(strategy="full", seed=1)
+    mix = epoch_index(base, [0, 1, 2], [3, 1], 400, spec, epoch=0)
+    ids = mix.base_ids()
+    assert np.array_equal(np.bincount(ids, minlength=70)[:40], np.full(40, 7) + (np.bincount(ids)[:40] > 7))
+    assert np.bincount(ids, minlength=70)[:40].min() == 7  # 300 of 40 records: 7 passes and a slice
+    plan = make_plan(mix, spec, 0)
+    v = view.View(paths[0], mix, plan, PoolSource(paths, mix, SourceFile), frame=(b"", b""))
+    try:
+        got = b"".join(v.load_window(k)[0].tobytes() for k in range(plan.n_windows))
+    finally:
+        v.close()
+    order = np.concatenate([plan.window(k) for k in range(plan.n_windows)])
+    assert got == b"".join(records[i] for i in ids[order])
+
+
+@given(st.integers(0, 10**6), st.sampled_from([64, 256, 1000, 4096]))
+@settings(max_examples=25, deadline=None)
+def test_units_stay_inside_one_segment_and_one_grid_cell_of_its_file(tmp_path_factory, epoch, unit):
+    paths, base, _ = _files(tmp_path_factory.mktemp("u"), [200, 90, 310])
+    spec = ShuffleSpec(strategy="corgipile", seed=2, block_size=512)
+    mix = epoch_index(base, [0, 1, 3], [1, 2], 600, spec, epoch)
+    firsts = mix.unit_firsts(unit)
+    assert firsts[0] == 0 and firsts[-1] == mix.n and np.all(np.diff(firsts) > 0)
+    seg = np.searchsorted(mix.member_firsts, np.arange(mix.n), "right") - 1
+    cell = (mix.bounds[:-1] + mix.shifts[seg]) // unit
+    for a, b in zip(firsts[:-1], firsts[1:]):
+        assert len(set(seg[a:b])) == 1 and len(set(cell[a:b])) == 1
+    assert np.all(np.isin(mix.member_firsts[:-1], firsts))  # every segment starts a unit
+
+
+def test_the_table_is_a_pure_function_of_its_inputs_and_epochs_differ(tmp_path):
+    _, base, _ = _files(tmp_path, [500, 500])
+    spec = ShuffleSpec(strategy="corgipile", seed=9, block_size=512)
+    a, b = (epoch_index(base, [0, 1, 2], [1, 1], 300, spec, 4) for _ in range(2))
+    assert np.array_equal(a.base_ids(), b.base_ids()) and np.array_equal(a.bounds, b.bounds)
+    c = epoch_index(base, [0, 1, 2], [1, 1], 300, spec, 5)
+    assert not np.array_equal(a.base_ids(), c.base_ids())
+    assert isinstance(a, MixIndex) and a.takes == (150, 150)
+
+
+def test_a_source_without_records_asked_for_some_is_refused(tmp_path):
+    paths, base, _ = _files(tmp_path, [10, 0])
+    with pytest.raises(ValueError, match="source #2 has no records"):
+        epoch_index(base, [0, 1, 2], [1, 1], 10, ShuffleSpec(strategy="full"), 0)
