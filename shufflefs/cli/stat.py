@@ -66,6 +66,10 @@ def format_stats(stats: dict) -> str:
     if pooling is not None:
         lines.append(("pools", ("shard sets by name" + (", declared: " + ", ".join(globs) if globs else ""))
                       if pooling else "off (every file shuffled alone)"))
+    for name, epochs in (take("mixtures", None) or {}).items():
+        for epoch, sources in epochs.items():
+            lines.append(("mixture", f"{name} epoch {epoch}: " + ", ".join(
+                f"{s['glob']} {s['taken']:,} of {s['records']:,}{_passes(s['passes'])}" for s in sources)))
     for relpath, counts in (take("pls_exchange", None) or {}).items():
         lines.append(("pls exchange", f"{relpath}: {counts}"))
     staging = take("staging", None)
@@ -135,6 +139,13 @@ def format_stats(stats: dict) -> str:
         out.append("recent errors:")
         out.extend(f"  {line}" for line in (recent if isinstance(recent, list) else [recent]))
     return "\n".join(out)
+
+
+def _passes(passes: list[int]) -> str:
+    """Which passes over a mixture's source an epoch's records come from (0: the first)."""
+    if not passes:
+        return ""
+    return f" (pass {passes[0]})" if passes[0] == passes[1] else f" (passes {passes[0]}-{passes[1]})"
 
 
 def _few_blocks(block_size: Any, source: str) -> str:

@@ -119,3 +119,16 @@ def epoch_index(base: PooledIndex, firsts: Sequence[int], weights: Sequence[floa
                 for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
     src, first, count = epoch_segments(spec.seed, epoch, counts, takes, runs, spec.strategy in GROUPED_ORDERS)
     return MixIndex(base, first + starts[src], count, takes)
+
+
+def describe_epoch(index: MixIndex, firsts: Sequence[int], globs: Sequence[str], weights: Sequence[float],
+                   epoch: int) -> list[dict]:
+    """What each source gave an epoch (for ``shufflefs stat``): its records, the records taken,
+    and which passes over it the epoch's slice lies in (0: the first)."""
+    counts = np.diff(index.base.member_firsts[np.asarray(firsts, I64)])
+    out = []
+    for glob, weight, n, take in zip(globs, weights, counts.tolist(), index.takes):
+        lo, hi = epoch * take, (epoch + 1) * take
+        passes = [lo // n, (hi - 1) // n] if take and n else []
+        out.append({"glob": glob, "weight": weight, "records": n, "taken": take, "passes": passes})
+    return out

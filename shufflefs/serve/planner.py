@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import weakref
@@ -21,7 +22,7 @@ from ..formats.npy import header_with_rows
 from ..index.table import IndexCache, RecordIndex, SourceStamp, cache_key
 from ..pools.joined_index import PooledIndex
 from ..pools.lookup import PoolEntry
-from ..pools.mix_index import MixIndex, epoch_index
+from ..pools.mix_index import MixIndex, describe_epoch, epoch_index
 from ..pools.mixes import MixError
 from ..shared_tasks import SharedTasks
 from ..sources.base import Store
@@ -43,8 +44,21 @@ POOL_STREAMS = 4
 """Pools' streams (plans of the whole pool for an epoch and rank) kept for their shards' views."""
 INDEX_MEMO_BOUNDS = 32 << 20
 """Record boundaries (8 bytes each) of recently used indexes kept in memory besides the disk cache."""
+MIX_BYTES_PER_RECORD = 16
+"""A mixture's epoch holds an offset table of 8 bytes per record and builds it from arrays of as
+many; one whose samples would need more than half the machine's memory is refused."""
+MIX_EPOCHS_SHOWN = 4
+"""Epochs per mixture whose draws ``shufflefs stat`` shows."""
 BAD_INDEXES = 256
 """Files whose index failed, remembered so that every open does not scan them again."""
+
+
+def physical_memory() -> int:
+    """Bytes of memory of this machine (a large figure where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 1 << 50
 
 
 class Planner:
@@ -63,6 +77,7 @@ class Planner:
         self._costs: OrderedDict[tuple, np.ndarray] = OrderedDict()  # --balance-field
         self._pool_plans: OrderedDict[tuple, Plan] = OrderedDict()  # the pooled streams shards cut up
         self.notes = PlanNotes(config.spec)
+        self.mixed: dict[str, dict[int, list[dict]]] = {}  # what mixtures' sources gave their epochs
         # indexes a window check found wrong (`distrust`, told from loading threads): forgotten
         # by the trio thread at its next use of the memos (`_drain`)
         self._lock = threading.Lock()
@@ -91,19 +106,30 @@ class Planner:
             self._indexes.move_to_end(key)
             return self._indexes[key]
 
+        weights = [s.weight for s in mix.spec.sources]
+
         def build() -> MixIndex:
+            where = f"mixture {mix.spec.name!r}"
+            samples = base.n if mix.spec.samples is None else mix.spec.samples
+            if samples * MIX_BYTES_PER_RECORD > physical_memory() // 2:
+                raise MixError(mix.key, None, f"{where}: {samples:,} records per epoch need about "
+                               f"{samples * MIX_BYTES_PER_RECORD / 1e9:,.0f} GB for their offset table, more than "
+                               f"half of this machine's memory: lower its samples")
             try:
-                index = epoch_index(base, mix.firsts, [s.weight for s in mix.spec.sources], mix.spec.samples,
-                                    self.spec, node.epoch)
+                index = epoch_index(base, mix.firsts, weights, mix.spec.samples, self.spec, node.epoch)
             except ValueError as e:
-                raise MixError(mix.key, None, f"mixture {mix.spec.name!r}: {e}") from None
-            log.info("mixture %s epoch %d: %s records from its sources", mix.spec.name, node.epoch,
-                     "+".join(map(str, index.takes)))
+                raise MixError(mix.key, None, f"{where}: {e}") from None
+            log.info("%s epoch %d: %s records from its sources", where, node.epoch, "+".join(map(str, index.takes)))
             return index
 
         async def memo() -> MixIndex:
             index = await self.workers.run(build, limiter=self.workers.index)
             self._memo(key, index)
+            epochs = self.mixed.setdefault(mix.spec.name, {})
+            epochs[node.epoch] = describe_epoch(index, mix.firsts, [s.glob for s in mix.spec.sources], weights,
+                                                node.epoch)
+            while len(epochs) > MIX_EPOCHS_SHOWN:
+                del epochs[min(epochs)]
             return index
 
         return await self.tasks.run(("mix", *key), memo)

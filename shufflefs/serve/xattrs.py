@@ -122,8 +122,9 @@ async def get(cat: Catalog, node: Node, name: bytes) -> bytes:
             info.update(expected_label_mix_runs=round(runs_label_mix(spec, node.index.data_bytes, node.parts), 3),
                         expected_label_mix_runs_for=RUNS_ASSUMPTION)
     if node.pool is not None:
-        info.update(pool=node.pool.pool.key, pool_shards=len(node.pool.pool.members),
-                    pool_declared=node.pool.pool.declared)
+        info.update(pool=node.pool.pool.key, pool_shards=node.pool.shards, pool_declared=node.pool.pool.declared)
+        if node.pool.mix is not None:
+            info.update(mixture=node.pool.mix.spec.name, mixture_files=len(node.pool.mix.members))
     return json.dumps(info, sort_keys=True, default=str).encode()
 
 
@@ -218,6 +219,8 @@ def describe(cat: Catalog) -> dict[str, Any]:
         **({"pls_exchange": _exchange_counts(cat), "pls_local": spec.pls_local} if spec.strategy == "pls" else {}),
         pooling=cat.pools is not None,
         pool_globs=list(config.pool_globs),
+        **({"mixtures": {name: {str(e): got for e, got in sorted(epochs.items())}
+                         for name, epochs in cat.planner.mixed.items()}} if config.mixes else {}),
         balance=spec.balance,
         balance_field=spec.balance_field,
         random_level=spec.random_level,

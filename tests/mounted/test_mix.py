@@ -214,3 +214,57 @@ def test_nonsense_mix_tables_are_refused_before_mounting(tmp_path, table, messag
                        env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert not os.path.ismount(tmp_path / "mnt")
+
+
+def shufflefs(*args: str | os.PathLike) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shufflefs", *map(str, args)], capture_output=True, text=True,
+                          timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+def test_stat_shows_what_each_source_gave_each_epoch(mount, src, tmp_path):
+    cfg = config(tmp_path, 6000, [("web/*.jsonl", 3), ("books/*.jsonl", 1)])
+    m = mount(None, *ARGS, "--config", str(cfg), "--epoch", "2", src=src)
+    records(m.mnt)
+    r = shufflefs("stat", m.mnt)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("mixture"))
+    assert "blend epoch 2: web/*.jsonl 4,500 of 12,000 (passes 0-1), books/*.jsonl 1,500 of 1,000 (passes 3-4)" in line
+    info = json.loads(m.xattr("info", ".mix/blend/blend-00001-of-00004.jsonl"))
+    assert info["mixture"] == "blend" and info["pool_shards"] == 4 and info["mixture_files"] == 4
+
+
+def test_resumed_shards_serve_the_rest_of_the_blend_once(mount, src, tmp_path):
+    """Two ranks read part of every shard, one rank resumes: what was consumed plus what it
+    serves is the epoch's blend, each record as often as the blend holds it.
+
+    Holds: SEMANTICS.md#resume-once"""
+    cfg = config(tmp_path, 5000, [("web/*.jsonl", 1), ("books/*.jsonl", 1)], extra="shards = 3\n")
+    two = [mount(None, *ARGS, "--config", str(cfg), "--epoch", "4", "--rank", str(r), "--world-size", "2", src=src)
+           for r in range(2)]
+    names = [f".mix/blend/blend-{i:05d}-of-00003.jsonl" for i in range(3)]
+    whole = {rel: [m.path(rel).read_bytes().splitlines(keepends=True) for m in two] for rel in names}
+    views = {rel: [{"world_size": 2, "parts": 1, "consumed": [[k * 100], [30 * k + 5]]}] for k, rel in enumerate(names)}
+    one = mount(None, *ARGS, "--config", str(cfg), src=src)
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"epoch": 4, "views": views}))
+    r = shufflefs("epoch", one.mnt, 4, "--resume", state)
+    assert r.returncode == 0, r.stderr
+    served = collections.Counter()
+    for rel in names:
+        rest = one.path(rel).read_bytes().splitlines(keepends=True)
+        firsts = [c[0] for c in views[rel][0]["consumed"]]
+        assert rest == [x for s, c in zip(whole[rel], firsts) for x in s[c:]], rel
+        served.update(rest)
+    consumed = collections.Counter(x for rel in names for s, c in zip(whole[rel], views[rel][0]["consumed"])
+                                   for x in s[:c[0]])
+    fresh = mount(None, *ARGS, "--config", str(cfg), "--epoch", "4", src=src)
+    blend = collections.Counter(x for rel in names for x in fresh.path(rel).read_bytes().splitlines(keepends=True))
+    assert consumed + served == blend
+
+
+def test_samples_beyond_memory_are_refused_with_the_reason(mount, src, tmp_path):
+    cfg = config(tmp_path, 2**60, [("web/*.jsonl", 1), ("books/*.jsonl", 1)])
+    m = mount(None, *ARGS, "--config", str(cfg), src=src)
+    with pytest.raises(OSError):
+        m.path(".mix/blend/blend-00000-of-00004.jsonl").stat()
+    assert "lower its samples" in m.stderr()
