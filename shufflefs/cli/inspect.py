@@ -60,6 +60,10 @@ class _Inspected:
     """Whether the block size is the automatic one (for the advice on files of few blocks)."""
     members: list[Path] | None = None
     """A pooled shard: the pool's source files, whose data regions the pooled index runs through."""
+    base_ids: dict[str, Any] | None = None
+    """A mixture: per column, the pool id of every record of its epoch (`inspect_mix`)."""
+    source_labels: Any = None
+    """A mixture: every pool record's source, the labels measured unless a label option is given."""
 
 
 def _parse_strategy_list(text: str | None, parser: argparse.ArgumentParser) -> list[tuple[str, str, int | float | None]]:
@@ -130,7 +134,7 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
     root = _mount_root(args.path)
     if root is None:
         raise CliError(f"{args.path}: cannot find the root of its shufflefs mount")
-    if "pool" in info and (info.get("pool_declared") or args.verify):
+    if "pool" in info and "mixture" not in info and (info.get("pool_declared") or args.verify):
         raise CliError(f"{args.path}: shard {info.get('shard')} of the pool {info['pool']!r} declared by --pool"
                        if not args.verify else f"{args.path}: --verify does not apply to a pooled shard"
                        "; inspect a member in the source, or a view of a mount made with --no-pool")
@@ -161,6 +165,9 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
     name = (f"{spec.strategy}" + (f" rank {rank}/{world}" if world > 1 else "")
             + (f" part {part}/{parts}" if parts > 1 else ""))
     auto = bool(info.get("block_size_auto", True))
+    if "mixture" in info:
+        return _mounted_mixture(args, info, stats, spec, fmt, cache, epoch, name, auto,
+                                dict(rank=rank, world=world, part=part, parts=parts))
     if "pool" in info:
         members = _pool_members(source, info, fmt, cache)
         index = PooledIndex([m for _, m in members])
@@ -176,6 +183,56 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
     costs = record_costs(str(source), index, spec.balance_field, fmt.name) if spec.balance else None
     plan = make_plan(index, spec, epoch, rank, world, part, parts, costs=costs)
     return _Inspected(source, fmt, index, spec, epoch, {name: plan}, auto_block=auto)
+
+
+def _mounted_mixture(args: argparse.Namespace, info: dict, stats: dict, spec: ShuffleSpec, fmt: Any, cache: Any,
+                     epoch: int, name: str, auto: bool, kw: dict) -> _Inspected:
+    """A shard of a mixture: its order and the whole blend's (all shards in name order)."""
+    from ..config import MixSource, MixSpec
+    from .inspect_mix import mixture_orders, source_labels
+
+    if args.verify:
+        raise CliError(f"{args.path}: --verify does not apply to a mixture's shard")
+    if spec.balance:
+        raise CliError(f"{args.path}: a mixture of a --balance mount cannot be inspected")
+    if "mixture_members" not in info:
+        raise CliError(f"{args.path}: the mixture has too many files ({info.get('mixture_files')}) for its "
+                       "attributes to list them; inspect it offline: shufflefs inspect SRC --mix NAME --config F")
+    root = Path(stats["source"])
+    members = [root / m for m in info["mixture_members"]]
+    sources = [MixSource(g, float(w)) for g, w in info["mixture_sources"]]
+    mix = MixSpec(info["mixture"], tuple(sources), info.get("mixture_samples"))
+    shard, shards = int(info["shard"]), int(info["pool_shards"])
+    columns = {f"{name} blend": (spec, kw),  # first: the uniform reference permutes the whole blend
+               f"{name} shard {shard}/{shards}": (spec, {**kw, "shard": shard, "shards": shards})}
+    firsts = info["mixture_firsts"]
+    base, plans, maps = mixture_orders(members, firsts, mix, fmt, cache, columns, epoch)
+    return _Inspected(root / info["path"], fmt, base, resolve_spec(spec, base), epoch, plans, auto_block=auto,
+                      members=members, base_ids=maps, source_labels=source_labels(base, firsts, [s.glob for s in sources]))
+
+
+def _offline_mixture(args: argparse.Namespace, parser: argparse.ArgumentParser) -> _Inspected:
+    """The strategies of --strategies over mixture --mix of --config, on the source directory PATH."""
+    from .inspect_mix import mixture_orders, offline_members, source_labels
+
+    if args.verify:
+        parser.error("--verify reads a mounted view; PATH is not in a shufflefs mount")
+    entries = _parse_strategy_list(args.strategies, parser)
+    opts = resolve_options(args, INSPECT_KEYS, parser)
+    v = opts.values
+    members, firsts, mix, fmt = offline_members(args, parser, opts.rules, opts.format_defaults)
+    cache = _inspect_cache(v["cache_dir"], Path(os.path.realpath(args.path)), parser)
+    columns = {}
+    for column, strategy, buffer in entries:
+        spec = ShuffleSpec(strategy=strategy, seed=v["seed"], block_size=v["block_size"],
+                           buffer=v["buffer"] if buffer is None else buffer, page_size=v["page_size"])
+        _check_strategy(spec, parser)
+        columns[column] = (spec, {})
+    base, plans, maps = mixture_orders(members, firsts, mix, fmt, cache, columns, v["epoch"])
+    spec = resolve_spec(ShuffleSpec(seed=v["seed"], block_size=v["block_size"], buffer=v["buffer"]), base)
+    return _Inspected(Path(os.path.abspath(args.path)), fmt, base, spec, v["epoch"], plans,
+                      auto_block=v["block_size"] is None, members=members, base_ids=maps,
+                      source_labels=source_labels(base, firsts, [s.glob for s in mix.sources]))
 
 
 def _pool_members(source: Path, info: dict, fmt: Any, cache: Any) -> list[tuple[Path, Any]]:
@@ -223,6 +280,8 @@ def _inspect_source(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     from ..formats import load_or_build_index, resolve_format, scan_file
     from ..strategies import make_plan
 
+    if getattr(args, "mix", None):
+        return _offline_mixture(args, parser)
     if args.verify:
         parser.error("--verify reads a mounted view; PATH is not in a shufflefs mount")
     entries = _parse_strategy_list(args.strategies, parser)
@@ -348,6 +407,8 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             _check_stamp(got.source, got.index)
         if label_source is not None:
             labels = extract_labels(got.index, got.fmt.name, got.data, label_source, str(got.source))
+        elif got.source_labels is not None:
+            labels = got.source_labels
         if args.verify:
             _verify_view(args.path, got)
     except ShuffleError as e:
@@ -358,6 +419,8 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         raise CliError(f"{e.filename or args.path}: {e.strerror or e}") from None
 
     orders = {name: _order_of(plan) for name, plan in got.plans.items()}
+    if got.base_ids is not None:  # a mixture: its epochs' records as ids of its files' pool
+        orders = {name: got.base_ids[name][order] for name, order in orders.items()}
     notes = {name: _plan_note(plan) for name, plan in got.plans.items()}
     blocks = block_of_records(got.index.bounds, got.spec.block_size)
     rep = report(orders, labels.codes if labels else None, blocks, k, batch,
@@ -381,7 +444,7 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         out = {"few_blocks": few, "path": os.path.abspath(args.path), "source": str(got.source), "mounted": mounted,
                "format": got.fmt.name, "epoch": got.epoch, "seed": got.spec.seed,
                "block_size": got.spec.block_size, "page_size": got.spec.page_size,
-               "label": label_source.describe() if label_source else None,
+               "label": label_source.describe() if label_source else ("source" if labels is not None else None),
                "verified": bool(args.verify), **rep.to_json()}
         print(json.dumps(out, indent=2))
         return EXIT_OK
@@ -389,9 +452,11 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if labels is not None:
         import numpy as np
 
-        counts = np.bincount(labels.codes, minlength=labels.n_labels)
+        held = labels.codes if got.base_ids is None else labels.codes[next(iter(orders.values()))]  # a mixture's epoch
+        counts = np.bincount(held, minlength=labels.n_labels)
         shown = ", ".join(f"{n}={c}" for n, c in zip(labels.names[:10], counts[:10].tolist()))
-        label_text = f", {labels.n_labels} labels by {label_source.describe()} ({shown}{', ...' if labels.n_labels > 10 else ''})"
+        by = label_source.describe() if label_source is not None else "source"
+        label_text = f", {labels.n_labels} labels by {by} ({shown}{', ...' if labels.n_labels > 10 else ''})"
     print(f"{where}")
     print(f"{rep.records} records in {rep.blocks or 0} blocks of {_param('block_size', got.spec.block_size)}{label_text}")
     if few:

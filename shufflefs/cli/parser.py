@@ -38,7 +38,8 @@ def _add_format_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--config", metavar="FILE",
         help="TOML file: top-level keys are long option names, [[format]] tables hold glob, "
-        "format and params; options given here override it",
+        "format and params, [[pool]] tables a glob, [[mix]] tables a mixture shown in MNT/.mix/NAME/ "
+        "(name, samples, shards and [[mix.source]] tables of glob and weight); options given here override it",
     )
 
 
@@ -267,6 +268,8 @@ def _add_inspect_parser(sub: Any, subs: dict[str, argparse.ArgumentParser], stra
     g.add_argument("--buffer", metavar="SIZE|P%", help="shuffle buffer, bytes or a share of the record bytes (default 64MiB)")
     g.add_argument("--seed", metavar="N", help="seed (default 0)")
     g.add_argument("--page-size", metavar="SIZE", help="page size of lirs-page (default 4096)")
+    g.add_argument("--mix", metavar="NAME", help="measure mixture NAME of --config (PATH: its source directory): "
+                   "how its epoch mixes its sources, each record labelled by its source unless a label option is given")
     p.add_argument("--epoch", metavar="N", help="epoch to measure (default: the view's current epoch, or 0)")
     _add_format_options(p)
     g = p.add_argument_group("labels (for the label-mix metric and picture)")

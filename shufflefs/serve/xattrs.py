@@ -43,6 +43,9 @@ from .stats import fit as fit_stats
 
 log = logging.getLogger("shufflefs")
 
+MIX_MEMBERS_SHOWN = 40_000
+"""Bytes of file names a mixture shard's ``user.shufflefs.info`` lists at most (values stop at 64 KiB)."""
+
 X_EPOCH, X_STATS, X_PID = EPOCH_XATTR.encode(), STATS_XATTR.encode(), PID_XATTR.encode()
 X_RESUME = RESUME_XATTR.encode()
 X_ERROR = (XATTR_PREFIX + "error").encode()
@@ -124,7 +127,11 @@ async def get(cat: Catalog, node: Node, name: bytes) -> bytes:
     if node.pool is not None:
         info.update(pool=node.pool.pool.key, pool_shards=node.pool.shards, pool_declared=node.pool.pool.declared)
         if node.pool.mix is not None:
-            info.update(mixture=node.pool.mix.spec.name, mixture_files=len(node.pool.mix.members))
+            mix = node.pool.mix
+            info.update(mixture=mix.spec.name, mixture_files=len(mix.members), mixture_samples=mix.spec.samples,
+                        mixture_sources=[[s.glob, s.weight] for s in mix.spec.sources], mixture_firsts=list(mix.firsts))
+            if sum(len(m) + 4 for m in mix.members) < MIX_MEMBERS_SHOWN:  # for `shufflefs inspect`
+                info["mixture_members"] = list(mix.members)
     return json.dumps(info, sort_keys=True, default=str).encode()
 
 

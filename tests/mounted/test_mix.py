@@ -268,3 +268,34 @@ def test_samples_beyond_memory_are_refused_with_the_reason(mount, src, tmp_path)
     with pytest.raises(OSError):
         m.path(".mix/blend/blend-00000-of-00004.jsonl").stat()
     assert "lower its samples" in m.stderr()
+
+
+def test_inspect_measures_how_a_mounted_blend_mixes_its_sources(mount, src, tmp_path):
+    cfg = config(tmp_path, 9000, [("web/*.jsonl", 5), ("code/*.jsonl", 3), ("books/*.jsonl", 2)])
+    m = mount(None, *ARGS, "--config", str(cfg), src=src)
+    r = shufflefs("inspect", m.path(".mix/blend/blend-00002-of-00006.jsonl"), "--json", "--window", "1000")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["label"] == "source" and got["labels"] == ["web/*.jsonl", "code/*.jsonl", "books/*.jsonl"]
+    assert got["records"] == 9000  # the first column is the whole blend
+    blend, shard = got["strategies"].values()
+    assert blend["label_tv"] <= 1.5 * got["uniform"]["label_tv"] + 0.005, got
+    # the order inspect reports is the order the shards hold
+    order = [r[0] for r in records(m.mnt)]
+    share = collections.Counter(order)
+    tv = np.mean([0.5 * sum(abs(collections.Counter(order[i: i + 1000])[s] / 1000 - share[s] / 9000) for s in share)
+                  for i in range(0, 9000, 1000)])
+    assert abs(tv - blend["label_tv"]) < 1e-9
+
+
+def test_inspect_compares_strategies_on_a_mixture_offline(src, tmp_path):
+    cfg = config(tmp_path, 9000, [("web/*.jsonl", 5), ("code/*.jsonl", 3), ("books/*.jsonl", 2)])
+    r = shufflefs("inspect", src, "--mix", "blend", "--config", cfg, "--strategies", "stratified,corgipile,none",
+                  "--block-size", "1KiB", "--buffer", "128KiB", "--window", "1000", "--json",
+                  "--cache-dir", tmp_path / "cache")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    tv = {k: v["label_tv"] for k, v in got["strategies"].items()}
+    assert tv["stratified"] <= 1.5 * got["uniform"]["label_tv"] + 0.005 and tv["corgipile"] < 0.1, got
+    bad = shufflefs("inspect", src, "--mix", "nope", "--config", cfg)
+    assert bad.returncode == 2 and "no such mixture" in bad.stderr
