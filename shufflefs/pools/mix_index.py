@@ -34,6 +34,9 @@ class MixIndex(PooledIndex):
     seg_base: np.ndarray
     """The base record id where every segment starts (int64[segments])."""
     takes: tuple[int, ...]
+    repeated: np.ndarray | None
+    """Which records of the epoch have a copy in it (bool[n]), or None if none has
+    (`strategies.mixture.SpreadRepeats` keeps copies apart)."""
 
     def __init__(self, base: PooledIndex, first: np.ndarray, count: np.ndarray, takes: Sequence[int] = ()) -> None:
         first, count, member = split_runs(base.member_firsts, first, count)
@@ -43,7 +46,6 @@ class MixIndex(PooledIndex):
         bounds = np.empty(n + 1, I64)
         bounds[0] = 0
         np.cumsum(base.bounds[ids + 1] - base.bounds[ids], out=bounds[1:])
-        del ids
         RecordIndex.__init__(self, int(bounds[-1]), bounds, False, None)
         put = object.__setattr__  # the dataclass is frozen
         put(self, "base", base)
@@ -54,6 +56,9 @@ class MixIndex(PooledIndex):
         put(self, "member_frames", base.member_frames)  # per file, not per segment
         put(self, "member_stamps", base.member_stamps)
         put(self, "takes", tuple(int(t) for t in takes))
+        counts = np.bincount(ids, minlength=base.n) if n else np.zeros(0, I64)
+        put(self, "repeated", counts[ids] > 1 if n and counts.max() > 1 else None)
+        del ids, counts
         last = first + count - 1  # a base record that gains a newline ends its member, so a segment
         gains = np.isin(last, base.newline_ids)
         put(self, "_newline", (firsts[1:] - 1)[gains].astype(I64))
@@ -66,6 +71,11 @@ class MixIndex(PooledIndex):
         """The base record id of every record of the epoch (int64[n])."""
         f, c = self.member_firsts, np.diff(self.member_firsts)
         return np.repeat(self.seg_base - f[:-1], c) + np.arange(self.n, dtype=I64)
+
+    def base_ids_of(self, ids: np.ndarray) -> np.ndarray:
+        """The base record ids of records ``ids`` of the epoch."""
+        seg = np.searchsorted(self.member_firsts, ids, side="right") - 1
+        return self.seg_base[seg] + (np.asarray(ids, I64) - self.member_firsts[seg])
 
     def unit_firsts(self, unit_size: int) -> np.ndarray:
         """Every segment cut on its file's grid of ``unit_size`` bytes: a record starts a unit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import errno
 import os
 import threading
@@ -49,6 +50,13 @@ class PoolSource:
                 raise OSError(errno.EBADF, "pool source closed")
             self._users += 1
         return self
+
+    def reading(self, index: PooledIndex) -> "PoolSource":
+        """These files read through ``index``, another index of the same files (a mixture's
+        pool of its files): shares the descriptors, and is never closed itself."""
+        other = copy.copy(self)
+        other.index = index
+        return other
 
     def check(self) -> None:
         for f in self.files:

@@ -18,6 +18,7 @@ from .baselines import NoShufflePlan, ShuffleOncePlan
 from .corgipile import BlockOnlyPlan, CorgiPilePlan
 from .even import EvenPlan
 from .lirs import FullShufflePlan, PageShufflePlan
+from .mixture import SpreadRepeats
 from .partial_local import PartialLocalPlan
 from .sliding_window import SlidingWindowPlan
 from .stratified import StratifiedPlan
@@ -60,6 +61,8 @@ def make_plan(index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, 
     if costs is not None:
         raise ValueError("costs are only used with balance")
     plan = STRATEGIES[spec.strategy](index, spec, epoch, rank, world, part, parts)
+    if getattr(index, "repeated", None) is not None:  # a mixture's epoch that takes records twice
+        plan = SpreadRepeats(plan)
     if spec.even != "none" and world > 1:
         plan = EvenPlan(plan)
     return plan

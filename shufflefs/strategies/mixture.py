@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .base import rng
+from .base import Plan, rng
 
 MIX_SALT = 0x6D1C
 """Keeps a mixture's draws apart from every strategy's (`base.rng` keys)."""
@@ -127,3 +127,68 @@ def epoch_segments(seed: int, epoch: int, counts: Sequence[int], takes: Sequence
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
     order = np.argsort(np.concatenate(due), kind="stable")
     return np.concatenate(sources)[order], np.concatenate(firsts)[order], np.concatenate(lengths)[order]
+
+
+class SpreadRepeats(Plan):
+    """``inner``'s windows with no record next to a copy of itself: an epoch that takes a record
+    twice (an up-sampled source, or a down-sampled one whose slice crosses the end of a pass)
+    must not serve both copies back to back, which readers that group a sample's members by key
+    (WebDataset) would take for one sample with every member twice.
+
+    The index says which of its records have copies (``repeated``) and what each one is a copy
+    of (``base_ids_of``).  A window's first and last records are swapped for records without
+    copies, so no two windows' edges meet in a pair, and each record next to its own copy is
+    swapped with one that fits, nearest half a window away (deterministic, so every rank agrees).
+    Only the order inside windows changes: sizes, runs and the records of every window stay.
+    Best effort: a window too full of copies (a source asked for many passes of a few records)
+    may keep a pair."""
+
+    def __init__(self, inner: Plan) -> None:
+        super().__init__(inner.index, inner.spec, inner.epoch, inner.rank, inner.world, inner.part, inner.parts)
+        self.inner = inner
+        self.name = inner.name  # type: ignore[misc]
+
+    @property
+    def window_sizes(self) -> np.ndarray:
+        return self.inner.window_sizes
+
+    @property
+    def window_records(self) -> np.ndarray:
+        return self.inner.window_records
+
+    def window_runs(self, k: int) -> tuple[np.ndarray, np.ndarray] | None:
+        return self.inner.window_runs(k)
+
+    def describe(self) -> dict:
+        return self.inner.describe()
+
+    def window(self, k: int) -> np.ndarray:
+        ids = np.array(self.inner.window(k))
+        n = len(ids)
+        repeated = self.index.repeated[ids]
+        if n < 3 or not repeated.any():
+            return ids
+        key = self.index.base_ids_of(ids)
+        bad = np.flatnonzero(key[1:] == key[:-1]) + 1
+        ends = [i for i in (0, n - 1) if repeated[i]]
+        for i in [*ends, *bad.tolist()]:
+            if i not in ends and key[i] != key[i - 1]:
+                continue  # mended by an earlier swap
+            j = self._partner(key, repeated, i, edge=i in (0, n - 1))
+            if j is not None:
+                ids[[i, j]], key[[i, j]], repeated[[i, j]] = ids[[j, i]], key[[j, i]], repeated[[j, i]]
+        return ids
+
+    @staticmethod
+    def _partner(key: np.ndarray, repeated: np.ndarray, i: int, edge: bool) -> int | None:
+        """A position to swap with ``i``: away from the window's edges, holding a record without
+        copies if ``i`` is an edge, and leaving neither place next to its own copy."""
+        n = len(key)
+        for step in range(n):
+            j = (i + n // 2 + step) % n
+            if j in (0, n - 1) or abs(j - i) <= 1 or (edge and repeated[j]):
+                continue
+            a, b = key[i], key[j]
+            if key[j - 1] != a and key[j + 1] != a and (i == 0 or key[i - 1] != b) and (i == n - 1 or key[i + 1] != b):
+                return j
+        return None

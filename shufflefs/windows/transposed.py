@@ -48,6 +48,9 @@ def _ranges(local: np.ndarray, gap_rows: int) -> tuple[np.ndarray, np.ndarray]:
 def load_columns(source: Source, index: RecordIndex, cols: Columns, ids: np.ndarray,
                  out: np.ndarray) -> np.ndarray:
     """Rows ``ids`` (view order) as C-order rows in ``out`` (``len(ids) * row bytes``)."""
+    base = getattr(index, "base", None)
+    if base is not None:  # a mixture's epoch: its rows are rows of the pool of its files
+        ids, index, source = index.base_ids_of(ids), base, source.reading(base)
     isz, ncol = cols.itemsize, cols.count
     k = len(ids)
     row_bytes = isz * ncol

@@ -136,3 +136,26 @@ def test_a_source_without_records_asked_for_some_is_refused(tmp_path):
     paths, base, _ = _files(tmp_path, [10, 0])
     with pytest.raises(ValueError, match="source #2 has no records"):
         epoch_index(base, [0, 1, 2], [1, 1], 10, ShuffleSpec(strategy="full"), 0)
+
+
+@pytest.mark.parametrize("strategy", ["stratified", "corgipile", "full", "none", "block"])
+@pytest.mark.parametrize("world", [1, 2])
+def test_no_record_is_served_next_to_its_own_copy(tmp_path, strategy, world):
+    """An up-sampled source (300 records drawn from 70, in blocks of about 8) and a down-sampled
+    one whose slice crosses a pass: every copy apart, in every window and across windows, while
+    every window keeps exactly its records."""
+    from shufflefs.strategies.mixture import SpreadRepeats
+
+    _, base, _ = _files(tmp_path, [40, 30, 500])
+    spec = ShuffleSpec(strategy=strategy, seed=4, block_size=512, buffer=4096)
+    mix = epoch_index(base, [0, 2, 3], [3, 2], 750, spec, epoch=1)
+    assert mix.repeated is not None and mix.repeated.sum() > 200
+    for rank in range(world):
+        plan = make_plan(mix, spec, 1, rank, world)
+        assert isinstance(plan, SpreadRepeats)
+        stream = np.concatenate([plan.window(k) for k in range(plan.n_windows)])
+        key = mix.base_ids_of(stream)
+        assert not np.any(key[1:] == key[:-1]), np.flatnonzero(key[1:] == key[:-1])
+        for k in range(plan.n_windows):
+            assert np.array_equal(np.sort(plan.window(k)), np.sort(plan.inner.window(k)))
+            assert np.array_equal(plan.window(k), plan.window(k))  # the same every time
