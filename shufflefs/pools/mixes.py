@@ -171,6 +171,11 @@ class MixTable:
                 known = self._stamps[key] = (now, stamps)
         return MixEntry(mix, mix.names.index(shard_name), known[1])
 
+    def stale(self) -> None:
+        """A file changed: read every mixture's files' versions again at the next lookup."""
+        with self._lock:
+            self._stamps.clear()
+
     def check(self) -> list[str]:
         """What keeps any mixture from being served now (empty: all can be)."""
         problems = []

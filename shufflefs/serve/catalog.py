@@ -123,6 +123,8 @@ class Catalog:
         """Log and count an error a reader will see, and turn it into the errno it gets."""
         where = f" at view offset {offset}" if offset is not None else ""
         reply = self._errno(what, relpath, e)
+        if isinstance(e, StaleSourceError) and self.mixes is not None:
+            self.mixes.table.stale()  # the next lookup of a mixture's shard reads its files' versions
         self.stats.error(f"{what} {relpath} (epoch {epoch}){where}: {e}", relpath, reply.errno)
         return reply
 

@@ -15,10 +15,13 @@ files of the sources' format whose records, read in name order, are the epoch's 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
+import errno
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -299,3 +302,64 @@ def test_inspect_compares_strategies_on_a_mixture_offline(src, tmp_path):
     assert tv["stratified"] <= 1.5 * got["uniform"]["label_tv"] + 0.005 and tv["corgipile"] < 0.1, got
     bad = shufflefs("inspect", src, "--mix", "nope", "--config", cfg)
     assert bad.returncode == 2 and "no such mixture" in bad.stderr
+
+
+def test_a_source_changed_under_an_open_shard_is_an_error_never_mixed_bytes(mount, tmp_path):
+    src = tree(tmp_path)
+    cfg = config(tmp_path, 6000, [("web/*.jsonl", 1), ("code/*.jsonl", 1)])
+    m = mount(None, *ARGS, "--config", str(cfg), src=src)
+    shard = m.path(".mix/blend/blend-00000-of-00005.jsonl")
+    with open(shard, "rb", buffering=0) as f:
+        first = f.read(4096)
+        assert first
+        with open(src / "code" / "c1.jsonl", "ab") as g:
+            g.write(b'{"src": "code", "f": 1, "k": 99999, "pad": ""}\n')
+        with pytest.raises(OSError) as e:
+            while f.read(1 << 16):
+                pass
+    assert e.value.errno in (errno.ESTALE, errno.EIO)
+    assert "c1.jsonl" in m.stderr()
+    # a new open shows the new version whole: the appended record may be drawn, nothing is mixed
+    got = records(m.mnt)
+    assert len(got) == 6000 and collections.Counter(r[0] for r in got) == {"web": 3000, "code": 3000}
+    assert len(set(got)) == 6000
+
+
+def test_a_source_that_loses_its_files_is_an_error_naming_the_mixture(mount, tmp_path):
+    src = tree(tmp_path)
+    cfg = config(tmp_path, 100, [("web/*.jsonl", 1), ("books/*.jsonl", 1)])
+    m = mount(None, *ARGS, "--config", str(cfg), src=src)
+    assert len(records(m.mnt)) == 100
+    (src / "books" / "shelf.jsonl").rename(src / "books" / "shelf.jsonl.old")
+    time.sleep(1.2)  # the tree is walked again after a second
+    with pytest.raises(OSError) as e:
+        os.listdir(m.path(".mix/blend"))
+    assert e.value.errno == errno.EIO
+    assert "mixture 'blend': source #2 ('books/*.jsonl') matches no data file" in m.stderr()
+    (src / "books" / "shelf.jsonl.old").rename(src / "books" / "shelf.jsonl")
+    time.sleep(1.2)
+    assert len(records(m.mnt)) == 100  # back
+
+
+def test_more_shards_than_records_and_many_readers_at_once(mount, src, tmp_path):
+    cfg = config(tmp_path, 30, [("web/*.jsonl", 1), ("books/*.jsonl", 1)], extra="shards = 50\n")
+    big = config(tmp_path, 8000, [("web/*.jsonl", 1), ("code/*.jsonl", 1)], name="big")
+    both = tmp_path / "both.toml"
+    both.write_text(cfg.read_text() + big.read_text())
+    m = mount(None, *ARGS, "--config", str(both), src=src)
+    assert sorted(os.listdir(m.path(".mix"))) == ["big", "blend"]
+    small = records(m.mnt)
+    assert len(small) == 30 and len(os.listdir(m.path(".mix/blend"))) == 50
+    want = collections.Counter(records(m.mnt, ".mix/big"))
+    names = sorted(os.listdir(m.path(".mix/big")))
+
+    def one(i: int) -> collections.Counter:
+        order = names[i % len(names):] + names[: i % len(names)]
+        out = collections.Counter()
+        for n in order:
+            out.update((r["src"], r["f"], r["k"]) for r in map(json.loads, m.path(f".mix/big/{n}").read_bytes().splitlines()))
+        return out
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        for got in pool.map(one, range(16)):
+            assert got == want

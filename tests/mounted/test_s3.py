@@ -553,3 +553,24 @@ def test_a_flat_prefix_is_listed_page_by_page_and_a_nested_one_by_delimiter(s3, 
         assert oc.list_dir("deep")[0] == ["deep/sub"] and oc.list_dir("flat")[0] == []
     finally:
         oc.close()
+
+
+def test_a_mixture_from_the_bucket_equals_the_mixture_from_local_disk(mount, s3, tmp_path):
+    """``[[mix]]`` over objects: the same shards as over the same tree on local disk, in every
+    epoch, and a rank's share of them; odd names included."""
+    cfg = tmp_path / "mix.toml"
+    cfg.write_text('[[mix]]\nname = "blend"\nsamples = 2500\nshards = 3\n'
+                   '[[mix.source]]\nglob = "pool/*.jsonl"\nweight = 2\n'
+                   '[[mix.source]]\nglob = "a.jsonl"\nweight = 1\n'
+                   '[[mix.source]]\nglob = "odd names/*.jsonl"\nweight = 1\n')
+    for args in ([*ARGS, "--config", str(cfg)], [*ARGS, "--config", str(cfg), "--rank", "1", "--world-size", "2"]):
+        remote, local = s3_mount(mount, s3, *args), mount(None, *args, src=s3.local, name="local")
+        for epoch in (0, 3):
+            remote.set_epoch(epoch)
+            local.set_epoch(epoch)
+            names = sorted(os.listdir(remote.path(".mix/blend")))
+            assert names == sorted(os.listdir(local.path(".mix/blend"))) and len(names) == 3
+            got = [read(remote.path(f".mix/blend/{n}")) for n in names]
+            assert got == [read(local.path(f".mix/blend/{n}")) for n in names], f"epoch {epoch} {args}"
+            assert sum(len(g.splitlines()) for g in got) == (2500 if "--rank" not in args else 1250)
+        assert remote.stats()["errors"] == 0
