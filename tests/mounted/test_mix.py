@@ -77,7 +77,9 @@ ARGS = ["--seed", "11", "--block-size", "1KiB", "--buffer", "128KiB"]
 
 
 def test_quotas_no_repeats_before_exhaustion_and_whole_passes(mount, src, tmp_path):
-    """web: 4,500 of 12,000 a epoch (down-sampled); books: 1,500 of 1,000 (up-sampled)."""
+    """web: 4,500 of 12,000 a epoch (down-sampled); books: 1,500 of 1,000 (up-sampled).
+
+    Holds: SEMANTICS.md#mix-files, SEMANTICS.md#mix-counts, SEMANTICS.md#mix-passes"""
     cfg = config(tmp_path, 6000, [("web/*.jsonl", 3), ("books/*.jsonl", 1)])
     m = mount(None, *ARGS, "--config", str(cfg), src=src)
     assert ".mix" not in os.listdir(m.mnt)  # not listed: a walk of the mount reads each source once
@@ -115,7 +117,9 @@ def _deviation(got: np.ndarray, k: int = 3) -> tuple[float, float]:
 
 def test_every_thousand_records_hold_each_sources_share(mount, src, tmp_path):
     """The default (stratified) mixes the sources into every stretch as well as a uniform
-    shuffle of the blend (full) does; corgipile's random blocks within a few points."""
+    shuffle of the blend (full) does; corgipile's random blocks within a few points.
+
+    Holds: SEMANTICS.md#mix-mixed"""
     cfg = config(tmp_path, 9000, [("web/*.jsonl", 5), ("code/*.jsonl", 3), ("books/*.jsonl", 2)])
     dev = {}
     for strategy in ("stratified", "corgipile", "full"):
@@ -140,6 +144,7 @@ def test_the_same_blend_on_every_mount_and_epochs_differ(mount, src, tmp_path):
 
 
 def test_ranks_and_loader_parts_split_the_blend_exactly_once(mount, src, tmp_path):
+    """Holds: SEMANTICS.md#mix-ranks"""
     cfg = config(tmp_path, 7001, [("web/*.jsonl", 2), ("books/*.jsonl", 1)])
     whole = mount(None, *ARGS, "--config", str(cfg), src=src)
     blend = collections.Counter(records(whole.mnt))
@@ -179,6 +184,7 @@ def test_a_csv_header_is_kept_and_headers_must_agree(mount, tmp_path):
     ({"a/x.jsonl": b'{"a":1}\n'}, [("a/*", 1), ("*.jsonl", 1)], "a file belongs to one source"),
 ])
 def test_a_mixture_that_cannot_be_served_refuses_the_mount(tmp_path, files, sources, reason):
+    """Holds: SEMANTICS.md#mix-refused"""
     src = tmp_path / "src"
     for rel, data in files.items():
         (src / rel).parent.mkdir(parents=True, exist_ok=True)
