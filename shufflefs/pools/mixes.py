@@ -78,13 +78,13 @@ class MixEntry:
 
     @property
     def epoch_path(self) -> str:
-        """A mixture follows its own epoch: ``.mix/NAME``'s (set on any of its shards, on
-        ``.mix/NAME`` or ``.mix``, or the mount's)."""
-        return self.pool.key
+        """A mixture follows its own epoch, its first shard's, as a pool's shards do: set on any
+        of its shards (then on all of them), on ``.mix/NAME`` or ``.mix``, or the mount's."""
+        return self.shard_paths[0]
 
     @property
     def epoch_paths(self) -> tuple[str, ...]:
-        return (self.pool.key,)
+        return self.shard_paths
 
 
 def mixture_files(spec: MixSpec, files: list[str], format_key: Callable[[str], str | None]) -> MixSet:

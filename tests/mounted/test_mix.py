@@ -141,6 +141,9 @@ def test_the_same_blend_on_every_mount_and_epochs_differ(mount, src, tmp_path):
     assert a.xattr("epoch", ".mix/blend/blend-00004-of-00005.jsonl") == "3"
     assert a.xattr("epoch", "web/web-000.jsonl") == "2"  # the sources' own views keep theirs
     assert records(a.mnt) != records(b.mnt)
+    a.set_epoch(2, ".mix/blend")  # the mixture's directory: all its shards
+    assert a.xattr("epoch", ".mix/blend/blend-00003-of-00005.jsonl") == "2"
+    assert records(a.mnt) == records(b.mnt)
 
 
 def test_ranks_and_loader_parts_split_the_blend_exactly_once(mount, src, tmp_path):
