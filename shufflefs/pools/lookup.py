@@ -41,11 +41,15 @@ def entries(store: Store, directory: str) -> tuple[list[str], list[str]]:
     return files, dirs
 
 
-def walk(store: Store) -> list[str]:
-    """Every regular file of the store's tree (links not followed)."""
-    out, todo = [], [""]
+def walk(store: Store, under: str = "") -> list[str]:
+    """Every regular file of the store's tree, or of its directory ``under``, links not
+    followed; a directory that is missing (or leaves during the walk) holds none."""
+    out, todo = [], [under]
     while todo:
-        files, dirs = entries(store, todo.pop())
+        try:
+            files, dirs = entries(store, todo.pop())
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # gone (or never there): nothing under it
         out.extend(files)
         todo.extend(reversed(dirs))
     return out

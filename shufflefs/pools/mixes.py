@@ -118,6 +118,25 @@ def mixture_files(spec: MixSpec, files: list[str], format_key: Callable[[str], s
                   spec.shards or len(members), ext.group(0) if ext else "")
 
 
+def walk_roots(globs: list[str]) -> list[str]:
+    """The directories whose files ``globs`` can match: each glob's leading components without
+    wildcards (``web/en/*.jsonl`` -> ``web/en``), or the whole tree (``""``) when a glob has no
+    such component, or no ``/`` at all (it then matches file names anywhere)."""
+    roots = set()
+    for glob in globs:
+        parts = glob.split("/")[:-1]
+        fixed = []
+        for part in parts:
+            if any(c in part for c in "*?[") or part in ("", ".", ".."):
+                break
+            fixed.append(part)
+        if not fixed:
+            return [""]
+        roots.add("/".join(fixed))
+    # a root inside another is walked with it
+    return sorted(r for r in roots if not any(r.startswith(o + "/") for o in roots))
+
+
 class MixTable:
     """The mixtures of a mount as found in its source tree now."""
 
@@ -132,7 +151,8 @@ class MixTable:
     def _files(self) -> list[str]:
         now = time.monotonic()
         if self._tree is None or now - self._tree[0] > TREE_TTL:
-            files = walk(self.store)
+            roots = walk_roots([s.glob for spec in self.specs.values() for s in spec.sources])
+            files = sorted({f for root in roots for f in walk(self.store, root)})
             if self._tree is None or files != self._tree[1]:
                 self._found.clear()
             self._tree = (now, files)

@@ -159,3 +159,12 @@ def test_no_record_is_served_next_to_its_own_copy(tmp_path, strategy, world):
         for k in range(plan.n_windows):
             assert np.array_equal(np.sort(plan.window(k)), np.sort(plan.inner.window(k)))
             assert np.array_equal(plan.window(k), plan.window(k))  # the same every time
+
+
+def test_a_mixture_walks_only_the_directories_its_globs_can_match():
+    from shufflefs.pools.mixes import walk_roots
+
+    assert walk_roots(["web/en/*.jsonl", "web/*.jsonl", "books/**/*.jsonl"]) == ["books", "web"]
+    assert walk_roots(["web/*.jsonl", "*.jsonl"]) == [""]  # a bare name matches anywhere
+    assert walk_roots(["w*/x.jsonl"]) == [""] and walk_roots(["./x/*.jsonl"]) == [""]
+    assert walk_roots(["a/b/c.jsonl"]) == ["a/b"]
