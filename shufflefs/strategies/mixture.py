@@ -97,13 +97,24 @@ def interleave(takes: Sequence[int]) -> np.ndarray:
     return src[np.argsort(due, kind="stable")]
 
 
+def in_file_order(ids: np.ndarray, lo: int, n: int) -> np.ndarray:
+    """A source's slice of its stream (positions ``lo`` on, ``n`` records a pass) with each
+    pass's records sorted: which records an epoch takes is the permutation's, the order they
+    enter the blend in is the source's own, so that a strategy sees the source as it is (sorted
+    data stays sorted for `stratified` to deal out) and copies from two passes stay a pass apart."""
+    starts = np.arange(-(-lo // n) * n, lo + len(ids), n) - lo  # where each later pass begins
+    starts = starts[(starts > 0) & (starts < len(ids))]
+    return np.concatenate([np.sort(part) for part in np.split(ids, starts)])
+
+
 def epoch_segments(seed: int, epoch: int, counts: Sequence[int], takes: Sequence[int],
                    runs: Sequence[int | np.ndarray], grouped: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """An epoch's records as ``(source, first, count)`` (int64 each): runs of consecutive
     records of one source (ids local to the source), in the order the epoch's stream holds them.
 
     Source s gives `epoch_records` (``takes[s]`` of its ``counts[s]`` records, permuted in runs
-    ``runs[s]``); its records are cut where ids stop following one another.  The pieces of all
+    ``runs[s]``), each pass's in file order (`in_file_order`); its records are cut where ids stop
+    following one another and where runs start.  The pieces of all
     sources are interleaved by where they fall in their source's take, as `interleave` places
     records (a piece of source s that starts at its k-th record and holds c records goes at
     ``(k + phase_s * c) / takes[s]``), so every stretch of the stream holds each source's share,
@@ -116,7 +127,11 @@ def epoch_segments(seed: int, epoch: int, counts: Sequence[int], takes: Sequence
         ids = epoch_records(seed, epoch, s, int(n), int(take), run if isinstance(run, np.ndarray) else max(1, int(run)))
         if len(ids) == 0:
             continue
-        cut = np.flatnonzero(np.diff(ids) != 1) + 1
+        ids = in_file_order(ids, epoch * int(take), int(n))
+        # pieces: where ids stop following one another, and at every run's start (sorted runs
+        # that touch would otherwise enter the interleave as one long piece)
+        first_of_run = np.isin(ids[1:], run) if isinstance(run, np.ndarray) else ids[1:] % max(1, int(run)) == 0
+        cut = np.flatnonzero((np.diff(ids) != 1) | first_of_run) + 1
         starts = np.concatenate((np.zeros(1, np.int64), cut))
         count = np.diff(np.concatenate((starts, [len(ids)]))).astype(np.int64)
         sources.append(np.full(len(starts), s, np.int64))

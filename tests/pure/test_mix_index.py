@@ -23,20 +23,25 @@ from shufflefs.pools.mix_index import MixIndex, epoch_index
 from shufflefs.sources.local import SourceFile
 from shufflefs.sources.pool import PoolSource
 from shufflefs.strategies import ShuffleSpec, make_plan
-from shufflefs.strategies.mixture import epoch_records, epoch_segments
+from shufflefs.strategies.mixture import epoch_records, epoch_segments, in_file_order
 from shufflefs.windows import view
 
 
 @given(st.integers(0, 2**31), st.integers(0, 30),
        st.lists(st.tuples(st.integers(1, 400), st.integers(0, 900), st.integers(1, 50)), min_size=1, max_size=4))
 @settings(max_examples=80)
-def test_each_sources_pieces_are_its_epoch_records_in_order(seed, epoch, table):
+def test_each_sources_pieces_are_its_epoch_records_each_pass_in_file_order(seed, epoch, table):
     counts, takes, runs = zip(*table)
     src, first, count = epoch_segments(seed, epoch, counts, takes, runs)
     for s in range(len(counts)):
         mine = src == s
         ids = np.concatenate([np.arange(f, f + c) for f, c in zip(first[mine], count[mine])] or [np.zeros(0, int)])
-        assert np.array_equal(ids, epoch_records(seed, epoch, s, counts[s], takes[s], runs[s]))
+        want = epoch_records(seed, epoch, s, counts[s], takes[s], runs[s])
+        assert np.array_equal(ids, in_file_order(want, epoch * takes[s], counts[s]))
+        # each pass's records in file order: sorted between the pass boundaries
+        at = epoch * takes[s] + np.arange(len(ids))
+        for p in np.unique(at // counts[s]):
+            assert np.all(np.diff(ids[at // counts[s] == p]) > 0)
     assert np.all(count > 0)
 
 
