@@ -96,9 +96,9 @@ def parse(lines) -> list[tuple[str, int]]:
     return out
 
 
-def run_shufflefs(root: Path, work: Path, strategy: str) -> dict:
+def run_shufflefs(root: Path, work: Path, strategy: str, samples: int) -> dict:
     cfg = work / f"mix-{strategy}.toml"
-    text = f'[[mix]]\nname = "blend"\nsamples = {SAMPLES}\n'
+    text = f'[[mix]]\nname = "blend"\nsamples = {samples}\n'
     for src, w in WEIGHTS.items():
         text += f'[[mix.source]]\nglob = "{src}/*.jsonl"\nweight = {w}\n'
     cfg.write_text(text)
@@ -170,7 +170,8 @@ def _import_streaming() -> tuple[types.ModuleType | None, str]:
     return streaming, note
 
 
-def run_streaming(streaming: types.ModuleType, files: dict[str, list[Path]], work: Path, mode: str) -> dict:
+def run_streaming(streaming: types.ModuleType, files: dict[str, list[Path]], work: Path, mode: str,
+                  samples: int) -> dict:
     from streaming import MDSWriter, Stream, StreamingDataset
 
     streams = []
@@ -185,8 +186,8 @@ def run_streaming(streaming: types.ModuleType, files: dict[str, list[Path]], wor
         if mode == "proportion":
             streams.append(Stream(local=str(out), proportion=w))
         else:
-            streams.append(Stream(local=str(out), choose=int(SAMPLES * w)))
-    ds = StreamingDataset(streams=streams, epoch_size=SAMPLES if mode == "proportion" else None, shuffle=True,
+            streams.append(Stream(local=str(out), choose=int(samples * w)))
+    ds = StreamingDataset(streams=streams, epoch_size=samples if mode == "proportion" else None, shuffle=True,
                           shuffle_seed=0, batch_size=1, cache_limit=None)
     epochs, t0 = [], time.monotonic()
     for _ in range(2):  # each pass over the dataset is its next epoch
@@ -196,25 +197,27 @@ def run_streaming(streaming: types.ModuleType, files: dict[str, list[Path]], wor
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--records-scale", type=float, default=1.0, help="scale every source's record count")
+    ap.add_argument("--records-scale", type=float, default=1.0,
+                    help="scale every source's record count and the records asked for")
     args = ap.parse_args()
     rows = {}
+    samples = int(SAMPLES * args.records_scale)
     with tempfile.TemporaryDirectory(prefix="mixcmp-") as tmp:
         work = Path(tmp)
         root = work / "src"
         files = make_sources(root, args.records_scale)
         for strategy in ("stratified", "corgipile"):
-            rows[f"shufflefs [[mix]] ({strategy})"] = run_shufflefs(root, work, strategy)
+            rows[f"shufflefs [[mix]] ({strategy})"] = run_shufflefs(root, work, strategy, samples)
         for stopping in ("first_exhausted", "all_exhausted"):
             rows[f"HF interleave_datasets ({stopping})"] = run_hf(files, stopping)
         streaming, note = _import_streaming()
         if streaming is not None:
             os.environ.setdefault("STREAMING_SHM_PREFIX", f"mixcmp{os.getpid()}")
             for mode in ("proportion", "choose"):
-                rows[f"Streaming Stream({mode}=...)"] = run_streaming(streaming, files, work, mode)
+                rows[f"Streaming Stream({mode}=...)"] = run_streaming(streaming, files, work, mode, samples)
         if note:
             print(f"streaming: {note}")
-    print(f"asked: {SAMPLES} records per epoch, weights {WEIGHTS}; sources " +
+    print(f"asked: {samples} records per epoch, weights {WEIGHTS}; sources " +
           ", ".join(f"{s} {int(n * args.records_scale)}" for s, (n, _) in SIZES.items()))
     print("| loader | records e0 / e1 | web / books / code (e0) | web repeats e0 | web of e1 seen in e0 "
           "| books max copies | share off, mean / worst per 1,000 | records/s |")

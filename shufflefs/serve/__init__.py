@@ -1,6 +1,8 @@
-"""The catalog of a mount, async (trio) but without FUSE: nodes and the source tree (`tree`, the
-node types in `nodes`), epochs (`epochs`), indexes and plans (`planner`, their memory in
-`plan_memory`), open views and their windows (`views`), reads (`reads`), extended attributes and
-state (`xattrs`, counters in `stats`), worker threads with deadlines (`workers`), all tied
-together by `catalog.Catalog`.  Imports every package below it (sources to windows, stages),
-never `mount` or `cli`; within it, `nodes` imports none of its siblings."""
+"""The catalog of a mount, async (trio) but without FUSE: nodes and the source tree (`tree`,
+the node types in `nodes`, the ``.mix`` directory in `mix_tree`), epochs (`epochs`, the next
+epoch's views prepared by `epoch_prep`), indexes and plans (`planner`, their memory in
+`plan_memory`, warnings and checks in `plan_notes`), open views and their windows (`views`),
+reads (`reads`), extended attributes and state (`xattrs`, counters in `stats`), worker threads
+with deadlines (`workers`), all tied together by `catalog.Catalog`.  Imports every package below
+it (sources to windows, stages), never `mount` or `cli`; within it, `nodes` imports none of its
+siblings."""
