@@ -406,11 +406,13 @@ class Planner:
             raise ResumeMismatch(self.store.path(node.relpath), None, f"the resume state does not fit this view: {e}") \
                 from None
 
-    def _record_costs(self, node: Node, index: RecordIndex) -> np.ndarray:
+    def _record_costs(self, node: Node, index: RecordIndex) -> np.ndarray | None:
         """Blocking: every record's cost (a pool's: its members' in shard order)."""
         field, fmt = self.spec.balance_field, node.fmt.name
         if node.pool is None:
             return self._costs_of(node.relpath, node.stamp, index, field, fmt)
+        if field is None:
+            return None  # byte lengths: the plan reads them from the index (a pool's, a mixture's)
         e = node.pool
         base = index.base if isinstance(index, MixIndex) else index
         costs = np.concatenate([self._costs_of(m, e.stamps[i], base.member_index(i), field, fmt)

@@ -372,3 +372,18 @@ def test_more_shards_than_records_and_many_readers_at_once(mount, src, tmp_path)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         for got in pool.map(one, range(16)):
             assert got == want
+
+
+@pytest.mark.parametrize("balance", [["--balance"], ["--balance-field", "k"]])
+def test_balanced_ranks_split_a_blend_and_a_pool(mount, src, tmp_path, balance):
+    """--balance over a mixture and over a pool (by byte length, or by a field): every record
+    of the epoch once across the ranks."""
+    cfg = config(tmp_path, 3000, [("web/*.jsonl", 2), ("books/*.jsonl", 1)])
+    args = [*ARGS, "--strategy", "full", *balance, "--config", str(cfg), "--pool", "web/*.jsonl"]
+    whole = mount(None, *args, src=src)
+    ranks = [mount(None, *args, "--rank", str(r), "--world-size", "2", src=src) for r in range(2)]
+    blend = collections.Counter(records(whole.mnt))
+    assert sum((collections.Counter(records(r.mnt)) for r in ranks), collections.Counter()) == blend
+    pool = [f"web/web-{i:03d}.jsonl" for i in range(3)]
+    got = collections.Counter(line for r in ranks for p in pool for line in r.path(p).read_bytes().splitlines())
+    assert got == collections.Counter(line for p in pool for line in (src / p).read_bytes().splitlines())
