@@ -20,6 +20,8 @@ per epoch:
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
@@ -32,16 +34,21 @@ MIX_SALT = 0x6D1C
 
 def quotas(samples: int, weights: Sequence[float]) -> np.ndarray:
     """Records each source gives an epoch: proportional to ``weights``, summing to ``samples``
-    exactly, each within one of ``samples * w / sum(w)`` (largest remainders; ties to the first)."""
+    exactly, each within one of ``samples * w / sum(w)`` (largest remainders; ties to the first).
+    Exact for any sizes: the weights' binary fractions are added as integers (a handful of sources,
+    so a loop over them)."""
     w = np.asarray(weights, np.float64)
-    if samples < 0 or len(w) == 0 or np.any(~np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+    if samples < 0 or len(w) == 0 or np.any(~np.isfinite(w)) or np.any(w < 0) or not np.any(w > 0):
         raise ValueError(f"a mixture needs samples >= 0 and weights >= 0 with a positive sum: {samples}, {list(w)}")
-    exact = samples * w / w.sum()
-    base = np.floor(exact).astype(np.int64)
-    short = int(samples - base.sum())
-    order = np.argsort(-(exact - base), kind="stable")
-    base[order[:short]] += 1
-    return base
+    exact = [Fraction(float(x)) for x in w]
+    total = sum(exact)
+    shares = [samples * x / total for x in exact]
+    base = [math.floor(x) for x in shares]
+    short = samples - sum(base)
+    order = sorted(range(len(w)), key=lambda i: (-(shares[i] - base[i]), i))
+    for i in order[:short]:
+        base[i] += 1
+    return np.array(base, np.int64)
 
 
 def pass_order(seed: int, source: int, passes: int, n: int, run: int | np.ndarray = 1,

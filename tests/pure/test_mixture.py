@@ -25,6 +25,12 @@ def test_quotas_add_up_and_stay_within_one_of_the_share(samples, weights):
     assert np.all(q[np.asarray(weights) == 0] == 0)
 
 
+def test_quotas_of_huge_and_tiny_weights_still_add_up():
+    assert quotas(10, [1e308, 1e308, 1e308]).tolist() == [4, 3, 3]
+    assert quotas(7, [1e-320, 3e-320]).sum() == 7
+    assert quotas(2**62, [1, 1]).sum() == 2**62 and quotas(2**62, [1, 2]).tolist() == [2**62 // 3, 2**63 // 3 + 1]
+
+
 @pytest.mark.parametrize("samples,weights", [(-1, [1]), (10, []), (10, [0, 0]), (10, [1, -1]), (10, [float("nan")])])
 def test_quotas_refuse_nonsense(samples, weights):
     with pytest.raises(ValueError):
