@@ -27,7 +27,6 @@ import collections
 import importlib.machinery
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,6 +36,10 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tools"), str(REPO)]
+from bench.proc import FuseDaemon  # noqa: E402
+
+ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 WEIGHTS = {"web": 0.6, "books": 0.2, "code": 0.2}
 SIZES = {"web": (60_000, 200), "books": (3_000, 3000), "code": (20_000, 800)}  # records, mean length
 SAMPLES = 30_000
@@ -104,16 +107,9 @@ def run_shufflefs(root: Path, work: Path, strategy: str, samples: int) -> dict:
     cfg.write_text(text)
     mnt = work / f"mnt-{strategy}"
     mnt.mkdir()
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    log = open(work / f"daemon-{strategy}.log", "wb")
-    daemon = subprocess.Popen([sys.executable, "-m", "shufflefs", "mount", "-f", str(root), str(mnt), "--config", str(cfg),
-                               "--strategy", strategy, "--cache-dir", str(work / "cache")], stdout=log, stderr=log, env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while not os.path.ismount(mnt):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"shufflefs did not mount: {(work / f'daemon-{strategy}.log').read_text()}")
-            time.sleep(0.05)
+    cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(root), str(mnt), "--config", str(cfg),
+           "--strategy", strategy, "--cache-dir", str(work / "cache")]
+    with FuseDaemon(cmd, mnt, work / f"daemon-{strategy}.log", ENV):
         epochs, t0 = [], time.monotonic()
         for e in range(2):
             os.setxattr(mnt, "user.shufflefs.epoch", str(e).encode())
@@ -124,14 +120,6 @@ def run_shufflefs(root: Path, work: Path, strategy: str, samples: int) -> dict:
                     recs.extend(parse(f))
             epochs.append(recs)
         return measure(epochs, time.monotonic() - t0)
-    finally:
-        subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
-        try:
-            daemon.wait(30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        log.close()
 
 
 def run_hf(files: dict[str, list[Path]], stopping: str) -> dict:

@@ -26,6 +26,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tools"), str(REPO)]
+from bench.proc import FuseDaemon  # noqa: E402
+
 ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
@@ -44,30 +47,6 @@ def read_all(paths: list[Path]) -> int:
             while chunk := f.read(1 << 20):
                 n += len(chunk)
     return n
-
-
-class Mounted:
-    def __init__(self, src: Path, work: Path, name: str, args: list[str]) -> None:
-        self.mnt = work / f"mnt-{name}"
-        self.mnt.mkdir()
-        self.log = open(work / f"{name}.log", "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "shufflefs", "mount", "-f", str(src), str(self.mnt),
-                                      "--cache-dir", str(work / "cache"), *args], stdout=self.log, stderr=self.log, env=ENV)
-        deadline = time.monotonic() + 120
-        while not os.path.ismount(self.mnt):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError((work / f"{name}.log").read_text())
-            time.sleep(0.05)
-
-    def close(self) -> None:
-        subprocess.run(["fusermount3", "-u", str(self.mnt)], capture_output=True)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 def label_tv(path: Path, field: str) -> tuple[float, float] | None:
@@ -104,18 +83,19 @@ def main() -> int:
                 # one mount at a time, the source warm: the views of one mount filling the page cache
                 # must not push the source out of it for the other
                 read_all([args.data])
-                m = Mounted(src, work, f"{name}{r}", [*opts, "--epoch", str(r)])
-                try:
-                    paths = ([m.mnt / "a" / "x.jsonl", m.mnt / "b" / "y.jsonl"] if name == "pool" else
-                             [m.mnt / ".mix" / "blend" / n for n in sorted(os.listdir(m.mnt / ".mix" / "blend"))])
+                mnt = work / f"mnt-{name}{r}"
+                mnt.mkdir()
+                cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(src), str(mnt), "--cache-dir",
+                       str(work / "cache"), *opts, "--epoch", str(r)]
+                with FuseDaemon(cmd, mnt, work / f"{name}{r}.log", ENV):
+                    paths = ([mnt / "a" / "x.jsonl", mnt / "b" / "y.jsonl"] if name == "pool" else
+                             [mnt / ".mix" / "blend" / n for n in sorted(os.listdir(mnt / ".mix" / "blend"))])
                     t = time.perf_counter()
                     n = read_all(paths)
                     if r:
                         rates[name].append(n / (time.perf_counter() - t) / 1e6)
                     elif name == "mixture":
                         tv[name] = label_tv(paths[0], args.label_field)
-                finally:
-                    m.close()
         med = {k: statistics.median(v) for k, v in rates.items()}
     print(f"{args.data} twice, strategy {args.strategy}, warm, {args.rounds} rounds each")
     print("| order | MB/s (median) | rounds | label mix TV/100 of the blend (uniform) |")

@@ -72,6 +72,19 @@ def _files(tmp_path, sizes):
     return paths, PooledIndex(members), records
 
 
+def _served(paths, mix, plan) -> bytes:
+    """Every window of ``plan`` as a view over the files loads it."""
+    v = view.View(paths[0], mix, plan, PoolSource(paths, mix, SourceFile), frame=(b"", b""))
+    try:
+        return b"".join(v.load_window(k)[0].tobytes() for k in range(plan.n_windows))
+    finally:
+        v.close()
+
+
+def _order(plan) -> np.ndarray:
+    return np.concatenate([plan.window(k) for k in range(plan.n_windows)])
+
+
 @pytest.mark.parametrize("strategy,samples", [("corgipile", None), ("full", 700), ("block", 5000), ("none", 40)])
 @pytest.mark.parametrize("path", ["runs", "mapped", "reads"])
 def test_every_record_of_the_epoch_has_its_files_bytes(tmp_path, monkeypatch, strategy, samples, path):
@@ -86,13 +99,7 @@ def test_every_record_of_the_epoch_has_its_files_bytes(tmp_path, monkeypatch, st
     if path == "reads":
         monkeypatch.setattr(view, "_build_window", None)
     plan = make_plan(mix, spec, 3)
-    v = view.View(paths[0], mix, plan, PoolSource(paths, mix, SourceFile), frame=(b"", b""))
-    try:
-        got = b"".join(v.load_window(k)[0].tobytes() for k in range(plan.n_windows))
-    finally:
-        v.close()
-    order = np.concatenate([plan.window(k) for k in range(plan.n_windows)])
-    assert got == b"".join(records[i] for i in ids[order])
+    assert _served(paths, mix, plan) == b"".join(records[i] for i in ids[_order(plan)])
 
 
 def test_an_upsampled_source_repeats_whole_passes_and_its_repeats_read_alike(tmp_path):
@@ -103,13 +110,7 @@ def test_an_upsampled_source_repeats_whole_passes_and_its_repeats_read_alike(tmp
     assert np.array_equal(np.bincount(ids, minlength=70)[:40], np.full(40, 7) + (np.bincount(ids)[:40] > 7))
     assert np.bincount(ids, minlength=70)[:40].min() == 7  # 300 of 40 records: 7 passes and a slice
     plan = make_plan(mix, spec, 0)
-    v = view.View(paths[0], mix, plan, PoolSource(paths, mix, SourceFile), frame=(b"", b""))
-    try:
-        got = b"".join(v.load_window(k)[0].tobytes() for k in range(plan.n_windows))
-    finally:
-        v.close()
-    order = np.concatenate([plan.window(k) for k in range(plan.n_windows)])
-    assert got == b"".join(records[i] for i in ids[order])
+    assert _served(paths, mix, plan) == b"".join(records[i] for i in ids[_order(plan)])
 
 
 @given(st.integers(0, 10**6), st.sampled_from([64, 256, 1000, 4096]))
