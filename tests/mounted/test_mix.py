@@ -387,3 +387,13 @@ def test_balanced_ranks_split_a_blend_and_a_pool(mount, src, tmp_path, balance):
     pool = [f"web/web-{i:03d}.jsonl" for i in range(3)]
     got = collections.Counter(line for r in ranks for p in pool for line in r.path(p).read_bytes().splitlines())
     assert got == collections.Counter(line for p in pool for line in (src / p).read_bytes().splitlines())
+
+
+def test_a_source_without_records_asked_for_some_is_eio_with_the_reason(mount, tmp_path):
+    """Holds: SEMANTICS.md#mix-refused"""
+    cfg = config(tmp_path, 5, [("a/*.jsonl", 1), ("b/*.jsonl", 1)])
+    m = mount({"a/1.jsonl": b'{"x": 1}\n{"x": 2}\n', "b/empty.jsonl": b""}, "--config", str(cfg), "--no-pool")
+    with pytest.raises(OSError) as e:
+        m.path(".mix/blend/blend-00000-of-00002.jsonl").read_bytes()
+    assert e.value.errno == errno.EIO
+    assert "mixture 'blend': source #2 has no records but is asked for 2" in m.stderr()
