@@ -198,6 +198,9 @@ def _mounted_mixture(args: argparse.Namespace, info: dict, stats: dict, spec: Sh
     if "mixture_members" not in info:
         raise CliError(f"{args.path}: the mixture has too many files ({info.get('mixture_files')}) for its "
                        "attributes to list them; inspect it offline: shufflefs inspect SRC --mix NAME --config F")
+    if "://" in str(stats["source"]):
+        raise CliError(f"{args.path}: the mixture's files are in {stats['source']}; inspect reads local files: "
+                       "inspect a local copy with --mix NAME --config F")
     root = Path(stats["source"])
     members = [root / m for m in info["mixture_members"]]
     sources = [MixSource(g, float(w)) for g, w in info["mixture_sources"]]
