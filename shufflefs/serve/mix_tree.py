@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 from ..config import MIX_DIR
 from ..pools.mixes import MixTable
-from .nodes import Probe, Stat
+from .nodes import ROOT, Probe, Stat
 from .tree import Tree
 
 
@@ -28,7 +28,7 @@ class MixTree:
         self.table, self.tree = table, tree
 
     def _dir(self, name: str) -> Probe:
-        return Probe(name, self.tree.nodes[1].st, None, None, None, None, time.monotonic())
+        return Probe(name, self.tree.nodes[ROOT].st, None, None, None, None, time.monotonic())
 
     def look(self, parent: str, name: str) -> Probe | None:
         """The probe of ``name`` in ``parent`` (``""``: the root, where only ``.mix`` is ours)."""
@@ -42,10 +42,10 @@ class MixTree:
         entry = self.table.entry(mix, name)
         if entry is None:
             return None
-        members = [self.tree.store.stat(m, follow_last=True) for m in entry.pool.members[:1]]
-        root = self.tree.nodes[1].st
+        first = self.tree.store.stat(entry.pool.members[0], follow_last=True)
+        root = self.tree.nodes[ROOT].st
         st = SimpleNamespace(
-            st_mode=stat.S_IFREG | (members[0].st_mode & 0o444), st_ino=0, st_nlink=1, st_uid=root.st_uid,
+            st_mode=stat.S_IFREG | (first.st_mode & 0o444), st_ino=0, st_nlink=1, st_uid=root.st_uid,
             st_gid=root.st_gid, st_size=0, st_atime_ns=max(s.mtime_ns for s in entry.stamps),
             st_mtime_ns=max(s.mtime_ns for s in entry.stamps), st_ctime_ns=max(s.ctime_ns for s in entry.stamps),
             st_blksize=root.st_blksize, st_blocks=0)
