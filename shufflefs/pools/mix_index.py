@@ -106,7 +106,8 @@ cuts them on), so that a block of the mixture is a block of one file: the record
 takes are then whole blocks chosen at random, rather than single records."""
 GROUPED_ORDERS = ("stratified",)
 """Strategies that deal every stretch of their stream to every buffer: the epoch's stream holds
-its sources one after another, so every buffer gets each source's share to within a block."""
+its sources one after another, so every buffer gets each source's share to within a block (so
+does a record order's, in which the stream's order does not matter: `epoch_segments`)."""
 
 
 def epoch_index(base: PooledIndex, firsts: Sequence[int], weights: Sequence[float], samples: int | None,
@@ -127,7 +128,8 @@ def epoch_index(base: PooledIndex, firsts: Sequence[int], weights: Sequence[floa
         blocks = base.unit_firsts(effective_block_size(spec, base.data_bytes))
         runs = [np.concatenate((blocks[(blocks >= a) & (blocks < b)], [b])) - a if b > a else 1
                 for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
-    src, first, count = epoch_segments(spec.seed, epoch, counts, takes, runs, spec.strategy in GROUPED_ORDERS)
+    grouped = spec.strategy in GROUPED_ORDERS or spec.strategy in RECORD_ORDERS
+    src, first, count = epoch_segments(spec.seed, epoch, counts, takes, runs, grouped)
     return MixIndex(base, first + starts[src], count, takes)
 
 

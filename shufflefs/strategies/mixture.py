@@ -125,9 +125,11 @@ def epoch_segments(seed: int, epoch: int, counts: Sequence[int], takes: Sequence
     sources are interleaved by where they fall in their source's take, as `interleave` places
     records (a piece of source s that starts at its k-th record and holds c records goes at
     ``(k + phase_s * c) / takes[s]``), so every stretch of the stream holds each source's share,
-    give or take a piece per source.  ``grouped``: source after source instead, for a strategy
-    that deals every stretch of the stream to every buffer (`stratified`), which then gives each
-    buffer each source's share to within a block.  A strategy then shuffles the stream."""
+    give or take a piece per source.  ``grouped``: source after source instead, in pieces as long
+    as the ids run, for a strategy that deals every stretch of the stream to every buffer
+    (`stratified`, which then gives each buffer each source's share to within a block) or that
+    orders single records at random (where the stream's order does not matter, and long pieces
+    keep the offset table small).  A strategy then shuffles the stream."""
     sources, firsts, lengths, due = [], [], [], []
     phases = (np.arange(len(takes)) + 0.5) / max(len(takes), 1)
     for s, (n, take, run) in enumerate(zip(counts, takes, runs)):
@@ -135,10 +137,12 @@ def epoch_segments(seed: int, epoch: int, counts: Sequence[int], takes: Sequence
         if len(ids) == 0:
             continue
         ids = in_file_order(ids, epoch * int(take), int(n))
-        # pieces: where ids stop following one another, and at every run's start (sorted runs
-        # that touch would otherwise enter the interleave as one long piece)
-        first_of_run = np.isin(ids[1:], run) if isinstance(run, np.ndarray) else ids[1:] % max(1, int(run)) == 0
-        cut = np.flatnonzero((np.diff(ids) != 1) | first_of_run) + 1
+        # pieces: where ids stop following one another; interleaved, also at every run's start
+        # (sorted runs that touch would otherwise enter the interleave as one long piece)
+        breaks = np.diff(ids) != 1
+        if not grouped:
+            breaks |= np.isin(ids[1:], run) if isinstance(run, np.ndarray) else ids[1:] % max(1, int(run)) == 0
+        cut = np.flatnonzero(breaks) + 1
         starts = np.concatenate((np.zeros(1, np.int64), cut))
         count = np.diff(np.concatenate((starts, [len(ids)]))).astype(np.int64)
         sources.append(np.full(len(starts), s, np.int64))
