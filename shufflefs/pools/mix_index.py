@@ -26,7 +26,8 @@ I64 = np.int64
 class MixIndex(PooledIndex):
     """Records ``[first[j], first[j]+count[j])`` of ``base`` (the pool of all the mixture's
     files, source after source) for every j, in that order: the epoch's stream before a strategy
-    shuffles it.  ``takes``: records per source, for `stat`."""
+    shuffles it.  ``takes``: records per source, for `stat`; ``source_starts``: the base record id
+    where each source starts."""
 
     base: PooledIndex
     member_file: np.ndarray
@@ -34,11 +35,14 @@ class MixIndex(PooledIndex):
     seg_base: np.ndarray
     """The base record id where every segment starts (int64[segments])."""
     takes: tuple[int, ...]
+    source_starts: np.ndarray
+    """The base record id where every source starts (int64[sources])."""
     repeated: np.ndarray | None
     """Which records of the epoch have a copy in it (bool[n]), or None if none has
     (`strategies.mixture.SpreadRepeats` keeps copies apart)."""
 
-    def __init__(self, base: PooledIndex, first: np.ndarray, count: np.ndarray, takes: Sequence[int] = ()) -> None:
+    def __init__(self, base: PooledIndex, first: np.ndarray, count: np.ndarray, takes: Sequence[int] = (),
+                 source_starts: Sequence[int] = (0,)) -> None:
         first, count, member = split_runs(base.member_firsts, first, count)
         firsts = np.concatenate((np.zeros(1, I64), np.cumsum(count, dtype=I64)))
         n = int(firsts[-1])
@@ -56,6 +60,7 @@ class MixIndex(PooledIndex):
         put(self, "member_frames", base.member_frames)  # per file, not per segment
         put(self, "member_stamps", base.member_stamps)
         put(self, "takes", tuple(int(t) for t in takes))
+        put(self, "source_starts", np.asarray(source_starts, I64))
         counts = np.bincount(ids, minlength=base.n) if n else np.zeros(0, I64)
         put(self, "repeated", counts[ids] > 1 if n and counts.max() > 1 else None)
         del ids, counts
@@ -71,6 +76,11 @@ class MixIndex(PooledIndex):
         """The base record id of every record of the epoch (int64[n])."""
         f, c = self.member_firsts, np.diff(self.member_firsts)
         return np.repeat(self.seg_base - f[:-1], c) + np.arange(self.n, dtype=I64)
+
+    def source_of(self, ids: np.ndarray) -> np.ndarray:
+        """The source of records ``ids`` of the epoch (block orders keep the sources in
+        proportion: `strategies.mixture.proportional_order`)."""
+        return np.searchsorted(self.source_starts, self.base_ids_of(ids), side="right") - 1
 
     def base_ids_of(self, ids: np.ndarray) -> np.ndarray:
         """The base record ids of records ``ids`` of the epoch."""
@@ -130,7 +140,7 @@ def epoch_index(base: PooledIndex, firsts: Sequence[int], weights: Sequence[floa
                 for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
     grouped = spec.strategy in GROUPED_ORDERS or spec.strategy in RECORD_ORDERS
     src, first, count = epoch_segments(spec.seed, epoch, counts, takes, runs, grouped)
-    return MixIndex(base, first + starts[src], count, takes)
+    return MixIndex(base, first + starts[src], count, takes, starts[:-1])
 
 
 def describe_epoch(index: MixIndex, firsts: Sequence[int], globs: Sequence[str], weights: Sequence[float],

@@ -155,6 +155,29 @@ def epoch_segments(seed: int, epoch: int, counts: Sequence[int], takes: Sequence
     return np.concatenate(sources)[order], np.concatenate(firsts)[order], np.concatenate(lengths)[order]
 
 
+def proportional_order(group: np.ndarray, records: np.ndarray, gen: np.random.Generator) -> np.ndarray:
+    """A random order of units (``group[u]``: its source, ``records[u]``: its records) in which
+    every stretch holds each group's share of the records: each group's units in a random order,
+    the groups' sequences interleaved by records as `interleave` places records.  Within a group
+    it is a uniform permutation; across groups, proportion replaces the draw of a uniform
+    permutation of all units (whose buffers hold a source's share give or take the square root
+    of its blocks)."""
+    group = np.asarray(group, np.int64)
+    records = np.asarray(records, np.int64)
+    if len(group) == 0:
+        return np.zeros(0, np.int64)
+    perm = gen.permutation(len(group))
+    perm = perm[np.argsort(group[perm], kind="stable")]  # each group's units, in random order
+    g, r = group[perm], records[perm]
+    groups = int(g.max()) + 1
+    totals = np.bincount(g, weights=r, minlength=groups)
+    starts = np.searchsorted(g, np.arange(groups))
+    before = np.cumsum(r) - r - (np.cumsum(np.concatenate(([0], r)))[starts])[g]
+    phase = (np.arange(groups) + 0.5) / groups
+    due = (before + phase[g] * r) / np.maximum(totals[g], 1)
+    return perm[np.argsort(due, kind="stable")].astype(np.int64)
+
+
 class SpreadRepeats(Plan):
     """``inner``'s windows with no record next to a copy of itself: an epoch that takes a record
     twice (an up-sampled source, or a down-sampled one whose slice crosses the end of a pass)

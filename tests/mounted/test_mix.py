@@ -116,8 +116,8 @@ def _deviation(got: np.ndarray, k: int = 3) -> tuple[float, float]:
 
 
 def test_every_thousand_records_hold_each_sources_share(mount, src, tmp_path):
-    """The default (stratified) mixes the sources into every stretch as well as a uniform
-    shuffle of the blend (full) does; corgipile's random blocks within a few points.
+    """The default (stratified) and corgipile mix the sources into every stretch as well as a
+    uniform shuffle of the blend (full) does.
 
     Holds: SEMANTICS.md#mix-mixed"""
     cfg = config(tmp_path, 9000, [("web/*.jsonl", 5), ("code/*.jsonl", 3), ("books/*.jsonl", 2)])
@@ -128,8 +128,8 @@ def test_every_thousand_records_hold_each_sources_share(mount, src, tmp_path):
         got = np.array([{"web": 0, "code": 1, "books": 2}[r[0]] for r in records(m.mnt)])
         assert np.array_equal(np.bincount(got), [4500, 2700, 1800])
         dev[strategy] = _deviation(got)
-    assert dev["stratified"][0] <= 0.05 and dev["stratified"][1] <= 1.5 * dev["full"][1] + 0.003, dev
-    assert dev["corgipile"][0] <= 0.12 and dev["corgipile"][1] <= 3.5 * dev["full"][1], dev
+    for strategy in ("stratified", "corgipile"):
+        assert dev[strategy][0] <= 0.05 and dev[strategy][1] <= 1.5 * dev["full"][1] + 0.003, dev
 
 
 def test_the_same_blend_on_every_mount_and_epochs_differ(mount, src, tmp_path):

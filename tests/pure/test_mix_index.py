@@ -174,3 +174,38 @@ def test_a_mixture_walks_only_the_directories_its_globs_can_match():
     assert walk_roots(["web/*.jsonl", "*.jsonl"]) == [""]  # a bare name matches anywhere
     assert walk_roots(["w*/x.jsonl"]) == [""] and walk_roots(["./x/*.jsonl"]) == [""]
     assert walk_roots(["a/b/c.jsonl"]) == ["a/b"]
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 60)), min_size=1, max_size=400), st.integers(0, 2**31))
+@settings(max_examples=60)
+def test_a_proportional_order_is_a_permutation_keeping_every_stretch_in_proportion(units, seed):
+    from shufflefs.strategies.mixture import proportional_order
+
+    group, records = (np.array(x) for x in zip(*units))
+    order = proportional_order(group, records, np.random.default_rng(seed))
+    assert np.array_equal(np.sort(order), np.arange(len(group)))
+    # each group's records spread over the order: at any point a group has given its share of
+    # its records, give or take one unit of each group
+    total = records.sum()
+    given = np.cumsum(records[order])
+    for g in np.unique(group):
+        mine = np.cumsum(np.where(group[order] == g, records[order], 0))
+        share = records[group == g].sum() / total
+        slack = records[group == g].max() + records.max() * len(np.unique(group))
+        assert np.all(np.abs(mine - share * given) <= slack + 1e-9)
+
+
+@pytest.mark.parametrize("strategy", ["corgipile", "block", "pls"])
+def test_block_orders_keep_a_mixtures_sources_in_proportion(tmp_path, strategy):
+    """CorgiPile's blocks are permuted within each source and the sources interleaved: its
+    buffers hold each source's share, where a uniform block permutation gives a draw of it."""
+    _, base, _ = _files(tmp_path, [3000, 600, 2500])
+    spec = ShuffleSpec(strategy=strategy, seed=8, block_size=512, buffer=8192)
+    mix = epoch_index(base, [0, 1, 2, 3], [5, 2, 3], 4000, spec, 2)
+    plan = make_plan(mix, spec, 2, 0, 2 if strategy == "pls" else 1)
+    order = _order(plan)
+    source = mix.source_of(order)
+    share = np.bincount(source, minlength=3) / len(source)
+    windows = [source[plan.window_records[:k].sum(): plan.window_records[:k + 1].sum()] for k in range(plan.n_windows)]
+    for w in windows[:-1]:  # every full buffer: each source within a block or two of its share
+        assert np.all(np.abs(np.bincount(w, minlength=3) / len(w) - share) < 0.1), (np.bincount(w, minlength=3), share)
