@@ -1,5 +1,5 @@
 """One epoch of a mixture as one offset table: the records the epoch takes from its sources
-(repeats included), in the interleaved order of `strategies.mixture.epoch_segments`.
+(repeats included), in the order of `strategies.mixture.epoch_segments`.
 
 A `MixIndex` is a `PooledIndex` whose members are *segments*: runs of consecutive records of one
 file, each at a shift of its own (``member_file`` names the file).  Every strategy then works on

@@ -11,11 +11,16 @@ per epoch:
   ``[e * take, (e + 1) * take)`` of that stream (`epoch_records`).  A source asked for fewer
   records than it has gives the next slice each epoch, every record once before any repeats; one
   asked for more repeats whole passes plus a slice of the next.  A permutation is of runs of
-  ``run`` consecutive records (1: single records), which keeps a slice to a few long reads of a
-  large source: its runs, not its records, are what an epoch chooses.
-* **Interleaved.** `interleave` places the sources' records so that every stretch of the epoch
-  holds each source's share (the k-th record of a source taking ``take`` goes at about
-  ``(k + 1/2) / take`` of the way through), before a strategy shuffles within its windows.
+  consecutive records (a file's blocks, or single records), which keeps a slice to a few long
+  reads of a large source: its runs, not its records, are what an epoch chooses.
+* **In the source's own order.** Each pass's records enter the blend sorted (`in_file_order`):
+  a strategy then sees a source as it is, and copies from two passes stay a pass apart.
+* **Interleaved.** `epoch_segments` places the sources' pieces so that every stretch of the
+  epoch holds each source's share, as `interleave` places records (or source after source, for
+  the strategies that deal stretches out themselves), before a strategy shuffles.
+* **In proportion in every buffer.** Block orders permute a mixture's blocks within each source
+  and interleave the sources by records (`proportional_order`), and `SpreadRepeats` keeps a
+  record's copies apart.
 """
 
 from __future__ import annotations
