@@ -15,7 +15,7 @@ import posixpath
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ..config import MIX_DIR, MixSpec
@@ -44,15 +44,17 @@ class MixSet:
     format: str
     spec: MixSpec
     firsts: tuple[int, ...]
-    shards: int
-    ext: str
+    names: tuple[str, ...]
+    """The shards' file names (``blend-00000-of-00004.jsonl``): a shard set's names."""
+    shard_paths: tuple[str, ...]
+    """The shards' relative paths (``.mix/blend/blend-00000-of-00004.jsonl``)."""
+    shard_of: dict[str, int] = field(compare=False, repr=False)
+    """Each shard's number by name."""
     declared = True
 
     @property
-    def names(self) -> tuple[str, ...]:
-        """The shards' file names (``blend-00000-of-00004.jsonl``): a shard set's names."""
-        n = self.shards
-        return tuple(f"{self.spec.name}-{i:05d}-of-{n:05d}{self.ext}" for i in range(n))
+    def shards(self) -> int:
+        return len(self.names)
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class MixEntry:
 
     @property
     def shard_paths(self) -> tuple[str, ...]:
-        return tuple(f"{self.pool.key}/{name}" for name in self.pool.names)
+        return self.pool.shard_paths
 
     @property
     def epoch_path(self) -> str:
@@ -113,9 +115,11 @@ def mixture_files(spec: MixSpec, files: list[str], format_key: Callable[[str], s
         seen = "; ".join(f"{p} is {k}" for k, p in kinds.items())
         raise MixError(MIX_DIR, None, f"{where}: its files differ in format ({seen}); all files of a mixture must share one "
                        "format and its parameters")
-    ext = _EXT.search(posixpath.basename(members[0]))
-    return MixSet(f"{MIX_DIR}/{spec.name}", tuple(members), next(iter(kinds)), spec, tuple(firsts),
-                  spec.shards or len(members), ext.group(0) if ext else "")
+    found = _EXT.search(posixpath.basename(members[0]))
+    ext, n, key = found.group(0) if found else "", spec.shards or len(members), f"{MIX_DIR}/{spec.name}"
+    names = tuple(f"{spec.name}-{i:05d}-of-{n:05d}{ext}" for i in range(n))
+    return MixSet(key, tuple(members), next(iter(kinds)), spec, tuple(firsts), names,
+                  tuple(f"{key}/{name}" for name in names), {name: i for i, name in enumerate(names)})
 
 
 def walk_roots(globs: list[str]) -> list[str]:
@@ -179,7 +183,8 @@ class MixTable:
     def entry(self, name: str, shard_name: str) -> MixEntry | None:
         """The entry of shard ``shard_name`` of mixture ``name``, or None if there is none."""
         mix = self.find(name)
-        if mix is None or shard_name not in mix.names:
+        shard = None if mix is None else mix.shard_of.get(shard_name)
+        if shard is None:
             return None
         with self._lock:
             key, now = (mix.key, mix.members), time.monotonic()
@@ -189,7 +194,7 @@ class MixTable:
                 if len(self._stamps) > 256:
                     self._stamps.clear()
                 known = self._stamps[key] = (now, stamps)
-        return MixEntry(mix, mix.names.index(shard_name), known[1])
+        return MixEntry(mix, shard, known[1])
 
     def stale(self) -> None:
         """A file changed: read every mixture's files' versions again at the next lookup."""

@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import stat
 import time
+from dataclasses import replace
 from types import SimpleNamespace
 
 from ..config import MIX_DIR
-from ..pools.mixes import MixTable
+from ..pools.mixes import MixEntry, MixTable
 from .nodes import ROOT, Probe, Stat
 from .tree import Tree
 
@@ -42,14 +43,19 @@ class MixTree:
         entry = self.table.entry(mix, name)
         if entry is None:
             return None
-        first = self.tree.store.stat(entry.pool.members[0], follow_last=True)
-        root = self.tree.nodes[ROOT].st
-        st = SimpleNamespace(
+        return self._shards(entry, [name])[0]
+
+    def _shards(self, entry: MixEntry, names: list[str]) -> list[Probe]:
+        """Probes of shards ``names`` of ``entry``'s mixture (its files' attributes read once)."""
+        mix, root = entry.pool, self.tree.nodes[ROOT].st
+        first = self.tree.store.stat(mix.members[0], follow_last=True)
+        mtime, ctime = max(s.mtime_ns for s in entry.stamps), max(s.ctime_ns for s in entry.stamps)
+        fmt, now = self.tree.format(mix.members[0]), time.monotonic()
+        st = Stat(SimpleNamespace(
             st_mode=stat.S_IFREG | (first.st_mode & 0o444), st_ino=0, st_nlink=1, st_uid=root.st_uid,
-            st_gid=root.st_gid, st_size=0, st_atime_ns=max(s.mtime_ns for s in entry.stamps),
-            st_mtime_ns=max(s.mtime_ns for s in entry.stamps), st_ctime_ns=max(s.ctime_ns for s in entry.stamps),
-            st_blksize=root.st_blksize, st_blocks=0)
-        return Probe(name, Stat(st), self.tree.format(entry.pool.members[0]), None, None, entry, time.monotonic())
+            st_gid=root.st_gid, st_size=0, st_atime_ns=mtime, st_mtime_ns=mtime, st_ctime_ns=ctime,
+            st_blksize=root.st_blksize, st_blocks=0))
+        return [Probe(name, st, fmt, None, None, replace(entry, shard=mix.shard_of[name]), now) for name in names]
 
     def list(self, relpath: str) -> list[Probe]:
         if relpath == MIX_DIR:
@@ -57,7 +63,7 @@ class MixTree:
         mix = self.table.find(relpath[len(MIX_DIR) + 1:])
         if mix is None:
             return []
-        return [p for p in (self.look(relpath, n) for n in mix.names) if p is not None]
+        return self._shards(self.table.entry(mix.spec.name, mix.names[0]), list(mix.names))
 
     def probe(self, relpath: str) -> Probe | None:
         return self.look(os.path.dirname(relpath), os.path.basename(relpath))

@@ -16,6 +16,7 @@ Runs in the trio thread only; no FUSE here.
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from typing import Callable, Hashable
 
@@ -29,8 +30,19 @@ from ..strategies.units import OrderPlan, id_dtype
 PLAN_BYTES_PER_RECORD = 8
 PLAN_SLACK = 1 << 20
 """Bytes per file allowed beyond `PLAN_BYTES_PER_RECORD` (a plan's window cuts and sizes)."""
+MIX_BYTES_PER_RECORD = 16
+"""A mixture's epoch holds an offset table of 8 bytes per record and builds it from arrays of as
+many; one whose samples would need more than half the machine's memory is refused."""
 PLAN_WAIT = 5.0
 PROGRESS_POLL = 0.05
+
+
+def physical_memory() -> int:
+    """Bytes of memory of this machine (a large figure where it cannot be read)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 1 << 50
 
 
 def plan_nbytes(plan: object) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import weakref
@@ -33,7 +32,7 @@ from ..strategies.slices import SlicePlan, slice_edges
 from ..windows.layout import Layout
 from .nodes import Node, frame_file
 from .plan_notes import PlanNotes, check_headers, check_npy_pool
-from .plan_memory import PlanMemory, plan_estimate, plan_nbytes
+from .plan_memory import MIX_BYTES_PER_RECORD, PlanMemory, physical_memory, plan_estimate, plan_nbytes
 from .workers import Workers
 
 log = logging.getLogger("shufflefs")
@@ -44,21 +43,10 @@ POOL_STREAMS = 4
 """Pools' streams (plans of the whole pool for an epoch and rank) kept for their shards' views."""
 INDEX_MEMO_BOUNDS = 32 << 20
 """Record boundaries (8 bytes each) of recently used indexes kept in memory besides the disk cache."""
-MIX_BYTES_PER_RECORD = 16
-"""A mixture's epoch holds an offset table of 8 bytes per record and builds it from arrays of as
-many; one whose samples would need more than half the machine's memory is refused."""
 MIX_EPOCHS_SHOWN = 4
 """Epochs per mixture whose draws ``shufflefs stat`` shows."""
 BAD_INDEXES = 256
 """Files whose index failed, remembered so that every open does not scan them again."""
-
-
-def physical_memory() -> int:
-    """Bytes of memory of this machine (a large figure where it cannot be read)."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return 1 << 50
 
 
 class Planner:
@@ -75,6 +63,7 @@ class Planner:
         self._indexes: OrderedDict[tuple, RecordIndex] = OrderedDict()
         self._bad_indexes: OrderedDict[tuple, FormatError] = OrderedDict()
         self._costs: OrderedDict[tuple, np.ndarray] = OrderedDict()  # --balance-field
+        self._mix_costs: OrderedDict[tuple, np.ndarray] = OrderedDict()  # of mixtures' files (worker threads)
         self._pool_plans: OrderedDict[tuple, Plan] = OrderedDict()  # the pooled streams shards cut up
         self.notes = PlanNotes(config.spec)
         self.mixed: dict[str, dict[int, list[dict]]] = {}  # what mixtures' sources gave their epochs
@@ -414,10 +403,21 @@ class Planner:
         if field is None:
             return None  # byte lengths: the plan reads them from the index (a pool's, a mixture's)
         e = node.pool
-        base = index.base if isinstance(index, MixIndex) else index
-        costs = np.concatenate([self._costs_of(m, e.stamps[i], base.member_index(i), field, fmt)
-                                for i, m in enumerate(e.pool.members)])
-        return costs[index.base_ids()] if isinstance(index, MixIndex) else costs
+        if not isinstance(index, MixIndex):
+            return np.concatenate([self._costs_of(m, e.stamps[i], index.member_index(i), field, fmt)
+                                   for i, m in enumerate(e.pool.members)])
+        # a mixture: its files' costs, read once per version, then taken for each epoch's records
+        version = (e.pool.key, e.pool.members, e.stamps)
+        with self._lock:
+            costs = self._mix_costs.get(version)
+        if costs is None:
+            costs = np.concatenate([self._costs_of(m, e.stamps[i], index.base.member_index(i), field, fmt)
+                                    for i, m in enumerate(e.pool.members)])
+            with self._lock:
+                self._mix_costs[version] = costs
+                while len(self._mix_costs) > COST_FILES:
+                    self._mix_costs.popitem(last=False)
+        return costs[index.base_ids()]
 
     def _costs_of(self, relpath: str, stamp: SourceStamp, index: RecordIndex, field: str | None, fmt: str) -> np.ndarray:
         load = lambda: self.store.map(relpath, stamp)  # noqa: E731 -- mapped only when needed

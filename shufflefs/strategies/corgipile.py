@@ -3,7 +3,7 @@
 Each epoch the non-empty blocks are permuted; a window takes the next n blocks of the rank's
 share (n = buffer // block_size, at least 1) and CorgiPile shuffles the window's records
 uniformly.  A mixture's blocks are permuted within each source and the sources' sequences
-interleaved by records (`mixture.proportional_order`), so that every buffer holds each source's
+interleaved by records (`mixture.block_order`), so that every buffer holds each source's
 share rather than a random draw of it.  With several ranks the permuted block list is split into contiguous pieces and each
 rank shuffles inside its own buffer (multi-process CorgiPile, §5).  Both strategies draw the same
 block permutation, so Block-Only is exactly CorgiPile without the in-window shuffle.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import rng
-from .mixture import proportional_order
+from .mixture import block_order
 from .units import UnitPlan, cuts_by_count, salt
 
 BLOCKS = salt("corgipile/blocks")
@@ -35,11 +35,7 @@ class BlockOnlyPlan(UnitPlan):
         return max(1, self.buffer_bytes // self.spec.block_size)
 
     def unit_order(self, n_units: int) -> np.ndarray:
-        gen = rng(self.spec.seed, self.epoch, BLOCKS)
-        source_of = getattr(self.index, "source_of", None)  # a mixture's epoch: each record's source
-        if source_of is not None:
-            return proportional_order(source_of(self.firsts[:-1]), np.diff(self.firsts), gen)
-        return gen.permutation(n_units).astype(np.int64, copy=False)
+        return block_order(self.index, self.firsts, rng(self.spec.seed, self.epoch, BLOCKS))
 
     def window_cuts(self, cum: np.ndarray) -> np.ndarray:
         return cuts_by_count(len(cum), self.blocks_per_window)

@@ -183,6 +183,15 @@ def proportional_order(group: np.ndarray, records: np.ndarray, gen: np.random.Ge
     return perm[np.argsort(due, kind="stable")].astype(np.int64)
 
 
+def block_order(index: object, firsts: np.ndarray, gen: np.random.Generator) -> np.ndarray:
+    """The units cut at ``firsts`` in a random order: a uniform permutation, or for a mixture's
+    epoch (an index that knows each record's ``source_of``) its `proportional_order`."""
+    source_of = getattr(index, "source_of", None)
+    if source_of is None:
+        return gen.permutation(len(firsts) - 1).astype(np.int64, copy=False)
+    return proportional_order(source_of(firsts[:-1]), np.diff(firsts), gen)
+
+
 class SpreadRepeats(Plan):
     """``inner``'s windows with no record next to a copy of itself: an epoch that takes a record
     twice (an up-sampled source, or a down-sampled one whose slice crosses the end of a pass)

@@ -19,7 +19,7 @@ import numpy as np
 from ..index.table import RecordIndex
 from .base import ShuffleSpec, resolve_spec, rng
 from .exchange import Exchange
-from .mixture import proportional_order
+from .mixture import block_order
 from .units import OrderPlan, cuts_by_bytes, salt
 
 UNITS = salt("pls/units")
@@ -49,12 +49,7 @@ def pls_exchange(index: RecordIndex, spec: ShuffleSpec, world: int) -> Exchange:
     same on every rank, so a rank's partition of any epoch is known without a plan."""
     spec = resolve_spec(spec, index)
     firsts = index.unit_firsts(spec.block_size)
-    gen = rng(spec.seed, UNITS)
-    source_of = getattr(index, "source_of", None)  # a mixture's epoch: every rank's partition in proportion
-    if source_of is not None:
-        order = proportional_order(source_of(firsts[:-1]), np.diff(firsts), gen)
-    else:
-        order = gen.permutation(len(firsts) - 1).astype(np.int64, copy=False)
+    order = block_order(index, firsts, rng(spec.seed, UNITS))  # a mixture's: every rank's partition in proportion
     return Exchange(firsts, order, world, float(spec.exchange), spec.seed)
 
 
