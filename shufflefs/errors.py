@@ -46,3 +46,25 @@ class ResumeMismatch(ShuffleError):
     of one of its streams (a state of another dataset, seed or strategy)."""
 
     errno = _errno.EINVAL
+
+
+DESCRIPTOR_ERRNOS = (_errno.EMFILE, _errno.ENFILE)
+"""Out of file descriptors: the process's limit (EMFILE) or the system's (ENFILE).  A reader gets
+that errno, never EIO: the file is fine, and closing files (or a higher limit) cures it."""
+
+
+def descriptors_note(e: BaseException) -> str:
+    """For a log line: why the daemon is out of descriptors and what to raise ("" for other errors)."""
+    if not isinstance(e, OSError) or e.errno not in DESCRIPTOR_ERRNOS:
+        return ""
+    if e.errno == _errno.ENFILE:
+        return " (the system is out of file descriptors: raise fs.file-max or close files)"
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        limit = f"{soft} (hard limit {hard})"
+    except (ImportError, OSError, ValueError):
+        limit = "its limit"
+    return (f" (the daemon is out of file descriptors: it may hold {limit}; raise 'ulimit -n' "
+            "(LimitNOFILE= for a service) before mounting, or close files)")

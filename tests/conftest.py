@@ -100,8 +100,10 @@ def bounded(code: str, *args: str, mnt: Path, timeout: float = 90.0) -> subproce
 class Mount:
     """One running ``shufflefs mount -f`` daemon."""
 
-    def __init__(self, src: Path, mnt: Path, cache: Path, args: list[str], log: Path) -> None:
+    def __init__(self, src: Path, mnt: Path, cache: Path, args: list[str], log: Path,
+                 preexec: Callable[[], None] | None = None) -> None:
         self.src, self.mnt, self.cache, self.args, self.log = src, mnt, cache, args, log
+        self.preexec = preexec  # run in the daemon's process before it starts (limits, ...)
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None
 
@@ -111,7 +113,7 @@ class Mount:
         env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         with open(self.log, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env,
-                                         cwd=str(self.cache.parent))
+                                         cwd=str(self.cache.parent), preexec_fn=self.preexec)
         deadline = time.monotonic() + MOUNT_TIMEOUT
         while not is_mounted(self.mnt):
             if self.proc.poll() is not None:
@@ -174,15 +176,17 @@ class Mounter:
         self.base = base
         self.mounts: list[Mount] = []
 
-    def __call__(self, files: dict | None = None, *args: str, src: Path | None = None, name: str = "m") -> Mount:
-        """Write ``files`` to a fresh source tree (or use ``src``) and mount it with ``args``."""
+    def __call__(self, files: dict | None = None, *args: str, src: Path | None = None, name: str = "m",
+                 preexec: Callable[[], None] | None = None) -> Mount:
+        """Write ``files`` to a fresh source tree (or use ``src``) and mount it with ``args``
+        (``preexec`` runs in the daemon's process before it starts)."""
         root = self.base / f"{name}{len(self.mounts)}"
         root.mkdir(parents=True)
         if src is None:
             src = write_tree(root / "src", files or {})
         mnt = root / "mnt"
         mnt.mkdir()
-        m = Mount(src, mnt, root / "cache", list(args), root / "daemon.log")
+        m = Mount(src, mnt, root / "cache", list(args), root / "daemon.log", preexec)
         self.mounts.append(m)
         return m.start()
 

@@ -218,8 +218,33 @@ def fix_mmap_threshold() -> None:
         log.debug("allocator left as it is: %s", e)
 
 
+def raise_descriptor_limit() -> tuple[int, int] | None:
+    """Raise the soft limit of open files to the hard one, as servers do (the soft limit of a
+    login shell, often 1,024 or less, is meant for programs that do not expect many files): every
+    open view holds its source, and lookups, listings and index builds need descriptors of their
+    own.  Returns (before, after), or None when the limit could not be read or set."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard
+        if hard == resource.RLIM_INFINITY:  # not on Linux (nr_open bounds it), but take care
+            with open("/proc/sys/fs/nr_open") as f:
+                target = int(f.read())
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        return soft, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError) as e:
+        log.warning("open files: the soft limit was left as it is (%s)", e)
+        return None
+
+
 def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
     fix_mmap_threshold()
+    limits = raise_descriptor_limit()
+    if limits is not None:
+        log.info("open files: at most %d (soft limit %s)", limits[1],
+                 f"raised from {limits[0]} to the hard limit" if limits[1] > limits[0] else "already the hard limit")
     from ..windows.view import GATHER
 
     if GATHER != "compiled":

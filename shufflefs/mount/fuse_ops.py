@@ -35,6 +35,7 @@ import trio
 from pyfuse3 import FUSEError
 
 from ..config import MountConfig
+from ..errors import DESCRIPTOR_ERRNOS, descriptors_note
 from ..serve import xattrs
 from ..serve.catalog import Catalog
 from ..serve.nodes import LINK, ROOT, VIEW, Handle, Node, Probe, Reply, Stat, view_mtime_ns
@@ -100,8 +101,9 @@ class KernelNames:
 
 
 def _guard(fn: Callable) -> Callable:
-    """`Reply` becomes its errno, a call past its deadline ETIMEDOUT; unexpected exceptions
-    become EIO, logged and counted."""
+    """`Reply` becomes its errno, a call past its deadline ETIMEDOUT, running out of descriptors
+    EMFILE or ENFILE (logged: a limit, not a bug); unexpected exceptions become EIO, logged and
+    counted."""
 
     @functools.wraps(fn)
     async def wrapper(self: "ShuffleFS", *args: Any) -> Any:
@@ -115,6 +117,9 @@ def _guard(fn: Callable) -> Callable:
             self.catalog.stats.error(f"{fn.__name__}: {e}")
             raise FUSEError(errno.ETIMEDOUT) from None
         except Exception as e:  # noqa: BLE001 -- logged and counted, never swallowed silently
+            if isinstance(e, OSError) and e.errno in DESCRIPTOR_ERRNOS:  # out of descriptors: not a bug
+                self.catalog.stats.error(f"{fn.__name__}: {e}{descriptors_note(e)}")
+                raise FUSEError(e.errno) from None
             log.exception("%s failed", fn.__name__)
             self.catalog.stats.error(f"{fn.__name__}: internal error: {e!r}")
             raise FUSEError(errno.EIO) from None

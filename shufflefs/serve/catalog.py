@@ -19,7 +19,7 @@ from typing import Any
 import trio
 
 from ..config import MIX_DIR, PARTS_DIR, MountConfig
-from ..errors import ShuffleError, StaleSourceError
+from ..errors import DESCRIPTOR_ERRNOS, ShuffleError, StaleSourceError, descriptors_note
 from ..index.table import SourceStamp
 from ..pools.lookup import PoolTable
 from ..pools.mixes import MixTable
@@ -125,7 +125,7 @@ class Catalog:
         reply = self._errno(what, relpath, e)
         if isinstance(e, StaleSourceError) and self.mixes is not None:
             self.mixes.table.stale()  # the next lookup of a mixture's shard reads its files' versions
-        self.stats.error(f"{what} {relpath} (epoch {epoch}){where}: {e}", relpath, reply.errno)
+        self.stats.error(f"{what} {relpath} (epoch {epoch}){where}: {e}{descriptors_note(e)}", relpath, reply.errno)
         return reply
 
     def _errno(self, what: str, relpath: str, e: BaseException) -> Reply:
@@ -240,7 +240,10 @@ class Catalog:
                 if ahead is not None:
                     self.windows.nursery.start_soon(self._refresh, parent.relpath, *ahead)
             if probe is None:
-                probe, trusted = await self.workers.run(self.tree.look, parent.relpath, name)
+                try:
+                    probe, trusted = await self.workers.run(self.tree.look, parent.relpath, name)
+                except OSError as e:  # out of descriptors, ...: its errno, never an internal error
+                    raise self.fail("lookup", relpath, self.epochs.of(relpath), None, e) from None
                 if probe is None:
                     raise Reply(errno.ENOENT)
             try:
@@ -398,7 +401,9 @@ class Catalog:
                 st = probe.st if probe is not None and probe.pool.stamps == node.pool.stamps else None
             else:
                 st = await self.workers.run(self.store.stat, node.relpath)
-        except (OSError, ShuffleError):
+        except (OSError, ShuffleError) as e:
+            if isinstance(e, OSError) and e.errno in DESCRIPTOR_ERRNOS:  # the file is fine: not ESTALE
+                raise self.fail("open", node.relpath, node.epoch, None, e) from None
             st = None
         if st is None or SourceStamp.of(st) != node.stamp:
             self.tree.forget_listed(node.relpath)

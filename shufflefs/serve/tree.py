@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .. import resolve
 from ..config import MountConfig
+from ..errors import DESCRIPTOR_ERRNOS
 from ..formats import Format, resolve_format
 from ..index.table import SourceStamp
 from ..pools.lookup import PoolTable
@@ -55,10 +56,13 @@ def needs_last_byte(fmt: Format) -> bool:
 def _last_byte(pinned: int, size: int) -> int | None:
     """The last byte of the regular file held by the ``O_PATH`` descriptor ``pinned``, reopened
     through ``/proc/self/fd`` (the same inode: never a FIFO or device swapped in under its name);
-    None if unreadable (the open reports the error, and its plan the size)."""
+    None if unreadable (the open reports the error, and its plan the size).  Out of descriptors it
+    raises: a guess would announce a size the view may not have once descriptors are back."""
     try:
         fd = resolve.reopen(pinned)
-    except OSError:
+    except OSError as e:
+        if e.errno in DESCRIPTOR_ERRNOS:
+            raise
         return None
     try:
         b = os.pread(fd, 1, size - 1)
@@ -182,7 +186,9 @@ class Tree:
             finally:
                 f.close()
             p.last_byte = b[0] if b else None
-        except OSError:
+        except OSError as e:
+            if e.errno in DESCRIPTOR_ERRNOS:  # no guess: the size would be wrong once they are back
+                raise
             p.last_byte = None  # unreadable: the open reports the error (and its plan the size)
 
     def list(self, relpath: str) -> list[Probe]:
