@@ -307,6 +307,9 @@ def _mix_table(table: Any, where: str) -> MixSpec:
         raise ValueError(f"{where}: 'name' must be letters, digits, '_', '-' or '.' (not first), at most 100: {name!r}")
     where = f"{where} ({name})"
     samples, shards = table.get("samples"), table.get("shards")
+    for key, value in (("samples", samples), ("shards", shards)):
+        if value is not None and type(value) is not int:  # TOML gives numbers typed: "100" is a string
+            raise ValueError(f"{where}: {key!r} must be an integer, written without quotes: {value!r}")
     try:
         samples = None if samples is None else _integer(1, 2**62)(samples)
         shards = None if shards is None else _integer(1, MAX_MIX_SHARDS)(shards)
@@ -318,8 +321,11 @@ def _mix_table(table: Any, where: str) -> MixSpec:
     out = []
     for i, src in enumerate(sources):
         at = f"{where}: [[mix.source]] #{i + 1}"
-        if not isinstance(src, dict) or set(src) - {"glob", "weight"}:
+        if not isinstance(src, dict):
             raise ValueError(f"{at}: must be a table with keys glob and weight")
+        if set(src) - {"glob", "weight"}:
+            unknown = ", ".join(sorted(set(src) - {"glob", "weight"}))
+            raise ValueError(f"{at}: unknown key(s) {unknown} (known: glob, weight)")
         glob, weight = src.get("glob"), src.get("weight", 1)
         if not isinstance(glob, str) or not glob:
             raise ValueError(f"{at}: 'glob' must be a non-empty string")

@@ -213,6 +213,10 @@ def test_a_mixture_that_cannot_be_served_refuses_the_mount(tmp_path, files, sour
     ('[[mix]]\nname = "x"\n[[mix.source]]\nglob = "*"\nweight = -1\n', "'weight' must be a number >= 0"),
     ('[[mix]]\nname = "x"\n[[mix.source]]\nglob = "*"\nweight = 0\n', "add up to 0"),
     ('[[mix]]\nname = "x"\nshard = 3\n[[mix.source]]\nglob = "*"\n', "unknown key(s) shard"),
+    ('[[mix]]\nname = "x"\nsamples = "100"\n[[mix.source]]\nglob = "*"\n',
+     "'samples' must be an integer, written without quotes: '100'"),
+    ('[[mix]]\nname = "x"\nshards = "4"\n[[mix.source]]\nglob = "*"\n', "'shards' must be an integer"),
+    ('[[mix]]\nname = "x"\n[[mix.source]]\nglob = "*"\nweigth = 2\n', "unknown key(s) weigth (known: glob, weight)"),
     ('[[mix]]\nname = "x"\n[[mix.source]]\nglob = "*"\n[[mix]]\nname = "x"\n[[mix.source]]\nglob = "*"\n',
      "two [[mix]] tables are named 'x'"),
 ])
