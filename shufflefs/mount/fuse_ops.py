@@ -212,8 +212,8 @@ class ShuffleFS(pyfuse3.Operations):
             self.catalog.names_cached = True
 
     def _view_entry(self, node: Node) -> float:
-        """A pool's shard follows every member's version (its open checks only its own): looked
-        up at every use, as every view is without the kernel's name expiry."""
+        """A pool's shard follows every member's version (its size too): looked up at every use,
+        as every view is without the kernel's name expiry; its open checks every member."""
         return 0.0 if node.pool is not None else self.view_entry
 
     def stopping(self) -> None:

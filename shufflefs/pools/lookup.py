@@ -137,3 +137,13 @@ class PoolTable:
                     self._stamps.clear()
                 known = self._stamps[key] = (now, stamps)
             return PoolEntry(pool, shard, known[1])
+
+    def note(self, pool: ShardSet, stamps: tuple[SourceStamp, ...] | None) -> None:
+        """The members' stamps as just read (an open found one changed): the next lookups take
+        them; None: read them again at the next lookup (a member is gone)."""
+        with self._lock:
+            key = (pool.key, pool.members)
+            if stamps is None:
+                self._stamps.pop(key, None)
+            else:
+                self._stamps[key] = (time.monotonic(), stamps)

@@ -196,6 +196,15 @@ class MixTable:
                 known = self._stamps[key] = (now, stamps)
         return MixEntry(mix, shard, known[1])
 
+    def note(self, mix: MixSet, stamps: tuple[SourceStamp, ...] | None) -> None:
+        """The files' stamps as just read (an open found one changed), as `PoolTable.note`."""
+        with self._lock:
+            key = (mix.key, mix.members)
+            if stamps is None:
+                self._stamps.pop(key, None)
+            else:
+                self._stamps[key] = (time.monotonic(), stamps)
+
     def stale(self) -> None:
         """A file changed: read every mixture's files' versions again at the next lookup."""
         with self._lock:

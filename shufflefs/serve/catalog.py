@@ -48,6 +48,7 @@ from .planner import Planner
 from .reads import Reads
 from .stats import Stats
 from .tree import Tree
+from .versions import MemberVersions
 from .views import Views
 from .workers import META_DEADLINE, Timeout, Workers
 
@@ -93,6 +94,7 @@ class Catalog:
                 self.store.close()
                 raise ValueError("; ".join(problems))
             self.mixes = MixTree(table, self.tree)
+        self.versions = MemberVersions(self.store, self.workers, self.pools, self.mixes.table if self.mixes else None)
         self.handles = 0
         self.prep = EpochPrep(self)
         # True: the kernel keeps views' names (`fs.KernelNames`), so an open may come without a lookup
@@ -379,7 +381,7 @@ class Catalog:
                 raise self.fail("open", node.relpath, node.epoch, None, e) from None
             self.handles += 1
             return Handle(node, f)
-        if not node.trusted or (self.names_cached and node.pool is None):
+        if node.pool is not None or not node.trusted or self.names_cached:
             await self._check_version(node)
         try:
             await self.views.open(node)
@@ -394,13 +396,19 @@ class Catalog:
         """A view looked up from a listing's attributes, or whose name the kernel may have kept
         since its lookup, is opened only if its file is still that version; else ESTALE, upon
         which the kernel looks the name up again (now with a stat) and retries the open once: a
-        new open shows the new version, as after a fresh lookup."""
+        new open shows the new version, as after a fresh lookup.  A shard of a pool or a mixture
+        checks every file it draws from, at every open (`versions`)."""
+        if node.pool is not None:
+            try:
+                same = await self.versions.unchanged(node.pool)
+            except OSError as e:  # out of descriptors: the files are fine, not ESTALE
+                raise self.fail("open", node.relpath, node.epoch, None, e) from None
+            if not same:
+                self.tree.forget_listed(node.relpath)
+                raise Reply(errno.ESTALE)
+            return
         try:
-            if node.pool is not None and node.pool.mix is not None:
-                probe = await self.probe(node.relpath)
-                st = probe.st if probe is not None and probe.pool.stamps == node.pool.stamps else None
-            else:
-                st = await self.workers.run(self.store.stat, node.relpath)
+            st = await self.workers.run(self.store.stat, node.relpath)
         except (OSError, ShuffleError) as e:
             if isinstance(e, OSError) and e.errno in DESCRIPTOR_ERRNOS:  # the file is fine: not ESTALE
                 raise self.fail("open", node.relpath, node.epoch, None, e) from None
