@@ -255,12 +255,16 @@ def private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 @pytest.fixture(scope="session", autouse=True)
 def no_mount_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """After the session no shufflefs mount of ours may remain (others' mounts are not ours)."""
+    """After the session no shufflefs mount of ours may remain (others' mounts are not ours),
+    nor a pid file of a daemon that is gone (tests kill daemons on purpose)."""
+    from shufflefs.mount import control
+
     base = str(tmp_path_factory.getbasetemp())
     yield
     left = [p for p in shufflefs_mounts() if p.startswith(base + os.sep)]
     for p in left:
         subprocess.run(["fusermount3", "-u", "-z", p], capture_output=True)
+    control.sweep_pid_files()
     assert not left, f"shufflefs mounts left behind: {left}"
 
 

@@ -79,8 +79,10 @@ def cmd_index(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from ..errors import ShuffleError
     from ..formats import resolve_format
     from ..index.table import IndexCache
-    from ..sources import scheme_of
+    from ..sources import misspelled_url, scheme_of
 
+    if misspelled_url(args.source):
+        parser.error(misspelled_url(args.source))
     part = _part(args.part, parser)
     if scheme_of(args.source):
         return _index_store(args, parser, part)

@@ -18,7 +18,7 @@ from ..config import (
     check_paths,
 )
 from ..index.table import default_cache_dir
-from ..sources import scheme_of
+from ..sources import misspelled_url, scheme_of
 from ..strategies.base import ShuffleSpec
 from .common import EXIT_FAIL, EXIT_OK, PROG, REMOTE_BLOCK, _inside
 from .options import MOUNT_KEYS, STORE_KEYS, Resolved, _cli_name, resolve_options
@@ -80,6 +80,9 @@ def _stage_dir(given: Path | None, spec: ShuffleSpec, src: Path | str, mnt: Path
 
 def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[MountConfig, Resolved]:
     """Validate every mount option; exits with a usage error (2) on the first problem."""
+    problem = misspelled_url(args.source)
+    if problem:
+        parser.error(problem)
     opts = resolve_options(args, MOUNT_KEYS, parser)
     v = opts.values
     remote = bool(scheme_of(args.source))

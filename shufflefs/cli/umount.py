@@ -93,6 +93,7 @@ def _force(mnt: str, pid: int | None) -> None:
         raise CliError(f"cannot detach {mnt}")
     if pid is not None and not _end(pid, 1.0):
         raise CliError(f"{mnt} is detached but its daemon (pid {pid}) does not exit (stuck in the kernel?)")
+    control.sweep_pid_files()  # a daemon ended by SIGKILL leaves its pid file
 
 
 def cmd_umount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -124,12 +125,14 @@ def cmd_umount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
                     f"or detach now with '{PROG} umount --lazy {args.mountpoint}'")
         raise CliError(f"cannot unmount {mnt}: {detail}{hint}")
 
-    if pid is not None and args.lazy:
+    if pid is None:  # a killed daemon left its pid file
+        control.sweep_pid_files()
+    elif args.lazy:
         time.sleep(0.2)
         if _alive(pid):
             print(f"{PROG} umount: {mnt} detached; its daemon (pid {pid}) exits when the last open file "
                   "under it is closed", file=sys.stderr)
-    elif pid is not None:
+    else:
         deadline = time.monotonic() + args.timeout
         while _alive(pid):
             if time.monotonic() >= deadline:

@@ -124,9 +124,11 @@ def _start_time(pid: int) -> int | None:
 
 def write_pid_file(mountpoint: str, source: str) -> str | None:
     """Record this process as the daemon of ``mountpoint``; the path written, or None (logged by
-    the caller) if the run directory cannot be written."""
+    the caller) if the run directory cannot be written.  Pid files of daemons that are gone
+    (killed, or ended by the watchdog) are removed first."""
     path = pid_file(mountpoint)
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    sweep_pid_files()
     body = json.dumps({"pid": os.getpid(), "start": _start_time(os.getpid()), "mountpoint": mountpoint,
                        "source": source})
     tmp = f"{path}.{os.getpid()}.tmp"
@@ -150,6 +152,49 @@ def remove_pid_file(path: str | None) -> None:
         pass
 
 
+def _alive(info: dict) -> bool:
+    """Whether the process a pid file describes still runs (a reused pid has another start time,
+    a zombie never runs again)."""
+    try:
+        with open(f"/proc/{int(info['pid'])}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        state, start = fields[0], int(fields[19])
+    except (OSError, KeyError, TypeError, ValueError, IndexError):
+        return False
+    return state != b"Z" and (info.get("start") is None or start == info["start"])
+
+
+def sweep_pid_files() -> int:
+    """Remove the pid files (and half-written ones) of daemons that no longer run; how many."""
+    removed = 0
+    try:
+        names = os.listdir(run_dir())
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(run_dir(), name)
+        if name.endswith(".tmp"):  # KEY.pid.PID.tmp, of a daemon that died while writing it
+            try:
+                gone = _start_time(int(name.rsplit(".", 2)[-2])) is None
+            except ValueError:
+                continue
+        elif name.endswith(".pid"):
+            try:
+                with open(path) as f:
+                    gone = not _alive(json.load(f))
+            except (OSError, ValueError, AttributeError):
+                continue
+        else:
+            continue
+        if gone:
+            try:
+                os.unlink(path)
+                removed += 1
+            except OSError:
+                pass
+    return removed
+
+
 def daemon_pid(mountpoint: str) -> int | None:
     """The pid of the live daemon serving ``mountpoint`` according to its pid file, or None
     (no file, or its process is gone: a pid reused since is told apart by its start time)."""
@@ -159,10 +204,7 @@ def daemon_pid(mountpoint: str) -> int | None:
         pid = int(info["pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if info.get("mountpoint") != mountpoint:
-        return None
-    start = _start_time(pid)
-    if start is None or (info.get("start") is not None and start != info["start"]):
+    if info.get("mountpoint") != mountpoint or not _alive(info):
         return None
     return pid
 

@@ -141,6 +141,7 @@ def _watchdog(mnt: str, grace: float) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.umount2(os.fsencode(mnt), MNT_DETACH) != 0:
         log.error("cannot detach %s (%s): run 'shufflefs umount %s'", mnt, os.strerror(ctypes.get_errno()), mnt)
+    control.remove_pid_file(control.pid_file(mnt))  # only if it names this process
     logging.shutdown()
     os._exit(EXIT_FAILED)
 

@@ -9,12 +9,14 @@ borrows `windows.layout`'s numpy gather.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 from typing import Any
 
 from .base import PlainFile, Reader, Runs, Source, Store, index_by_scan
 
-__all__ = ["STORES", "PlainFile", "Reader", "Runs", "Source", "Store", "index_by_scan", "open_store", "scheme_of"]
+__all__ = ["STORES", "PlainFile", "Reader", "Runs", "Source", "Store", "index_by_scan", "misspelled_url", "open_store",
+           "scheme_of"]
 
 STORES: dict[str, str] = {
     "": "shufflefs.sources.local:LocalStore",
@@ -27,6 +29,16 @@ def scheme_of(location: str) -> str:
     """``s3`` for ``s3://bucket/prefix``; "" for a local path."""
     m = re.match(r"([a-z][a-z0-9+.-]*)://", str(location))
     return m.group(1) if m else ""
+
+
+def misspelled_url(location: str) -> str | None:
+    """Why ``location`` is no source, when it starts like a URL of a known scheme without its two
+    slashes (``s3:/bucket``, ``s3:bucket``) and is no existing local path; else None."""
+    m = re.match(r"([a-z][a-z0-9+.-]*):(?!//)", str(location))
+    if m is None or not m.group(1) or m.group(1) not in STORES or os.path.lexists(location):
+        return None
+    return (f"{location}: no such local path, and an object-store source is written with two slashes: "
+            f"{m.group(1)}://BUCKET[/PREFIX]")
 
 
 def open_store(location: str, options: dict[str, Any] | None = None) -> Store:

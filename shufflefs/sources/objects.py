@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -115,7 +116,36 @@ def _as_error(e: BaseException, url: str, start: int | None, what: str) -> Shuff
         return StaleSourceError(url, start, "object changed while mounted (its ETag no longer matches)")
     if isinstance(e, ox.NotFoundError):
         return StaleSourceError(url, start, "object was removed while mounted")
+    said = server_said(str(e))
+    if said is not None:
+        return ObjectError(url, start, f"{what} refused: {said}")
     return ObjectError(url, start, f"{what} failed after retries: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+
+
+HINTS = {
+    "NoSuchBucket": "no such bucket: check its name, --endpoint-url and --region",
+    "AccessDenied": "check the credentials and the bucket's policy",
+    "InvalidAccessKeyId": "check the credentials",
+    "SignatureDoesNotMatch": "check the credentials",
+    "PermanentRedirect": "the bucket is in another region: give --region",
+    "AuthorizationHeaderMalformed": "the bucket is in another region: give --region",
+}
+"""What to check for the error codes a mount's first request most often gets."""
+
+
+def server_said(text: str) -> str | None:
+    """The server's answer in a client error, in a line: HTTP status, the S3 error code and its
+    message (``404 Not Found, NoSuchBucket: The specified bucket does not exist``) and what to
+    check; None if the text holds no such answer (a timeout, a refused connection)."""
+    code = re.search(r"<Code>([^<]{1,100})</Code>", text)
+    if code is None:
+        return None
+    status = re.search(r"status code: (\d{3}[^:<]{0,40})", text)
+    message = re.search(r"<Message>([^<]{1,300})</Message>", text)
+    said = ", ".join(x for x in (status and status.group(1).strip(), code.group(1)) if x)
+    said += f": {message.group(1)}" if message else ""
+    hint = HINTS.get(code.group(1))
+    return f"{said} ({hint})" if hint else said
 
 
 class ObjectClient:
@@ -194,19 +224,40 @@ class ObjectClient:
             self._count(max(pages, 1), 0)
         return [p.rstrip("/") for p in result["common_prefixes"]], [_info(m) for m in result["objects"]]
 
-    def first_page(self, prefix: str) -> None:
-        """One LIST request under ``prefix`` (a key prefix without the trailing ``/``): raises,
-        with the reason, if the bucket cannot be listed.  A mount checks this much before it
-        starts, whatever the prefix holds; the full listing waits for the first lookup."""
+    def first_page(self, prefix: str) -> bool:
+        """One LIST request under ``prefix`` (a key prefix without the trailing ``/``): whether
+        any object is there; raises, with the reason, if the bucket cannot be listed.  A mount
+        checks this much before it starts; the full listing waits for the first lookup."""
         import obstore
 
         try:
             stream = obstore.list(self.store, f"{prefix}/" if prefix else None, chunk_size=1)
-            next(iter(stream), None)
+            return bool(next(iter(stream), None))
         except Exception as e:  # noqa: BLE001
             raise _as_error(e, self.url(prefix), None, "LIST") from None
         finally:
             self._count(1, 0)
+
+    def names_near(self, prefix: str, most: int = 8) -> list[str]:
+        """Up to ``most`` names (``dir/`` or ``file``) beside ``prefix``, from one LIST page of its
+        parent: what a mistyped prefix may have meant."""
+        import obstore
+
+        parent = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        cut = len(parent) + 1 if parent else 0
+        try:
+            page = next(iter(obstore.list(self.store, f"{parent}/" if parent else None, chunk_size=LIST_PAGE)), [])
+        except Exception:  # noqa: BLE001 -- only a hint
+            return []
+        finally:
+            self._count(1, 0)
+        names: list[str] = []
+        for m in page:
+            rest = m["path"][cut:]
+            name = rest.split("/", 1)[0] + ("/" if "/" in rest else "")
+            if name and name not in names:
+                names.append(name)
+        return names[:most]
 
     def get(self, key: str, etag: str, start: int, end: int, into: np.ndarray | None = None) -> np.ndarray:
         """Bytes ``[start, end)`` of the object's version ``etag``, exactly that many (copied into

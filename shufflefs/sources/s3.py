@@ -100,10 +100,16 @@ class S3Store:
         self._started = time.time_ns()
         self._scan_dir = tempfile.gettempdir()  # where `map` downloads (the cache directory once known)
         try:
-            self.client.first_page(prefix)  # fails now, with the reason, if the bucket cannot be listed
+            found = self.client.first_page(prefix)  # fails now, with the reason, if the bucket cannot be listed
         except ShuffleError as e:
             self.close()
             raise ShuffleError(e.path, None, f"{e.message}; credentials: {self.client.credentials}") from None
+        if not found:  # a typo in the prefix would mount as an empty directory
+            near = self.client.names_near(prefix) if prefix else []
+            self.close()
+            beside = f" (beside it: {', '.join(near)})" if near else ""
+            what = "this prefix" if prefix else "this bucket"
+            raise ShuffleError(self.root, None, f"no object under {what}{beside}: check the URL")
 
     # ---------------------------------------------------------------- names
 

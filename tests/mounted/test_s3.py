@@ -233,13 +233,17 @@ def test_bad_sources_fail_at_mount_with_a_clear_message(mount, s3, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    for src, expect in (("s3://no-such-bucket/x", "no-such-bucket"), ("s3://", "s3://BUCKET"),
-                        ("s3://b/p?versionId=1", "s3://BUCKET"),
+    for src, expect in (("s3://no-such-bucket/x", "s3://no-such-bucket/x: LIST refused: 404 Not Found, NoSuchBucket: "
+                                                  "The specified bucket does not exist (no such bucket: check its name"),
+                        ("s3://", "s3://BUCKET"), ("s3://b/p?versionId=1", "s3://BUCKET"),
+                        (f"s3://{BUCKET}/dss", f"s3://{BUCKET}/dss: no object under this prefix (beside it: ds/)"),
+                        (f"s3:/{BUCKET}/ds", "written with two slashes: s3://BUCKET[/PREFIX]"),
+                        (f"s3:{BUCKET}/ds", "written with two slashes: s3://BUCKET[/PREFIX]"),
                         (str(s3.local), "only for object-store sources")):
         r = subprocess.run([sys.executable, "-m", "shufflefs", "mount", src, str(mnt), "--cache-dir", str(tmp_path / "c"),
                             "--endpoint-url", s3.endpoint], capture_output=True, text=True, env=env, timeout=60)
-        assert r.returncode != 0, src
-        assert expect in r.stderr, r.stderr
+        assert r.returncode != 0 and not os.path.ismount(mnt), src
+        assert expect in r.stderr and "<?xml" not in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("local", ["uniform", "corgipile"])
