@@ -61,7 +61,8 @@ class _Inspected:
     members: list[Path] | None = None
     """A pooled shard: the pool's source files, whose data regions the pooled index runs through."""
     base_ids: dict[str, Any] | None = None
-    """A mixture: per column, the pool id of every record of its epoch (`inspect_mix`)."""
+    """A mixture (or a pool whose torn records are planned last): per column, the pool id of
+    every record of its plan's index (`inspect_mix`, `PooledIndex.torn_last`)."""
     source_labels: Any = None
     """A mixture: every pool record's source, the labels measured unless a label option is given."""
 
@@ -170,15 +171,18 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
                                 dict(rank=rank, world=world, part=part, parts=parts))
     if "pool" in info:
         members = _pool_members(source, info, fmt, cache)
-        index = PooledIndex([m for _, m in members])
+        pool = PooledIndex([m for _, m in members])
+        index = pool.torn_last()  # planned as the mount plans it: its members' torn records last
         if spec.balance:
             raise CliError(f"{args.path}: a pooled shard of a --balance mount cannot be inspected")
         stream = make_plan(index, spec, epoch, rank, world, part, parts)
         edges = slice_edges(int(np.asarray(stream.window_records).sum()), len(members))
         shard = int(info["shard"])
         plan = SlicePlan(stream, int(edges[shard]), int(edges[shard + 1]), shard, len(members))
-        return _Inspected(source, fmt, index, spec, epoch, {f"{name} shard {shard}/{len(members)}": plan},
-                          auto_block=auto, members=[p for p, _ in members])
+        column = f"{name} shard {shard}/{len(members)}"
+        maps = None if index is pool else {column: index.base_ids()}
+        return _Inspected(source, fmt, pool, spec, epoch, {column: plan}, auto_block=auto,
+                          members=[p for p, _ in members], base_ids=maps)
     index = load_or_build_index(source, fmt, cache)
     costs = record_costs(str(source), index, spec.balance_field, fmt.name) if spec.balance else None
     plan = make_plan(index, spec, epoch, rank, world, part, parts, costs=costs)
@@ -345,6 +349,8 @@ def _label_source(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
 
 def _verify_view(path: str, got: _Inspected) -> None:
     """Read the view and compare it with the bytes of the order computed for it."""
+    import numpy as np
+
     from ..windows.layout import render
 
     fd = os.open(path, os.O_RDONLY)
@@ -360,10 +366,14 @@ def _verify_view(path: str, got: _Inspected) -> None:
     if int(info["epoch"]) != got.epoch:
         raise CliError(f"{path}: the epoch changed to {info['epoch']} while inspecting epoch {got.epoch}; run again")
     (plan,) = got.plans.values()
-    expected = render(got.index, plan, got.data)
-    if view != expected:
-        import numpy as np
+    index, data = got.index, got.data
+    if plan.index is not index:  # a pool's torn records last: its segments' bytes in their order
+        from ..strategies.units import concat_ranges
 
+        b, first = index.bounds, plan.index.seg_base
+        index, data = plan.index, data[concat_ranges(b[first], b[first + np.diff(plan.index.member_firsts)])]
+    expected = render(index, plan, data)
+    if view != expected:
         n = min(len(view), len(expected))
         diff = np.flatnonzero(np.frombuffer(view[:n], np.uint8) != np.frombuffer(expected[:n], np.uint8))
         where = f"first at byte {int(diff[0])}" if len(diff) else f"sizes {len(view)} and {len(expected)}"
@@ -422,7 +432,7 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         raise CliError(f"{e.filename or args.path}: {e.strerror or e}") from None
 
     orders = {name: _order_of(plan) for name, plan in got.plans.items()}
-    if got.base_ids is not None:  # a mixture: its epochs' records as ids of its files' pool
+    if got.base_ids is not None:  # a mixture, or a pool with torn records: its records as ids of its files' pool
         orders = {name: got.base_ids[name][order] for name, order in orders.items()}
     notes = {name: _plan_note(plan) for name, plan in got.plans.items()}
     blocks = block_of_records(got.index.bounds, got.spec.block_size)
@@ -455,7 +465,8 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if labels is not None:
         import numpy as np
 
-        held = labels.codes if got.base_ids is None else labels.codes[next(iter(orders.values()))]  # a mixture's epoch
+        mixture = got.source_labels is not None
+        held = labels.codes[next(iter(orders.values()))] if mixture else labels.codes  # a mixture's epoch
         counts = np.bincount(held, minlength=labels.n_labels)
         shown = ", ".join(f"{n}={c}" for n, c in zip(labels.names[:10], counts[:10].tolist()))
         by = label_source.describe() if label_source is not None else "source"

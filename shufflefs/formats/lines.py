@@ -2,8 +2,10 @@
 
 A record is one line including its terminating ``\\n`` (so a ``\\r\\n`` ending stays inside the
 record).  Lone ``\\r`` line endings are not recognised.  Optional header lines are kept first in
-every view.  A last line without a newline is still a record; the view appends ``\\n`` to it so
-that it stays a separate line wherever the shuffle puts it.
+every view.  A last line without a newline is still a record, a *torn* one (a line still being
+written, or a file saved without a final newline): views keep it out of the shuffle and give it
+last, unchanged, so no reader meets a half-written line in the middle of a view
+(`index.table.RecordIndex.torn`).
 
 File shapes that have fewer lines than the header (with ``h`` header lines, ``k`` complete
 lines and possibly an unterminated tail ``t``):
@@ -11,9 +13,8 @@ lines and possibly an unterminated tail ``t``):
 * ``k >= h``: the first ``h`` lines are the header, the rest are records.
 * ``k < h`` and no tail: the whole file is header, there are no records.
 * ``k < h`` with a tail: the complete lines are the header and the tail is the single record
-  (e.g. a CSV holding only a header row without its newline).  This keeps the rule "the view
-  is ``size + 1`` bytes exactly when the file is non-empty and does not end in ``\\n``", which
-  `view_size` can apply from the last byte alone, without scanning.
+  (e.g. a CSV holding only a header row without its newline), given after the header as in the
+  file.
 """
 
 from __future__ import annotations
@@ -80,18 +81,20 @@ def lines_index(ends: np.ndarray, size: int, header_lines: int) -> RecordIndex:
 
 
 def check_lines(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path: str) -> None:
-    """Every record of a gathered window ends in ``\\n`` (a record that gains one in the view must
-    not already end in one): O(records), the bytes of the window are not read."""
+    """Every record of a gathered window ends in ``\\n`` but a torn one (`RecordIndex.torn`),
+    which must not (before the newline it may gain in the view): O(records), the bytes of the
+    window are not read."""
     ids = np.asarray(ids, np.int64)
     if not len(ids):
         return
     ends = window_ends(window, ids, index, path)
     bad = window[ends - 1] != NEWLINE
-    nl = index.newline_ids
-    if len(nl):
-        gains = nl[np.minimum(np.searchsorted(nl, ids), len(nl) - 1)] == ids
-        if gains.any():
-            bad |= gains & (window[np.maximum(ends - 2, 0)] == NEWLINE)
+    torn = ids >= index.n - index.torn
+    if torn.any():
+        nl = index.newline_ids
+        gains = np.isin(ids, nl) if len(nl) else np.zeros(len(ids), bool)
+        own = ends - 1 - gains  # a torn record's own last byte
+        bad[torn] = (window[own] == NEWLINE)[torn] | (gains[torn] & bad[torn])
     if bad.any():
         raise framing_error(path, index, ids, bad, "a line does not end where the record does")
 
@@ -158,9 +161,6 @@ class LinesFormat(Format):
         data = as_bytes(data)
         ends, _ = record_ends(data, progress)
         return lines_index(ends, len(data), self.header_lines)
-
-    def view_size(self, size: int, last_byte: int | None) -> int:
-        return size + 1 if size > 0 and last_byte != NEWLINE else size
 
     def frame_check(self) -> WindowCheck | None:
         return check_lines

@@ -55,7 +55,8 @@ class RecordIndex:
 
     ``bounds[0]`` is the end of the header (kept first in every view) and ``bounds[-1]`` the
     start of the trailer (kept last).  ``add_newline`` marks a text file whose last line lacks
-    its newline: the view appends one to that record so records stay separate.
+    its newline (a line being written, or a file saved without one): that record is *torn*, and
+    views keep it out of the shuffle and place it last, unchanged (`torn`, `body`).
     """
 
     size: int
@@ -87,12 +88,37 @@ class RecordIndex:
 
     @property
     def data_bytes(self) -> int:
-        """Bytes of records in the view (with the added newline, if any)."""
-        return self.trailer_start - self.header_end + int(self.add_newline)
+        """Bytes of records in the view (with the newlines it adds, `newline_ids`)."""
+        return self.trailer_start - self.header_end + len(self.newline_ids)
 
     @property
     def view_size(self) -> int:
-        return self.size + int(self.add_newline)
+        return self.size + len(self.newline_ids)
+
+    @property
+    def torn(self) -> int:
+        """How many records at the end of the ids are lines without their newline (ids
+        ``[n - torn, n)``): plans shuffle the others (`body`) and give these last, in id order,
+        at the end of the epoch's stream (`strategies.torn`)."""
+        return int(self.add_newline)
+
+    @property
+    def unterminated_ids(self) -> np.ndarray:
+        """Every record that is a line without its newline (sorted int64); for a file, its last
+        if ``add_newline``.  Only indexes whose such records are their last ids can be planned."""
+        return np.full(1, self.n - 1, np.int64) if self.add_newline else np.zeros(0, np.int64)
+
+    def body(self) -> "RecordIndex":
+        """The index of records ``[0, n - torn)`` (the ones a strategy shuffles), itself if none
+        is torn: the same ids, and the torn line left in the trailer."""
+        if not self.add_newline:
+            return self
+        return RecordIndex(self.size, self.bounds[:-1], False, self.stamp)
+
+    def torn_last(self) -> "RecordIndex":
+        """The index whose views are planned: one with its unterminated records last (a file's
+        is already; a pool's moves its members' to the end, `pools.joined_index`)."""
+        return self
 
     @property
     def starts(self) -> np.ndarray:
@@ -115,15 +141,18 @@ class RecordIndex:
 
     @property
     def newline_ids(self) -> np.ndarray:
-        """Records that gain a newline in the view (sorted int64): the last one, if
-        ``add_newline``; a pool has one per member whose last line lacks it."""
-        return np.full(1, self.n - 1, np.int64) if self.add_newline else np.zeros(0, np.int64)
+        """Records that gain a newline in the view (sorted int64): none for a file, whose torn
+        last line ends its stream as it ends the file; for several torn records (a pool's), every
+        one but the last, so they stay separate lines."""
+        return np.zeros(0, np.int64)
 
     def out_lengths(self, ids: np.ndarray) -> np.ndarray:
         """Length in the view of records ``ids`` (a record in `newline_ids` gains a newline)."""
         out = self.record_lengths(ids)
-        if self.add_newline:
-            out = out + (ids == self.n - 1)
+        nl = self.newline_ids
+        if len(nl):
+            pos = np.minimum(np.searchsorted(nl, ids), len(nl) - 1)
+            out = out + (nl[pos] == ids)
         return out
 
     def unit_firsts(self, unit_size: int) -> np.ndarray:

@@ -5,17 +5,26 @@ member 0, then member 1, and so on, and pooled byte offsets through the concaten
 members' data regions (their headers and trailers left out).  Every strategy works on a
 `PooledIndex` unchanged; only reading differs: a pooled offset belongs to one member file, at
 ``offset + shifts[m]``.  Units never cross files: each member is cut into units on its own grid
-(a 4 MiB block is 4 MiB of one shard), and a member whose last line lacks its newline gains
-one in the view, as a single file would.
+(a 4 MiB block is 4 MiB of one shard).
+
+A member whose last line lacks its newline ends in a torn record, which views keep last, as a
+single file's: the pool's views are planned over `PooledIndex.torn_last`, a `SegmentIndex` of the
+members' records with the torn ones moved to the end (in shard order, a newline added between
+them).  A `SegmentIndex` holds records of a pool as *segments*: runs of consecutive records of one
+file, each at a shift of its own; mixtures' epochs are segment indexes too (`mix_index`).
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
 from ..index.table import RecordIndex, SourceStamp, unit_firsts
 
 I64 = np.int64
+LOOPED_SEGMENTS = 4096
+"""Up to this many segments, an index is cut into units segment by segment (O(units) each)."""
 
 
 class PooledIndex(RecordIndex):
@@ -49,34 +58,41 @@ class PooledIndex(RecordIndex):
         bounds[-1] = bases[-1]
         super().__init__(int(bases[-1]), bounds, False, None)
         heads = np.array([m.header_end for m in members], I64)
-        newline = np.array([m.add_newline for m in members], bool)
+        torn = np.array([m.add_newline for m in members], bool)
         put = object.__setattr__  # the dataclass is frozen
         put(self, "member_firsts", firsts)
         put(self, "shifts", heads - bases[:-1])
         put(self, "member_frames", tuple((m.size, m.header_end, m.trailer_start) for m in members))
         put(self, "member_stamps", tuple(m.stamp for m in members))
         put(self, "member_file", np.arange(len(members), dtype=I64))
-        put(self, "_newline", firsts[1:][newline] - 1)
+        put(self, "_torn", firsts[1:][torn] - 1)
 
     @property
     def members(self) -> int:
         return len(self.shifts)
 
     @property
-    def data_bytes(self) -> int:
-        return self.trailer_start + len(self._newline)
+    def torn(self) -> int:
+        return 0  # a member's torn record ends the member, not the pool: see `torn_last`
 
     @property
-    def newline_ids(self) -> np.ndarray:
-        return self._newline
+    def unterminated_ids(self) -> np.ndarray:
+        """The last record of every member whose last line lacks its newline."""
+        return self._torn
 
-    def out_lengths(self, ids: np.ndarray) -> np.ndarray:
-        out = self.record_lengths(ids)
-        nl = self._newline
-        if len(nl):
-            pos = np.minimum(np.searchsorted(nl, ids), len(nl) - 1)
-            out += nl[pos] == ids
-        return out
+    def body(self) -> "PooledIndex":
+        return self
+
+    @functools.cached_property
+    def _torn_last(self) -> "PooledIndex":
+        if not len(self._torn):
+            return self
+        return SegmentIndex(self, self.member_firsts[:-1], np.diff(self.member_firsts))
+
+    def torn_last(self) -> "PooledIndex":
+        """The pool's records with its members' torn records moved to the end (a `SegmentIndex`,
+        made once; itself if none is torn): the index its views are planned and read over."""
+        return self._torn_last
 
     def unit_firsts(self, unit_size: int) -> np.ndarray:
         """Every member cut on its own grid of ``unit_size`` file bytes (a loop over members)."""
@@ -93,8 +109,8 @@ class PooledIndex(RecordIndex):
         f = self.member_firsts
         size, _, _ = self.member_frames[m]
         bounds = self.bounds[f[m]: f[m + 1] + 1] + self.shifts[m]
-        newline = f[m + 1] > f[m] and bool(np.isin(f[m + 1] - 1, self._newline))
-        return RecordIndex(size, bounds, newline, self.member_stamps[m])
+        torn = f[m + 1] > f[m] and bool(np.isin(f[m + 1] - 1, self._torn))
+        return RecordIndex(size, bounds, torn, self.member_stamps[m])
 
     def locate(self, offset: int) -> tuple[int, int]:
         """``(member, file offset)`` of a pooled byte offset (for error messages)."""
@@ -105,6 +121,14 @@ class PooledIndex(RecordIndex):
         """Ascending runs of ids cut where members end: ``(first, count, member)`` (int64), so
         every run is one contiguous range of one file."""
         return split_runs(self.member_firsts, first, count)
+
+
+def joined(members: list[RecordIndex]) -> PooledIndex:
+    """The pool of ``members`` with its `PooledIndex.torn_last` made (O(records), so a worker
+    thread's work, not the first view's)."""
+    index = PooledIndex(members)
+    index.torn_last()
+    return index
 
 
 def split_runs(member_firsts: np.ndarray, first: np.ndarray, count: np.ndarray
@@ -125,3 +149,122 @@ def split_runs(member_firsts: np.ndarray, first: np.ndarray, count: np.ndarray
     b = np.minimum(end[run], member_firsts[member + 1])
     keep = b > a  # members without records between two others
     return a[keep], (b - a)[keep], member[keep].astype(I64)
+
+
+class SegmentIndex(PooledIndex):
+    """Records ``[first[j], first[j]+count[j])`` of ``base`` (a pool of files) for every j, in
+    that order, then every torn record they hold (a line without its newline, which ends its
+    file), each as a segment of its own, in base order: the ``torn`` last ids, given last.
+
+    Reading works as for a pool: a run of ids is cut where segments end, and each piece is one
+    contiguous range of one file (``member_file``) at the segment's shift.  Units never cross
+    segments.  Every torn record but the last gains a newline in the view, so they stay lines."""
+
+    base: PooledIndex
+    seg_base: np.ndarray
+    """The base record id where every segment starts (int64[segments])."""
+
+    def __init__(self, base: PooledIndex, first: np.ndarray, count: np.ndarray) -> None:
+        first, count = np.asarray(first, I64), np.asarray(count, I64)
+        some = count > 0  # an empty member is no segment
+        first, count, member = split_runs(base.member_firsts, first[some], count[some])
+        torn_ids = base.unterminated_ids
+        torn = 0
+        if len(torn_ids) and len(first):
+            # a torn record ends its member, so it ends the segment holding it: split it off
+            last = first + count - 1
+            cut = np.isin(last, torn_ids)
+            torn = int(np.count_nonzero(cut))
+            if torn:
+                at = np.argsort(last[cut], kind="stable")
+                count = count - cut
+                keep = count > 0
+                first = np.concatenate((first[keep], last[cut][at]))
+                member = np.concatenate((member[keep], member[cut][at]))
+                count = np.concatenate((count[keep], np.ones(torn, I64)))
+        firsts = np.concatenate((np.zeros(1, I64), np.cumsum(count, dtype=I64)))
+        n = int(firsts[-1])
+        bounds = np.empty(n + 1, I64)
+        bounds[0] = 0
+        if n:
+            ids = np.repeat(first - firsts[:-1], count) + np.arange(n, dtype=I64)
+            np.cumsum(base.bounds[ids + 1] - base.bounds[ids], out=bounds[1:])
+            del ids
+        RecordIndex.__init__(self, int(bounds[-1]), bounds, False, None)
+        put = object.__setattr__  # the dataclass is frozen
+        put(self, "base", base)
+        put(self, "member_firsts", firsts)
+        put(self, "shifts", base.bounds[first] + base.shifts[member] - bounds[firsts[:-1]])
+        put(self, "member_file", base.member_file[member].astype(I64))
+        put(self, "seg_base", first.astype(I64))
+        put(self, "member_frames", base.member_frames)  # per file, not per segment
+        put(self, "member_stamps", base.member_stamps)
+        put(self, "_torn", np.arange(n - torn, n, dtype=I64))
+
+    @property
+    def files(self) -> int:
+        return len(self.member_frames)
+
+    @property
+    def torn(self) -> int:
+        return len(self._torn)
+
+    @property
+    def newline_ids(self) -> np.ndarray:
+        return self._torn[:-1]
+
+    def body(self) -> "SegmentIndex":
+        """The segments before the torn ones: the same ids and arrays, cut (O(segments))."""
+        if not self.torn:
+            return self
+        keep = len(self.seg_base) - self.torn
+        out = object.__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        out.__dict__.pop("_torn_last", None)
+        put = object.__setattr__
+        put(out, "bounds", self.bounds[: self.n - self.torn + 1])
+        put(out, "size", int(out.bounds[-1]))
+        put(out, "_lengths", [])
+        for name in ("member_firsts",):
+            put(out, name, getattr(self, name)[: keep + 1])
+        for name in ("shifts", "member_file", "seg_base"):
+            put(out, name, getattr(self, name)[:keep])
+        put(out, "_torn", np.zeros(0, I64))
+        return out
+
+    def torn_last(self) -> "SegmentIndex":
+        return self
+
+    def base_ids(self) -> np.ndarray:
+        """The base record id of every record (int64[n])."""
+        f, c = self.member_firsts, np.diff(self.member_firsts)
+        return np.repeat(self.seg_base - f[:-1], c) + np.arange(self.n, dtype=I64)
+
+    def base_ids_of(self, ids: np.ndarray) -> np.ndarray:
+        """The base record ids of records ``ids``."""
+        seg = np.searchsorted(self.member_firsts, ids, side="right") - 1
+        return self.seg_base[seg] + (np.asarray(ids, I64) - self.member_firsts[seg])
+
+    def unit_firsts(self, unit_size: int) -> np.ndarray:
+        """Every segment cut on its file's grid of ``unit_size`` bytes: a record starts a unit
+        when it starts a segment or its first byte lies in another grid cell than the one before
+        (few segments, as a pool's: each cut as a member, `PooledIndex.unit_firsts`)."""
+        n = self.n
+        if n == 0:
+            return np.zeros(1, I64)
+        f = self.member_firsts
+        if len(f) <= LOOPED_SEGMENTS:
+            return PooledIndex.unit_firsts(self, unit_size)
+        seg = np.repeat(np.arange(len(f) - 1, dtype=I64), np.diff(f))
+        cell = (self.bounds[:-1] + self.shifts[seg]) // unit_size
+        new = np.ones(n, bool)
+        new[1:] = (cell[1:] != cell[:-1]) | (seg[1:] != seg[:-1])
+        return np.concatenate((np.flatnonzero(new).astype(I64), np.full(1, n, I64)))
+
+    def member_index(self, m: int) -> RecordIndex:
+        raise NotImplementedError("segments are no files; use base.member_index")
+
+    def locate(self, offset: int) -> tuple[int, int]:
+        """``(file, file offset)`` of an offset in the index (for error messages)."""
+        j = int(np.searchsorted(self.bounds[self.member_firsts[1:-1]], offset, side="right"))
+        return int(self.member_file[j]), int(offset + self.shifts[j])

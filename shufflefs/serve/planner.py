@@ -19,7 +19,7 @@ from ..errors import FormatError, ResumeMismatch, StaleSourceError
 from ..formats import Format
 from ..formats.npy import header_with_rows
 from ..index.table import IndexCache, RecordIndex, SourceStamp, cache_key
-from ..pools.joined_index import PooledIndex
+from ..pools.joined_index import PooledIndex, SegmentIndex, joined
 from ..pools.lookup import PoolEntry
 from ..pools.mix_index import MixIndex, describe_epoch, epoch_index
 from ..pools.mixes import MixError
@@ -82,8 +82,8 @@ class Planner:
         self._drain()
         if node.pool is not None and node.pool.mix is not None:
             return await self._mix_index(node)
-        if node.pool is not None:
-            return await self._pool_index(node.pool, node.fmt)
+        if node.pool is not None:  # its members' torn records moved last (made with the pool)
+            return (await self._pool_index(node.pool, node.fmt)).torn_last()
         return await self.file_index(node.relpath, node.stamp, node.fmt)
 
     async def _mix_index(self, node: Node) -> MixIndex:
@@ -149,7 +149,7 @@ class Planner:
                 await self.workers.run(check_npy_pool, self.store, pool)
             elif entry.mix is not None:
                 await self.workers.run(check_headers, self.store, pool, members)
-            index = await self.workers.run(PooledIndex, members, limiter=self.workers.index)
+            index = await self.workers.run(joined, members, limiter=self.workers.index)
             log.info("pool %s: %d shards, %d records", pool.key, len(pool.members), index.n)
             self._memo(key, index)
             return index
@@ -354,7 +354,7 @@ class Planner:
             def plan_of(rank: int, world: int, part: int, parts: int) -> Plan:
                 return make_plan(index, self.spec, node.epoch, rank, world, part, parts, costs=costs)
 
-            return self._resumed(node, plan_of, self._lengths(index.n)), costs
+            return self._resumed(node, plan_of, self._lengths(index.n, torn=index.torn)), costs
 
         made, costs = await self.workers.run(plan, limiter=self.workers.plan)
         if costs is not None:
@@ -364,7 +364,7 @@ class Planner:
                 self._costs.popitem(last=False)
         return made
 
-    def _lengths(self, records: int, shards: int = 0, shard: int = 0) -> LengthOf | None:
+    def _lengths(self, records: int, shards: int = 0, shard: int = 0, torn: int = 0) -> LengthOf | None:
         """How long the first layout's streams (or a shard of them) are without planning them,
         where shares are cut at equal counts (`share_length`): not with --balance or --even."""
         spec = self.spec
@@ -374,7 +374,7 @@ class Planner:
         def length(r: int, w: int, i: int, k: int) -> int | None:
             if spec.even != "none" and w > 1:
                 return None
-            n = share_length(records, r, w, i, k)
+            n = share_length(records, r, w, i, k, torn)
             if not shards:
                 return n
             edges = slice_edges(n, shards)
@@ -403,10 +403,11 @@ class Planner:
         if field is None:
             return None  # byte lengths: the plan reads them from the index (a pool's, a mixture's)
         e = node.pool
-        if not isinstance(index, MixIndex):
+        if not isinstance(index, SegmentIndex):  # a pool's records in their files' order
             return np.concatenate([self._costs_of(m, e.stamps[i], index.member_index(i), field, fmt)
                                    for i, m in enumerate(e.pool.members)])
-        # a mixture: its files' costs, read once per version, then taken for each epoch's records
+        # a mixture's epoch or a pool with torn records last: its files' costs, read once per
+        # version, then taken in the index's order
         version = (e.pool.key, e.pool.members, e.stamps)
         with self._lock:
             costs = self._mix_costs.get(version)
@@ -442,7 +443,8 @@ class Planner:
             def resumed() -> Plan:
                 costs = known if known is not None or not self.spec.balance else self._record_costs(node, index)
                 return self._resumed(node, lambda r, w, i, k: shard_of(make_plan(
-                    index, self.spec, node.epoch, r, w, i, k, costs=costs)), self._lengths(index.n, shards, entry.shard))
+                    index, self.spec, node.epoch, r, w, i, k, costs=costs)),
+                    self._lengths(index.n, shards, entry.shard, index.torn))
 
             plan = await self.workers.run(resumed, limiter=self.workers.plan)
         else:

@@ -212,8 +212,8 @@ class Views:
             open_source = lambda: self.store.open(relpath, index.stamp)
         target = self._stage_targets.get(key)
         if target is None:
-            exchange = await self.workers.run(pls_exchange, index, self.config.spec, self.config.world,
-                                              limiter=self.workers.index)
+            exchange = await self.workers.run(pls_exchange, index.body(), self.config.spec, self.config.world,
+                                              limiter=self.workers.index)  # as its plans: torn records apart
             target = StageTarget(file, key, name, index, Partitions(exchange, self.config.rank), open_source,
                                  lambda: self.epoch_of(epoch_path))
             self._stage_targets[key] = target

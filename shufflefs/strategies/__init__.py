@@ -22,6 +22,7 @@ from .mixture import SpreadRepeats
 from .partial_local import PartialLocalPlan
 from .sliding_window import SlidingWindowPlan
 from .stratified import StratifiedPlan
+from .torn import TornLast
 from .units import check_params
 
 STRATEGIES: dict[str, type[Plan]] = {
@@ -51,19 +52,29 @@ def make_plan(index: RecordIndex, spec: ShuffleSpec, epoch: int, rank: int = 0, 
     ``parts`` > 1, the ``part``-th of that rank's share split again (for its loader processes).
 
     The parts of a rank, in part order, are its stream: the same records, exactly once each
-    (after ``spec.even``'s padding or dropping, which works on the rank's whole stream).
+    (after ``spec.even``'s padding or dropping, which works on the rank's whole stream).  An
+    index's torn records (lines without their newline) are planned apart and given last, at the
+    end of the last rank's last part (`torn.TornLast`).
     ``costs``: per-record costs for ``spec.balance`` (default: byte lengths)."""
     check_spec(spec)
+    torn = getattr(index, "torn", 0)  # lines without their newline: kept out, then given last
+    if torn != len(getattr(index, "unterminated_ids", ())):
+        raise ValueError("an index whose unterminated records are not its last ids: plan its torn_last()")
+    body = index.body() if torn else index
     if spec.balance:
         if spec.balance_field is not None and costs is None:
             raise ValueError(f"balance by field {spec.balance_field!r} needs the records' costs")
-        return BalancedPlan(index, spec, epoch, rank, world, part, parts, costs=costs)
-    if costs is not None:
+        plan: Plan = BalancedPlan(body, spec, epoch, rank, world, part, parts,
+                                  costs=costs[: body.n] if costs is not None and torn else costs)
+    elif costs is not None:
         raise ValueError("costs are only used with balance")
-    plan = STRATEGIES[spec.strategy](index, spec, epoch, rank, world, part, parts)
-    if getattr(index, "repeated", None) is not None:  # a mixture's epoch that takes records twice
-        plan = SpreadRepeats(plan)
-    if spec.even != "none" and world > 1:
+    else:
+        plan = STRATEGIES[spec.strategy](body, spec, epoch, rank, world, part, parts)
+        if getattr(body, "repeated", None) is not None:  # a mixture's epoch that takes records twice
+            plan = SpreadRepeats(plan)
+    if torn:
+        plan = TornLast(plan, index)
+    if spec.even != "none" and world > 1 and not spec.balance:
         plan = EvenPlan(plan)
     return plan
 

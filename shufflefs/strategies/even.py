@@ -36,30 +36,34 @@ class EvenPlan(Plan):
         self.dropped = here - keep
         last_part = inner.part == inner.parts - 1
         self.padded = max(0, self.target - int(counts[inner.rank])) if mode == "pad" and last_part else 0
-        # windows kept whole, then perhaps a cut one, then perhaps the padding
+        # windows kept whole, then perhaps a cut one, then perhaps the padding (before the
+        # windows the inner plan holds last: torn records, `torn.TornLast`)
         ends = np.cumsum(records)
         whole = int(np.searchsorted(ends, keep, side="right"))
-        self._whole = whole
         self._cut = keep - (int(ends[whole - 1]) if whole else 0)  # records of window ``whole`` kept
-        sizes = [np.asarray(inner.window_sizes[:whole], I64)]
         self._extra: list[np.ndarray] = []
         if self._cut:
             self._extra.append(inner.window(whole)[: self._cut].copy())
+        held = getattr(inner, "held_last", 0) if self.padded else 0
+        whole -= held  # padding never drops, so the held windows are whole ones
+        self._whole = whole
         if self.padded:
-            self._extra += self._padding(self.padded)
+            self._extra += self._padding(self.padded, inner.n_windows - held)
+        self._extra += [inner.window(k) for k in range(whole, whole + held)]
+        sizes = [np.asarray(inner.window_sizes[:whole], I64)]
         sizes += [np.array([int(inner.index.out_lengths(ids).sum())], I64) for ids in self._extra]
         self._sizes = np.concatenate(sizes)
 
-    def _padding(self, count: int) -> list[np.ndarray]:
-        """The first records of this part again, as windows of distinct records (a window never
-        holds a record twice); the source's first records if the part has none (a rank that got
-        no block at all)."""
+    def _padding(self, count: int, windows: int) -> list[np.ndarray]:
+        """The first records of this part (of its first ``windows``) again, as windows of
+        distinct records (a window never holds a record twice); the source's first records if the
+        part has none (a rank that got no block at all)."""
         inner, n = self.inner, self.inner.index.n
         dtype = id_dtype(n)
-        own = [inner.window(k) for k in range(min(inner.n_windows, count))]
+        own = [inner.window(k) for k in range(min(windows, count))]
         pool = np.concatenate(own)[:count] if own else np.empty(0, dtype)
         if len(pool) == 0:
-            pool = np.arange(min(n, count), dtype=dtype)
+            pool = np.arange(min(max(n - getattr(inner.index, "torn", 0), 1), count), dtype=dtype)
         if len(pool) == 0:
             raise ValueError("cannot pad a rank of a file without records")
         ids = np.resize(pool, count).astype(dtype, copy=False)

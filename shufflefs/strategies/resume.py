@@ -29,6 +29,7 @@ import numpy as np
 
 from .base import Plan
 from .slices import SlicePlan
+from .torn import stream_length
 from .units import I64, share_edges
 
 MAX_WORLD = 1 << 16
@@ -284,13 +285,14 @@ LengthOf = Callable[[int, int, int, int], "int | None"]
 can tell."""
 
 
-def share_length(records: int, rank: int, world: int, part: int, parts: int) -> int:
+def share_length(records: int, rank: int, world: int, part: int, parts: int, torn: int = 0) -> int:
     """Records of rank ``rank``'s part ``part`` when a layout cuts ``records`` at equal counts,
-    ranks first and then each rank's parts (the first ones one more): what every strategy's
-    plans hold without ``--even`` and ``--balance`` (checked against them by the tests)."""
-    ranks = share_edges(records, world)
+    ranks first and then each rank's parts (the first ones one more), the last ``torn`` of them
+    kept for the last stream (`torn.TornLast`): what every strategy's plans hold without
+    ``--even`` and ``--balance`` (checked against them by the tests)."""
+    ranks = share_edges(records - torn, world)
     split = share_edges(int(ranks[rank + 1] - ranks[rank]), parts)
-    return int(split[part + 1] - split[part])
+    return stream_length(int(split[part + 1] - split[part]), torn, rank, world, part, parts)
 
 
 def resumed_plan(plan_of: PlanOf, stops: Sequence[Stop], rank: int, world: int, part: int = 0,

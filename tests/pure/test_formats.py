@@ -47,11 +47,8 @@ def arr(b: bytes) -> np.ndarray:
 
 
 def records(idx: RecordIndex, data: bytes) -> list[bytes]:
-    """Each record's bytes as the view serves them (the last one may gain a newline)."""
-    out = [data[a:b] for a, b in zip(idx.bounds[:-1].tolist(), idx.bounds[1:].tolist())]
-    if idx.add_newline:
-        out[-1] += b"\n"
-    return out
+    """Each record's bytes as the view serves them (a torn last line as it is: views give it last)."""
+    return [data[a:b] for a, b in zip(idx.bounds[:-1].tolist(), idx.bounds[1:].tolist())]
 
 
 def view(idx: RecordIndex, data: bytes, order=None) -> bytes:
@@ -62,11 +59,11 @@ def view(idx: RecordIndex, data: bytes, order=None) -> bytes:
 
 
 def check_tiles(idx: RecordIndex, data: bytes, fmt: Format) -> None:
-    """header + records + trailer is the file (plus the added newline); sizes agree."""
+    """header + records + trailer is the file; sizes agree."""
     assert idx.size == len(data)
     assert idx.bounds.dtype == np.int64
     assert np.all(np.diff(idx.bounds) > 0), "records must be non-empty and in order"
-    expected = data + (b"\n" if idx.add_newline else b"")
+    expected = data
     assert view(idx, data) == expected
     assert idx.view_size == len(expected)
     assert fmt.view_size(len(data), data[-1] if data else None) == idx.view_size
@@ -114,7 +111,7 @@ def test_record_ends_do_not_depend_on_chunking(data: bytes, chunk: int, csv_mode
 def test_lines_keep_crlf_inside_records() -> None:
     data = b'{"a":1}\r\n{"b":2}\r\nlast'
     idx = LinesFormat().scan(arr(data), "x.jsonl")
-    assert records(idx, data) == [b'{"a":1}\r\n', b'{"b":2}\r\n', b"last\n"]
+    assert records(idx, data) == [b'{"a":1}\r\n', b'{"b":2}\r\n', b"last"] and idx.torn == 1
 
 
 def test_lines_empty_file() -> None:
@@ -127,8 +124,8 @@ def test_lines_empty_file() -> None:
     "data, bounds, add_newline, view_size",
     [
         (b"h\n", [2], False, 2),  # header only: no records
-        (b"h", [0, 1], True, 2),  # header without newline: the line is the single record
-        (b"h\nr", [2, 3], True, 4),
+        (b"h", [0, 1], True, 1),  # header without newline: the line is the single (torn) record
+        (b"h\nr", [2, 3], True, 3),
         (b"h\nr\n", [2, 4], False, 4),
     ],
 )
@@ -188,7 +185,8 @@ def test_csv_agrees_with_csv_module(data: bytes) -> None:
 @given(data=csv_files(), seed=st.integers(0, 2**32 - 1))
 def test_shuffled_csv_view_has_same_rows(data: bytes, seed: int) -> None:
     idx = CsvFormat().scan(arr(data), "t.csv")
-    order = np.random.default_rng(seed).permutation(idx.n)
+    body = idx.n - idx.torn  # a torn last row stays last
+    order = np.append(np.random.default_rng(seed).permutation(body), np.arange(body, idx.n))
     rows = csv_rows(view(idx, data, order))
     base = csv_rows(data)
     head = 1 if idx.header_end else 0

@@ -190,21 +190,21 @@ def test_csv_rows_split_inside_quotes_are_caught_by_their_quote_count(tmp_path):
 def test_a_pool_member_whose_last_line_lacks_its_newline_passes_and_a_wrong_flag_fails():
     a = RecordIndex(6, np.array([0, 2, 6], np.int64), True)  # "x\nyyyy" (no final newline)
     b = RecordIndex(4, np.array([0, 2, 4], np.int64), False)  # "z\nw\n"
-    pool = PooledIndex([a, b])
-    data = {0: b"x\n", 1: b"yyyy\n", 2: b"z\n", 3: b"w\n"}
-    ids = np.array([3, 1, 0, 2])
+    pool = PooledIndex([a, b]).torn_last()  # the torn "yyyy" is given last
+    data = {0: b"x\n", 1: b"z\n", 2: b"w\n", 3: b"yyyy"}
+    ids = np.array([2, 0, 1, 3])
     window = np.frombuffer(b"".join(data[i] for i in ids.tolist()), np.uint8)
     check_lines(window, ids, pool, "pool")
-    # a member that does end in a newline, flagged as lacking it: the view would add an empty line
-    wrong = PooledIndex([RecordIndex(4, np.array([0, 2, 4], np.int64), True), b])
-    doubled = np.frombuffer(b"w\n" + b"z\n\n", np.uint8)
+    # a member that does end in a newline ("p\nq\n"), flagged as lacking it: its torn line ends in one
+    wrong = PooledIndex([RecordIndex(4, np.array([0, 2, 4], np.int64), True), b]).torn_last()
     with pytest.raises(FramingError):
-        check_lines(doubled, np.array([3, 1]), wrong, "pool")
+        check_lines(np.frombuffer(b"z\n" + b"q\n", np.uint8), np.array([1, 3]), wrong, "pool")
 
 
 def test_tfrecord_lengths_are_framing_crcs_are_the_full_check(tmp_path):
     path, fmt, index = _scan(tmp_path, "f.tfrecord")
-    assert gather_check(fmt, "index") is check_lengths and gather_check(fmt, "frames") is check_frames
+    framing, full = gather_check(fmt, "index"), gather_check(fmt, "frames")
+    assert (framing.kind, framing.full, full.kind, full.full) == ("tfrecord", None, "tfrecord", check_frames)
     ids = np.arange(index.n)
     window = assemble(index, ids, lambda s, e: _runs(path, s, e)).copy()
     window[14] ^= 1  # a payload byte: not framing

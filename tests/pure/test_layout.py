@@ -55,9 +55,7 @@ def indexed_files(draw):
 
 
 def naive_view(data: bytes, index: RecordIndex, order: np.ndarray) -> bytes:
-    recs = [data[index.bounds[i]: index.bounds[i + 1]] for i in range(index.n)]
-    if index.add_newline:
-        recs[-1] += b"\n"
+    recs = [data[index.bounds[i]: index.bounds[i + 1]] for i in range(index.n)]  # no newline added
     return data[: index.header_end] + b"".join(recs[i] for i in order) + data[index.trailer_start:]
 
 

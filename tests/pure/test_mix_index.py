@@ -2,8 +2,8 @@
 
 A mixture's epoch as one offset table (`MixIndex`): each source's records are exactly the ones
 `epoch_records` takes, in stream order; its pieces interleave so every stretch holds each
-source's share; every record of the epoch has its file's bytes (repeats included, a missing
-last newline added), read alike through descriptors, mappings and plain range reads; units never
+source's share; every record of the epoch has its file's bytes (repeats included; a line without
+its newline given at the end of the epoch, with one added between such lines), read alike through descriptors, mappings and plain range reads; units never
 cross segments nor their file's block grid; and the table is a pure function of its inputs.
 """
 
@@ -69,7 +69,19 @@ def _files(tmp_path, sizes):
         members.append(type(idx)(idx.size, idx.bounds, idx.add_newline, SourceStamp.of(os.stat(path))))
         paths.append(str(path))
         records.extend((line + "\n").encode() for line in lines)
+    records[-1] = records[-1][:-1]  # torn: no newline
     return paths, PooledIndex(members), records
+
+
+def _bytes(records, mix, order) -> bytes:
+    """The records of the epoch at positions ``order``, the torn ones given a newline where the
+    view adds one (between torn records at the end of the epoch)."""
+    ids, nl = mix.base_ids(), set(mix.newline_ids.tolist())
+    return b"".join(records[ids[j]] + (b"\n" if j in nl else b"") for j in order)
+
+
+def _bytes_each(records, mix) -> list[bytes]:
+    return [_bytes(records, mix, [j]) for j in range(mix.n)]
 
 
 def _served(paths, mix, plan) -> bytes:
@@ -93,13 +105,16 @@ def test_every_record_of_the_epoch_has_its_files_bytes(tmp_path, monkeypatch, st
     mix = epoch_index(base, [0, 2, 4], [2, 1], samples, spec, epoch=3)
     assert mix.n == (samples or 1170) and sum(mix.takes) == mix.n
     ids = mix.base_ids()
-    assert np.array_equal(mix.out_lengths(np.arange(mix.n)), [len(records[i]) for i in ids])
+    torn = np.flatnonzero(ids == len(records) - 1)  # the last file's last line: taken last
+    assert mix.torn == len(torn) and np.array_equal(torn, np.arange(mix.n - mix.torn, mix.n))
+    assert np.array_equal(mix.newline_ids, torn[:-1])
+    assert np.array_equal(mix.out_lengths(np.arange(mix.n)), [len(x) for x in _bytes_each(records, mix)])
     if path != "mapped":
         monkeypatch.setattr(view, "_gather_mapped", None)
     if path == "reads":
         monkeypatch.setattr(view, "_build_window", None)
     plan = make_plan(mix, spec, 3)
-    assert _served(paths, mix, plan) == b"".join(records[i] for i in ids[_order(plan)])
+    assert _served(paths, mix, plan) == _bytes(records, mix, _order(plan))
 
 
 def test_an_upsampled_source_repeats_whole_passes_and_its_repeats_read_alike(tmp_path):
@@ -110,7 +125,7 @@ def test_an_upsampled_source_repeats_whole_passes_and_its_repeats_read_alike(tmp
     assert np.array_equal(np.bincount(ids, minlength=70)[:40], np.full(40, 7) + (np.bincount(ids)[:40] > 7))
     assert np.bincount(ids, minlength=70)[:40].min() == 7  # 300 of 40 records: 7 passes and a slice
     plan = make_plan(mix, spec, 0)
-    assert _served(paths, mix, plan) == b"".join(records[i] for i in ids[_order(plan)])
+    assert _served(paths, mix, plan) == _bytes(records, mix, _order(plan))
 
 
 @given(st.integers(0, 10**6), st.sampled_from([64, 256, 1000, 4096]))
@@ -149,8 +164,9 @@ def test_a_source_without_records_asked_for_some_is_refused(tmp_path):
 def test_no_record_is_served_next_to_its_own_copy(tmp_path, strategy, world):
     """An up-sampled source (300 records drawn from 70, in blocks of about 8) and a down-sampled
     one whose slice crosses a pass: every copy apart, in every window and across windows, while
-    every window keeps exactly its records."""
+    every window keeps exactly its records (the torn line the epoch takes aside: given last)."""
     from shufflefs.strategies.mixture import SpreadRepeats
+    from shufflefs.strategies.torn import TornLast
 
     _, base, _ = _files(tmp_path, [40, 30, 500])
     spec = ShuffleSpec(strategy=strategy, seed=4, block_size=512, buffer=4096)
@@ -158,13 +174,16 @@ def test_no_record_is_served_next_to_its_own_copy(tmp_path, strategy, world):
     assert mix.repeated is not None and mix.repeated.sum() > 200
     for rank in range(world):
         plan = make_plan(mix, spec, 1, rank, world)
-        assert isinstance(plan, SpreadRepeats)
+        spread = plan.inner if isinstance(plan, TornLast) else plan
+        assert isinstance(spread, SpreadRepeats)
         stream = np.concatenate([plan.window(k) for k in range(plan.n_windows)])
-        key = mix.base_ids_of(stream)
+        body = stream[stream < mix.n - mix.torn]
+        assert np.array_equal(stream[: len(body)], body)
+        key = mix.base_ids_of(body)
         assert not np.any(key[1:] == key[:-1]), np.flatnonzero(key[1:] == key[:-1])
-        for k in range(plan.n_windows):
-            assert np.array_equal(np.sort(plan.window(k)), np.sort(plan.inner.window(k)))
-            assert np.array_equal(plan.window(k), plan.window(k))  # the same every time
+        for k in range(spread.n_windows):
+            assert np.array_equal(np.sort(spread.window(k)), np.sort(spread.inner.window(k)))
+            assert np.array_equal(spread.window(k), spread.window(k))  # the same every time
 
 
 def test_a_mixture_walks_only_the_directories_its_globs_can_match():

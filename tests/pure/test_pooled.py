@@ -1,6 +1,8 @@
 """Level: pure (no mount, no daemon).
 
-A pool's index over several files, and the shards' stretches of the pooled stream."""
+A pool's index over several files, and the shards' stretches of the pooled stream.  Members whose
+last line lacks its newline end in torn records, which the pool's views give last
+(`PooledIndex.torn_last`)."""
 
 from __future__ import annotations
 
@@ -47,8 +49,9 @@ def pooled_fetch(files: list[bytes], members: list[RecordIndex], pool: PooledInd
     """Reads pooled ranges from the members' bytes through the pool's shifts (what the daemon does)."""
     def fetch(starts, ends):
         first, count, member = split_runs(pool.bounds[pool.member_firsts], starts, ends - starts)
+        file = pool.member_file[member]
         out = [np.frombuffer(files[m][f + sh: f + n + sh], np.uint8)
-               for f, n, m, sh in zip(first.tolist(), count.tolist(), member.tolist(), pool.shifts[member].tolist())]
+               for f, n, m, sh in zip(first.tolist(), count.tolist(), file.tolist(), pool.shifts[member].tolist())]
         return np.concatenate(out) if out else np.empty(0, np.uint8)
 
     return fetch
@@ -58,19 +61,32 @@ def records(data: bytes) -> list[bytes]:
     return data.splitlines(keepends=True)
 
 
+def torn_last(files: list[bytes]) -> bytes:
+    """The pool in source order as its views give it: every member's lines, its torn last line
+    (without a newline) left out, then the torn lines in member order, a newline between them."""
+    whole = [f[: f.rfind(b"\n") + 1] for f in files]
+    torn = [f[f.rfind(b"\n") + 1:] for f in files if f and not f.endswith(b"\n")]
+    return b"".join(whole) + b"\n".join(torn)
+
+
 @SETTINGS
 @given(files=line_files())
 def test_the_pool_in_source_order_is_the_members_concatenated(files):
     members = indexes(files)
-    pool = PooledIndex(members)
-    assert pool.n == sum(m.n for m in members)
+    base = PooledIndex(members)
+    pool = base.torn_last()
+    assert pool.n == base.n == sum(m.n for m in members)
     plan = make_plan(pool, ShuffleSpec(strategy="none", buffer=64), 0)
     fetch = pooled_fetch(files, members, pool)
     got = b"".join(assemble(pool, plan.window(k), fetch).tobytes() for k in range(plan.n_windows))
-    want = b"".join(f + (b"\n" if f and not f.endswith(b"\n") else b"") for f in files)
+    want = torn_last(files)
     assert got == want
     assert int(plan.window_sizes.sum()) == len(want) == pool.data_bytes
-    assert pool.newline_ids.tolist() == [int(pool.member_firsts[i + 1]) - 1 for i, m in enumerate(members) if m.add_newline]
+    assert base.unterminated_ids.tolist() == [int(base.member_firsts[i + 1]) - 1 for i, m in enumerate(members)
+                                              if m.add_newline]
+    torn = len(base.unterminated_ids)
+    assert (pool is base) == (torn == 0) and pool.torn == torn
+    assert pool.newline_ids.tolist() == list(range(pool.n - torn, pool.n - 1))
 
 
 @SETTINGS
@@ -92,13 +108,15 @@ def test_units_never_cross_files_and_follow_each_files_grid(files, unit):
        epoch=st.integers(0, 3), seed=st.integers(0, 5))
 def test_a_shuffled_pool_holds_every_record_of_every_member_once(files, strategy, epoch, seed):
     members = indexes(files, header_lines=0)
-    pool = PooledIndex(members)
+    pool = PooledIndex(members).torn_last()
     spec = ShuffleSpec(strategy=strategy, seed=seed, block_size=32, buffer=96, page_size=16)
     plan = make_plan(pool, spec, epoch)
     fetch = pooled_fetch(files, members, pool)
     got = b"".join(assemble(pool, plan.window(k), fetch).tobytes() for k in range(plan.n_windows))
-    want = b"".join(f + (b"\n" if f and not f.endswith(b"\n") else b"") for f in files)
+    want = torn_last(files)
     assert sorted(records(got)) == sorted(records(want))
+    tail = b"\n".join(f[f.rfind(b"\n") + 1:] for f in files if f and not f.endswith(b"\n"))
+    assert got.endswith(tail)  # the torn lines last, in member order
 
 
 @SETTINGS
@@ -122,7 +140,7 @@ def test_split_runs_cut_runs_where_members_end(bounds, runs):
 @given(files=line_files(), strategy=st.sampled_from(["corgipile", "full", "window", "none"]),
        shards=st.integers(1, 6), world=st.integers(1, 3), data=st.data())
 def test_shards_split_the_stream_by_position(files, strategy, shards, world, data):
-    pool = PooledIndex(indexes(files))
+    pool = PooledIndex(indexes(files)).torn_last()
     rank = data.draw(st.integers(0, world - 1))
     spec = ShuffleSpec(strategy=strategy, seed=3, block_size=40, buffer=100)
     inner = make_plan(pool, spec, 1, rank, world)
@@ -163,14 +181,17 @@ def test_pool_source_reads_pooled_ranges_from_its_members(files, header, cuts, s
                 out.write(f)
         members = [dataclasses.replace(m, stamp=SourceStamp.of(os.stat(p)))
                    for m, p in zip(indexes(files, header_lines=header), paths)]
-        pool = PooledIndex(members)
+        base = PooledIndex(members)
+        pool = base.torn_last()
         data = b"".join(f[m.header_end: m.trailer_start] for f, m in zip(files, members))
         edges = sorted({int(c * len(data)) for c in cuts} | {0, len(data)})
         starts, ends = np.array(edges[:-1][::2], np.int64), np.array(edges[1:][::2], np.int64)
-        source = PoolSource(paths, pool, SourceFile)
+        source = PoolSource(paths, base, SourceFile)
         saved = view._build_window, view.MAP_RUN
         try:
             got = source.read_runs(starts, ends).tobytes()
+            source.close()
+            source = PoolSource(paths, pool, SourceFile)
             assert got == b"".join(data[s:e] for s, e in zip(starts.tolist(), ends.tolist()))
             plan = make_plan(pool, ShuffleSpec(strategy=strategy, block_size=32, buffer=96), 1)
             fetch = pooled_fetch(files, members, pool)

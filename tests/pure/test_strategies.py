@@ -128,7 +128,7 @@ def test_zero_and_one_record(strategy, n):
         orders = rank_orders(index, ShuffleSpec(strategy, block_size=2, buffer=1), 0, world)
         assert sorted(np.concatenate(orders).tolist()) == list(range(n))
     plan = make_plan(index, ShuffleSpec(strategy, block_size=2, buffer=1.0), 0)
-    assert plan.window_sizes.sum() == index.data_bytes == (6 if n else 0)
+    assert plan.window_sizes.sum() == index.data_bytes == (5 if n else 0)  # a torn line gains no newline
 
 
 # ----------------------------------------------------------------------- strategy by strategy
@@ -173,6 +173,7 @@ def test_none_is_source_order_in_contiguous_rank_ranges(index, spec, world):
 @settings(max_examples=40, deadline=None)
 @given(index=indexes(), spec=specs, epoch=st.integers(0, 3), world=st.integers(1, 4))
 def test_corgipile_windows_hold_exactly_their_blocks(index, spec, epoch, world):
+    index = index.body()  # a torn last line is planned apart (`torn.TornLast`)
     own = owners(index, spec.block_size)
     for strategy in ("corgipile", "block"):
         s = ShuffleSpec(strategy, spec.seed, spec.block_size, spec.buffer)
@@ -210,6 +211,7 @@ def test_block_only_is_corgipile_without_the_inner_shuffle():
 @settings(max_examples=40, deadline=None)
 @given(index=indexes(), spec=specs, epoch=st.integers(0, 3), world=st.integers(1, 4))
 def test_lirs_pages_stay_together_in_source_order(index, spec, epoch, world):
+    index = index.body()  # a torn last line is planned apart (`torn.TornLast`)
     s = ShuffleSpec("lirs-page", spec.seed, spec.block_size, spec.buffer, spec.page_size)
     own = owners(index, s.page_size)
     for r in range(world):

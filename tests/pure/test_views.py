@@ -25,10 +25,7 @@ from shufflefs.strategies.base import ShuffleSpec
 
 
 def _records(index: RecordIndex, data: bytes) -> list[bytes]:
-    recs = [data[a:b] for a, b in zip(index.bounds[:-1].tolist(), index.bounds[1:].tolist())]
-    if index.add_newline:
-        recs[-1] += b"\n"
-    return recs
+    return [data[a:b] for a, b in zip(index.bounds[:-1].tolist(), index.bounds[1:].tolist())]
 
 
 def _masked(b: bytes) -> int:
@@ -95,6 +92,9 @@ def test_view_is_valid_file_with_same_records(strategy, src, epoch, block, buffe
     assert view[vindex.trailer_start:] == data[index.trailer_start:]
     assert vindex.n == index.n
     assert Counter(_records(vindex, view)) == Counter(_records(index, data))
+    assert len(view) == len(data) and vindex.torn == index.torn  # a torn last line stays last, unchanged
+    if index.torn:
+        assert _records(vindex, view)[-1] == _records(index, data)[-1]
     # and the same inputs give the same bytes
     assert render(index, make_plan(index, spec, epoch), data) == view
 
