@@ -5,6 +5,7 @@ for a remote source its measured bandwidth x latency)."""
 
 from __future__ import annotations
 
+import errno
 import logging
 from typing import Any
 
@@ -17,6 +18,14 @@ from .views import Views
 from .workers import Timeout
 
 log = logging.getLogger("shufflefs")
+
+
+class MemoryWait(Timeout):
+    """A read waited past the window deadline for memory, not for its source: the message
+    says which limit and what holds it."""
+
+    def __init__(self, what: str, deadline: float, pressure: str) -> None:
+        OSError.__init__(self, errno.ETIMEDOUT, f"no memory for {what} within {deadline:g} s ({pressure})")
 
 
 class Reads:
@@ -78,11 +87,25 @@ class Reads:
         return data if out is None else out
 
     async def _acquire(self, node: Node, k: int, ref: Any) -> Slot:
-        """Window k, loaded: `Timeout` (ETIMEDOUT) if that takes longer than the window deadline
-        (a hung source; the load itself runs on, and a later read waits for it again)."""
+        """Window k, loaded: `Timeout` (ETIMEDOUT) if that takes longer than the window deadline.
+        The log line says why: a read still in line for memory names memory pressure (the limit
+        and what holds it, `WindowCache.pressure`); a load that did not end, the source (the
+        load itself runs on, and a later read waits for it again)."""
         deadline = self.views.workers.window_deadline
+        windows = self.windows
+        loading = False
         with trio.move_on_after(deadline):
-            return await self.windows.acquire(ref.key, ref.nbytes, ref.loader, ref.work)
+            await windows.room(ref.key, ref.nbytes, ref.work)
+            loading = True
+            slot = windows.pin(ref.key, ref.nbytes, ref.loader, ref.work)
+            try:
+                await windows.wait(slot)
+            except BaseException:
+                windows.release(slot)
+                raise
+            return slot
+        if not loading:
+            raise MemoryWait(f"window {k} of {node.relpath}", deadline, windows.pressure())
         log.error("window %d of %s not loaded within %g s (is the source hung?): the read gets ETIMEDOUT",
                   k, node.relpath, deadline)
         raise Timeout(f"window {k} of {node.relpath}", deadline)

@@ -75,3 +75,51 @@ def test_a_read_on_a_hung_source_ends_at_the_window_deadline(tmp_path: Path) -> 
     code, again = trio.run(main)
     assert code == errno.ETIMEDOUT
     assert again == whole[far: far + 10]
+
+
+def test_a_read_that_waits_for_memory_past_the_deadline_names_memory_pressure(tmp_path: Path) -> None:
+    """Three handles hold the three windows that fit and keep reading them; a fourth handle's read
+    waits for memory past the window deadline: ETIMEDOUT, and the log line and the path's error
+    name memory pressure (the limit, what holds it), not the source.
+    Holds: SEMANTICS.md#memory-fair, SEMANTICS.md#deadlines-window"""
+    src = tmp_path / "src"
+    src.mkdir()
+    # records of 1 KB: a window's load works with little memory besides the window, so three fit
+    (src / "a.jsonl").write_bytes(b"".join(b'{"id": %d, "pad": "%s"}\n' % (i, b"x" * 1000) for i in range(300)))
+    cfg = MountConfig(src, tmp_path / "mnt", spec=ShuffleSpec(strategy="corgipile", **SPEC), cache_dir=tmp_path / "c")
+
+    async def main() -> tuple[int, str]:
+        cat = Catalog(cfg)
+        cat.workers.window_deadline = 0.5
+        try:
+            async with trio.open_nursery() as nursery:
+                cat.start(nursery)
+                node = await lookup(cat, "a.jsonl")
+                handles = [await cat.open(node) for _ in range(4)]
+                starts = node.layout.window_starts
+                assert len(starts) > 5
+                done = trio.Event()
+
+                async def keep_reading(h: Any, k: int) -> None:
+                    while not done.is_set():  # a reader still at work in its window
+                        await cat.read(h, int(starts[k]), 10)
+                        await trio.sleep(0.02)
+
+                for k, h in enumerate(handles[:3]):
+                    await cat.read(h, int(starts[k]), 10)
+                    nursery.start_soon(keep_reading, h, k)
+                with trio.fail_after(10), pytest.raises(Reply) as e:
+                    await cat.read(handles[3], int(starts[3]), 10)
+                done.set()
+                for h in handles:
+                    cat.release(h)
+                nursery.cancel_scope.cancel()
+            return e.value.errno, cat.stats.last_errors[-1]
+        finally:
+            cat.stopping()
+            cat.shutdown()
+
+    code, line = trio.run(main)
+    assert code == errno.ETIMEDOUT
+    assert "no memory for window 3 of a.jsonl" in line and "memory pressure" in line, line
+    assert "3 held by open handles" in line and "source" not in line, line

@@ -7,10 +7,12 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
 import trio
+import trio.testing
 
 from shufflefs.windows.cache import HOLD_IDLE, WINDOWS, WindowCache
 
@@ -220,5 +222,40 @@ def test_buffers_are_faulted_in_ahead_and_used_by_the_first_loads():
         await trio.sleep(0.2)
         assert cache.limit == WINDOWS * 2 * W and cache.resident + cache.pooled <= cache.limit
         assert any(b.nbytes == 2 * W for b in cache._free)
+
+    run(test)
+
+
+def test_reads_waiting_for_memory_are_served_in_order():
+    """Three handles hold the three windows that fit and keep reading them; a fourth read waits.
+    When a holder moves on to its next window, the window it let go goes to the read that waited,
+    never back to the holder that asks again at once: the holder now waits behind it, and every
+    read gets memory in the order it asked, however often windows land meanwhile.
+    Holds: SEMANTICS.md#memory-fair"""
+    async def test(cache: WindowCache) -> None:
+        loads = Loads()
+        held = [await read(cache, k, loads, hold=True) for k in range(3)]
+        granted: list[int] = []  # windows in the order they got memory (and started loading)
+        pin = cache.pin
+        cache.pin = lambda key, *args: (granted.append(key[1]), pin(key, *args))[1]
+
+        async def reader(k: int, let_go: Any = None) -> None:
+            if let_go is not None:
+                cache.unhold(let_go)  # as `serve.reads` does: let go, then ask for the next window
+            slot = await read(cache, k, loads, hold=True)
+            await trio.sleep(0.01)
+            cache.unhold(slot)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader, 10)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not granted  # the memory is held by handles still reading
+            for slot in held:
+                slot.used = trio.current_time()
+            for i, slot in enumerate(held):  # each holder moves on to its next window
+                nursery.start_soon(reader, 3 + i, slot)
+                await trio.testing.wait_all_tasks_blocked()  # it has asked for memory
+        assert granted == [10, 3, 4, 5], granted
+        assert cache.revoked == 0 and cache.over_limit == 0 and within(cache)
 
     run(test)
