@@ -85,15 +85,16 @@ CHANGES: dict[str, Callable[[Path], bytes | None]] = {
 
 def file_of_view(got: bytes, size: int) -> bytes:
     """The file a whole view of numbered records of ``size`` bytes was read from: its records in
-    id order, then at most one cut record (the file ended inside it) without the newline the view
-    adds to a last line that lacks one (formats/lines.py).  AssertionError if ``got`` holds a
-    record twice or more than one cut record."""
+    id order, then at most one cut record (the file ended inside it), which the view gives last
+    as it is, without a newline (SEMANTICS.md#views-torn).  AssertionError if ``got`` holds a
+    record twice, more than one cut record or one before other records."""
     lines = got.splitlines(keepends=True)
     whole = sorted((line for line in lines if len(line) == size and line.endswith(b"}\n")), key=lambda r: r[7:13])
     cut = [line for line in lines if not (len(line) == size and line.endswith(b"}\n"))]
     assert len({r[7:13] for r in whole}) == len(whole), "a record twice"
-    assert len(cut) <= 1 and all(line.endswith(b"\n") for line in cut), f"a damaged record: {cut[:2]}"
-    return b"".join(whole) + b"".join(line[:-1] for line in cut)
+    assert len(cut) <= 1 and all(not line.endswith(b"\n") for line in cut), f"a damaged record: {cut[:2]}"
+    assert not cut or lines[-1] is cut[0], "a cut record before other records"
+    return b"".join(whole) + b"".join(cut)
 
 
 def churn_state(got: bytes, old: bytes, new: bytes, cut: int) -> str:
@@ -191,11 +192,11 @@ def test_a_remount_with_the_same_cache_indexes_the_new_version(mount, change):
 
 def test_a_file_cut_mid_record_is_served_as_the_view_of_the_cut_file(mount):
     """A file cut mid-record while mounted (as the churn test cuts it) and opened again is the
-    view of the cut file: its whole records and the cut one, ending in the newline the view adds.
+    view of the cut file: its whole records and the cut one last, without a newline.
     `churn_state` takes exactly that read, and refuses a read mixing the records of two
     versions, holding a damaged record or a record twice, or missing one.
 
-    Holds: SEMANTICS.md#changes-new-open, SEMANTICS.md#views-size"""
+    Holds: SEMANTICS.md#changes-new-open, SEMANTICS.md#views-size, SEMANTICS.md#views-torn"""
     pad = b"x" * 150
     old = b"".join(b'{"id": %06d, "v": "old", "p": "%s"}\n' % (i, pad) for i in range(30000))
     new = old.replace(b'"old"', b'"new"')
@@ -206,16 +207,16 @@ def test_a_file_cut_mid_record_is_served_as_the_view_of_the_cut_file(mount):
     os.truncate(m.src / "a.jsonl", cut)
     got = read_all(m.path("a.jsonl"))
     assert isinstance(got, bytes), f"errno {got}"
-    assert records(got) == records(old[:cut] + b"\n") and churn_state(got, old, new, cut) == "cut"
+    assert records(got) == records(old[:cut]) and churn_state(got, old, new, cut) == "cut"
     lines = got.splitlines(keepends=True)
     size = old.index(b"\n") + 1
-    assert [line for line in lines if not line.endswith(b"}\n")] == [old[cut - cut % size: cut] + b"\n"]
+    assert [line for line in lines if not line.endswith(b"}\n")] == [old[cut - cut % size: cut]] == lines[-1:]
 
     i = next(i for i, line in enumerate(lines) if line.startswith(b'{"id": 000100,'))
     wrong = {
         "two versions": lines[:i] + [lines[i].replace(b'"old"', b'"new"')] + lines[i + 1:],
         "a damaged record": lines[:i] + [lines[i][:40] + b"\n"] + lines[i + 1:],
-        "a record twice": lines + [lines[i]],
+        "a record twice": lines[:-1] + [lines[i]] + lines[-1:],
         "missing": lines[:i] + lines[i + 1:],
     }
     for why, damaged in wrong.items():
@@ -228,7 +229,7 @@ def test_a_file_cut_and_rewritten_under_record_level_copies_never_ends_the_daemo
     copies from it faults (SIGBUS) in the daemon.  Readers read epoch after epoch while another
     thread cuts the file (mid-record) and writes it back, again and again: every read is the
     whole view of one state the file was in (`churn_state`: whole, cut short with its cut record
-    ending in the newline the view adds, or part written) or an errno, the daemon lives on, and
+    last, or part written) or an errno, the daemon lives on, and
     once the churn stops the view serves the file exactly.
 
     Holds: SEMANTICS.md#changes-version, SEMANTICS.md#changes-open-estale"""

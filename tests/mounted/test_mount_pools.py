@@ -66,8 +66,11 @@ def pooled_reference(files: dict[str, bytes], names: list[str], strategy: str, e
     """What output shard i must hold, from the pure layers alone (no mount)."""
     fmt = make_format("lines")
     members = [fmt.scan(np.frombuffer(files[n], np.uint8), n) for n in names]
-    pool = PooledIndex(members)
+    base = PooledIndex(members)
+    pool = base.torn_last()  # a member's last line without its newline ends the stream
     data = b"".join(files[n][m.header_end: m.trailer_start] for n, m in zip(names, members))
+    b = base.bounds
+    data = b"".join(data[b[f]: b[f + c]] for f, c in zip(pool.seg_base.tolist(), np.diff(pool.member_firsts).tolist()))
     spec = ShuffleSpec(strategy=strategy, seed=SEED, block_size=parse_size(BLOCK), buffer=parse_buffer(BUFFER))
     stream = make_plan(pool, spec, epoch, rank, world)
     edges = slice_edges(int(stream.window_records.sum()), len(names))
