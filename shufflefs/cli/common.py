@@ -9,12 +9,13 @@ from ..config import (
     STATS_XATTR,
 )
 from ..mount import control
+from ..strategies.base import OBJECT_BLOCK
 
 PROG = "shufflefs"
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 
-REMOTE_BLOCK = 8 << 20
+REMOTE_BLOCK = OBJECT_BLOCK
 """``--block-size`` of an object-store source when none is given: a ranged GET costs a round trip
 (tens of ms), so blocks are large enough that the transfer, not the latency, dominates."""
 

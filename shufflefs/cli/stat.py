@@ -50,6 +50,10 @@ def format_stats(stats: dict) -> str:
     floor, floor_note = take("block_floor", None), take("block_floor_note", None)
     if floor is not None:
         lines.append(("block floor", f"{_human(int(floor))}: {floor_note}"))
+    for got in take("effective", None) or []:  # what another node must match to show the same bytes
+        block = f"block_size={_param('block_size', got['block_size'])}  " if got.get("block_size") is not None else ""
+        lines.append(("effective", f"{block}buffer={_param('buffer', got['buffer_bytes'])}  ({got['files']} "
+                                   f"file(s) or pool(s) planned so far)"))
     rank, world, even = take("rank", None), take("world", None), take("even", "none")
     balance, field, level = take("balance", False), take("balance_field", None), take("random_level", 0.0)
     if world is not None and world != 1:

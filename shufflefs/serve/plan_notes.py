@@ -4,6 +4,7 @@ few blocks), and the checks a pool's files must pass before they are joined."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import Any
 
 from ..errors import FormatError
@@ -11,7 +12,9 @@ from ..formats.npy import row_kind
 from ..index.table import RecordIndex
 from ..sources.base import Store
 from ..strategies.base import (
+    BLOCK_ORDERS,
     BLOCK_STRATEGIES,
+    BUFFER_ORDERS,
     BUFFER_BLOCKS,
     FEW_BLOCKS,
     MIX_ASSUMPTION,
@@ -22,6 +25,9 @@ from ..strategies.base import (
 
 log = logging.getLogger("shufflefs")
 
+EFFECTIVE_NAMES = 100_000
+"""Files (or pools) whose effective block size and buffer are kept for ``shufflefs stat``."""
+
 
 class PlanNotes:
     """Files (or pools) of few blocks and of buffers of few blocks, each warned about once and
@@ -31,10 +37,21 @@ class PlanNotes:
         self.spec = spec
         self.few_blocks: dict[str, int] = {}  # files with fewer than FEW_BLOCKS of a size the user set
         self.small_buffers: dict[str, dict] = {}  # files whose buffer holds fewer than BUFFER_BLOCKS blocks
+        self.effective: dict[str, tuple[int | None, int]] = {}  # file -> (block size, buffer bytes) of its order
 
     def note(self, name: str, index: RecordIndex, parts: int = 1) -> None:
         self._few_blocks(name, index)
         self._small_buffer(name, index, parts)
+        if self.spec.strategy in BUFFER_ORDERS and name not in self.effective and len(self.effective) < EFFECTIVE_NAMES:
+            block = effective_block_size(self.spec, index.data_bytes) if self.spec.strategy in BLOCK_ORDERS else None
+            self.effective[name] = (block, self.spec.buffer_bytes(max(1, index.data_bytes)))
+
+    def effective_counts(self) -> list[dict]:
+        """The block sizes and buffers the files planned so far are shuffled with, and how many
+        files each (the block size is per file under ``--block-size auto``): what two nodes must
+        share to show the same bytes."""
+        counts = Counter(self.effective.values())
+        return [{"block_size": b, "buffer_bytes": f, "files": n} for (b, f), n in counts.most_common()]
 
     def _few_blocks(self, name: str, index: RecordIndex) -> None:
         """A file (or pool) of fewer than `FEW_BLOCKS` blocks, which block orders barely shuffle:

@@ -27,16 +27,10 @@ from ..config import (
 )
 from ..errors import ShuffleError
 from ..index.table import default_cache_dir
-from ..strategies.base import (
-    AUTO_BLOCK_FLOOR,
-    BLOCK_STRATEGIES,
-    MIX_ASSUMPTION,
-    RUNS_ASSUMPTION,
-    buffer_label_mix,
-    runs_label_mix,
-)
+from ..strategies.base import AUTO_BLOCK_FLOOR
 from ..strategies.resume import ResumeError, ResumeState
 from ..windows.view import GATHER
+from . import order_info
 from .catalog import Catalog
 from .nodes import DIR, FILE, ROOT, VIEW, Node, Reply
 from .stats import fit as fit_stats
@@ -111,19 +105,12 @@ async def get(cat: Catalog, node: Node, name: bytes) -> bytes:
         "view_records": int(plan.window_records.sum()),
         "format": node.fmt.name,
         "format_params": node.fmt.params(),
-        "block_size": plan.spec.block_size,
         "block_size_auto": spec.block_size is None,
         "buffer": format_buffer(spec.buffer),
         "source_size": node.stamp.size,
         "view_size": node.size,
     }
-    if spec.strategy in BLOCK_STRATEGIES and node.index is not None and node.index.data_bytes > 0:
-        blocks, mix = buffer_label_mix(spec, node.index.data_bytes, node.parts)
-        info.update(blocks_per_buffer=blocks, expected_label_mix=round(mix, 3),
-                    expected_label_mix_for=MIX_ASSUMPTION)
-        if spec.strategy == "stratified":
-            info.update(expected_label_mix_runs=round(runs_label_mix(spec, node.index.data_bytes, node.parts), 3),
-                        expected_label_mix_runs_for=RUNS_ASSUMPTION)
+    info.update(await order_info.fields(cat, node, plan))  # effective block size and buffer, label mix
     if node.pool is not None:
         info.update(pool=node.pool.pool.key, pool_shards=node.pool.shards, pool_declared=node.pool.pool.declared)
         if node.pool.mix is not None:
@@ -215,6 +202,7 @@ def describe(cat: Catalog) -> dict[str, Any]:
         **({"block_floor": spec.block_floor or AUTO_BLOCK_FLOOR, "block_floor_note": config.block_floor_note
             or f"the default ({AUTO_BLOCK_FLOOR >> 10} KiB): no measurement of the device"}
            if spec.block_size is None else {}),
+        effective=cat.planner.notes.effective_counts(),
         few_blocks=dict(cat.planner.notes.few_blocks),
         small_buffers=dict(cat.planner.notes.small_buffers),
         buffer=format_buffer(spec.buffer),

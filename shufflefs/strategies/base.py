@@ -96,8 +96,16 @@ def effective_block_size(spec: ShuffleSpec, data_bytes: int) -> int:
     return int(max(spec.page_size, size))
 
 
+OBJECT_BLOCK = 8 * MiB
+"""The block size a mount of object storage takes for ``--block-size auto``: one ranged GET per
+block, where 128 KiB blocks read a third as fast over a 30 ms link (`tools/s3_latency.py`)."""
+
 BLOCK_STRATEGIES = ("block", "corgipile", "stratified")
 """The strategies whose windows are buffers of whole blocks: blocks per buffer set their mix."""
+BLOCK_ORDERS = (*BLOCK_STRATEGIES, "pls")
+"""The strategies whose order depends on the block size."""
+BUFFER_ORDERS = (*BLOCK_ORDERS, "window")
+"""The strategies whose order depends on the buffer."""
 BUFFER_BLOCKS = 64
 """Below this many blocks per buffer, block and corgipile mix labels poorly (a warning)."""
 MIX_LABELS = 10
@@ -136,6 +144,50 @@ def runs_label_mix(spec: ShuffleSpec, data_bytes: int, parts: int = 1) -> float:
 
     n, blocks = _buffer_and_file_blocks(spec, data_bytes, parts)
     return 0.0 if n >= blocks else expected_block_mix_tv(n, MIX_LABELS)
+
+
+MIX_WINDOW = 1000
+"""Records per stretch of the label mix a view reports (`order_label_mix`), as ``shufflefs
+inspect --window 1000`` measures it (and ``shufflefs advise --target-mix`` targets it)."""
+MIX_RECORDS = 1 << 21
+"""A view's label mix is measured over at most this many of its first records (whole windows)."""
+ORDER_MIX_FOR = (f"label mix TV per {MIX_WINDOW:,} records of this view, for {MIX_LABELS} equally common labels "
+                 "in source order (a sorted file), as 'shufflefs inspect --window 1000' measures it")
+RUNS_MIX_FOR = (f"label mix TV per {MIX_WINDOW:,} records of this view, for {MIX_LABELS} equally common labels "
+                "in one-label blocks in random order")
+
+
+def order_label_mix(plan: "Plan", runs: bool = False, window: int = MIX_WINDOW,
+                    most: int = MIX_RECORDS) -> dict[str, float | int]:
+    """What the plan's order really gives a file whose records carry `MIX_LABELS` equally
+    common labels in source order (record i of n: label ``i * L // n``), or with ``runs`` in
+    one-label blocks in a seeded random order: `quality.label_mix_tv` per ``window`` records of
+    the epoch's view, over its first windows up to ``most`` records; and what a uniform shuffle
+    of those records is expected to get.  A file of one block under ``block`` is its source
+    order, and scores so, where the mix of its one buffer would be 0."""
+    from ..quality.metrics import expected_label_mix_tv, label_mix_tv
+
+    got, taken = [], 0
+    for k in range(plan.n_windows):
+        if taken >= most:
+            break
+        ids = np.asarray(plan.window(k), dtype=np.int64)
+        got.append(ids)
+        taken += len(ids)
+    ids = np.concatenate(got) if got else np.zeros(0, np.int64)
+    n = max(1, int(plan.index.n))
+    if runs:
+        firsts = np.asarray(plan.index.unit_firsts(plan.spec.block_size), dtype=np.int64)
+        blocks = max(1, len(firsts) - 1)
+        block_label = rng(0, blocks, 0x6c61).permutation(blocks) * MIX_LABELS // blocks
+        labels = block_label[np.clip(np.searchsorted(firsts, ids, side="right") - 1, 0, blocks - 1)]
+    else:
+        labels = ids * MIX_LABELS // n
+    if len(ids) == 0:
+        return {"mix": 0.0, "uniform": 0.0, "records": 0}
+    mix = label_mix_tv(np.arange(len(ids)), labels, window)
+    uniform = expected_label_mix_tv(np.bincount(labels, minlength=MIX_LABELS), window)
+    return {"mix": float(mix), "uniform": float(uniform), "records": int(len(ids))}
 
 
 def _buffer_and_file_blocks(spec: ShuffleSpec, data_bytes: int, parts: int) -> tuple[int, int]:

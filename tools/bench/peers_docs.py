@@ -166,8 +166,8 @@ def section(peers, argv: list[str]) -> list[str]:
             continue
         mnt = "" if r.spec.mount is None else f"`shufflefs mount {' '.join(r.spec.mount) or '(no shuffle options)'}`"
         info = r.out.get("info") or {}
-        extra = f" (view: {_strategy(r)}; expected label mix of its buffer {info['expected_label_mix']})" \
-            if info.get("expected_label_mix") is not None else (f" (view: {_strategy(r)})" if mnt else "")
+        extra = f" (view: {_strategy(r)}; expected label mix of its buffer {info['buffer_label_mix']})" \
+            if info.get("buffer_label_mix") is not None else (f" (view: {_strategy(r)})" if mnt else "")
         note = f"; {r.out['notes']}" if r.out.get("notes") else ""
         out.append(f"- {r.spec.name}: {mnt + ', ' if mnt else ''}{r.out.get('config', '')}{extra}{note}.")
     out += ["", "litdata and MosaicML Streaming: litdata installs into the main venv (`pip install litdata`; "
