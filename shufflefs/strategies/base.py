@@ -150,7 +150,7 @@ MIX_WINDOW = 1000
 """Records per stretch of the label mix a view reports (`order_label_mix`), as ``shufflefs
 inspect --window 1000`` measures it (and ``shufflefs advise --target-mix`` targets it)."""
 MIX_RECORDS = 1 << 21
-"""A view's label mix is measured over at most this many of its first records (whole windows)."""
+"""A view's label mix is measured over its first whole windows until they hold this many records."""
 ORDER_MIX_FOR = (f"label mix TV per {MIX_WINDOW:,} records of this view, for {MIX_LABELS} equally common labels "
                  "in source order (a sorted file), as 'shufflefs inspect --window 1000' measures it")
 RUNS_MIX_FOR = (f"label mix TV per {MIX_WINDOW:,} records of this view, for {MIX_LABELS} equally common labels "
@@ -162,7 +162,7 @@ def order_label_mix(plan: "Plan", runs: bool = False, window: int = MIX_WINDOW,
     """What the plan's order really gives a file whose records carry `MIX_LABELS` equally
     common labels in source order (record i of n: label ``i * L // n``), or with ``runs`` in
     one-label blocks in a seeded random order: `quality.label_mix_tv` per ``window`` records of
-    the epoch's view, over its first windows up to ``most`` records; and what a uniform shuffle
+    the epoch's view, over its first windows until they hold ``most`` records; and what a uniform shuffle
     of those records is expected to get.  A file of one block under ``block`` is its source
     order, and scores so, where the mix of its one buffer would be 0."""
     from ..quality.metrics import expected_label_mix_tv, label_mix_tv
