@@ -2,4 +2,6 @@
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("shufflefs._gather", ["shufflefs/_gather.c"], optional=True)])
+SOURCES = ["shufflefs/_gather.c", "shufflefs/_mapped.c", "shufflefs/_framing.c"]
+setup(ext_modules=[Extension("shufflefs._gather", SOURCES, depends=["shufflefs/_gather.h", "shufflefs/_framing.h"],
+                             optional=True)])

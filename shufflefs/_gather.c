@@ -1,11 +1,13 @@
 /* The one compiled piece of shufflefs: building windows of shuffled records with the GIL
    released.  numpy has no variable-length gather; the fallbacks in layout.py and view.py compute
-   the same bytes, several times slower.
+   the same bytes, several times slower.  This file has the module and the window builds from
+   descriptors; _mapped.c the copies from mappings; _framing.c the checks of every record.
 
    gather(out, src, out_pos, src_pos, lengths)
        out[out_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]] for all i.
 
-   build_window(out, scratch, bounds, ids, run_first, run_count, run_fd, run_shift, newline_ids)
+   build_window(out, scratch, bounds, ids, run_first, run_count, run_fd, run_shift, newline_ids
+                [, kind, member_first, local_fd, report, unterminated])
        Builds the window of records ``ids`` (in view order; record i is bytes
        [bounds[i], bounds[i+1]) of its file) in ``out`` by reading the files once, in ascending
        order.  ``run_first``/``run_count`` give the same records as ascending runs of consecutive
@@ -16,9 +18,16 @@
        is still in the CPU cache; a record larger than the scratch is read straight into place.
        The records ``newline_ids`` (sorted) get a newline after them in the view.  Returns the
        window size, or ``(run, file offset)`` if the file of that run ended early at that offset
-       (it shrank: the caller reports it).
+       (it shrank: the caller reports it).  With a framing ``kind`` (_framing.h) every record is
+       checked whole while it is in the scratch (`frame_record`), and a tar sample's key against
+       the next record's in its member (``member_first``: the first record of every member,
+       sorted; that record is read for it at the end of a run, except from ``local_fd``, a stage
+       holding records out of their file's order); the first record found wrong stops the build
+       with ``report`` (int64[2]) = (record id, reason), else (-1, 0).  ``unterminated``
+       (sorted): the records that are lines without their newline.
 
-   gather_mapped(out, maps, bounds, ids, member_first, member_map, member_shift, newline_ids)
+   gather_mapped(out, maps, bounds, ids, member_first, member_map, member_shift, newline_ids
+                 [, kind, report, unterminated])
        Copies records ``ids`` in view order from mappings of their files to the front of
        ``out``, one after the other: record x lies in the member m whose ``member_first[m]`` is
        the last <= x (sorted, starting at 0), at offset ``bounds[x] + member_shift[m]`` of the
@@ -27,7 +36,14 @@
        after it.  Returns the bytes written, or ``(i, file offset)`` when the mapping of ids[i]
        faulted (SIGBUS: its file shrank).  Each record is checked (inside the bounds, the
        mapping and ``out``) just before it is copied; bad input raises with ``out`` partly
-       written, which the caller discards.
+       written, which the caller discards.  ``kind`` and ``report`` as for build_window: each
+       record is checked as it is copied, a tar sample against the next record of its member
+       in the mapping.
+
+   check_window(window, kind, bounds, ids, newline_ids, report, unterminated[, keys])
+       The same checks over a window built elsewhere (records ``ids`` one after the other, a
+       newline after those in ``newline_ids``); ``keys`` (uint64, one per id): each tar
+       sample's key, so the caller can compare neighbours within the window.
 
    Mapping(fd, length)
        A read-only mapping of a file (MADV_RANDOM), a buffer, unmapped when last referenced;
@@ -39,20 +55,17 @@
 
    Except in gather_mapped, every id, run and position is checked before any byte is read or
    copied; bad input raises ValueError or IndexError. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_gather.h"
+
 #include <errno.h>
-#include <setjmp.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-static int check_i64(Py_buffer *b, Py_ssize_t n, const char *name) {
+#include "_framing.h"
+
+int sf_check_i64(Py_buffer *b, Py_ssize_t n, const char *name) {
     if (b->len % 8 || (n >= 0 && b->len / 8 != n)) {
         PyErr_Format(PyExc_ValueError, "%s must be an int64 array of the right size", name);
         return -1;
@@ -65,7 +78,7 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "w*y*y*y*y*", &out, &src, &opos, &spos, &lens)) return NULL;
     PyObject *ret = NULL;
     Py_ssize_t n = lens.len / 8;
-    if (check_i64(&lens, -1, "lengths") || check_i64(&opos, n, "out_pos") || check_i64(&spos, n, "src_pos"))
+    if (sf_check_i64(&lens, -1, "lengths") || sf_check_i64(&opos, n, "out_pos") || sf_check_i64(&spos, n, "src_pos"))
         goto done;
     const int64_t *o = opos.buf, *s = spos.buf, *l = lens.buf;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -102,22 +115,8 @@ static int pread_full(int fd, char *buf, int64_t n, int64_t off, int64_t *at) {
     return 0;
 }
 
-/* SIGBUS from a mapping whose file shrank: jump out of the copy that faulted (on its own thread) */
-static __thread sigjmp_buf *volatile bus_guard;  /* volatile: the stores around the copy must stay */
-static struct sigaction bus_previous;
-
-static void on_bus(int sig, siginfo_t *info, void *ctx) {
-    sigjmp_buf *g = bus_guard;
-    if (g) siglongjmp(*g, 1);
-    /* not a guarded copy: put the previous handler back; the faulting access repeats and meets it */
-    sigaction(SIGBUS, &bus_previous, NULL);
-    (void)sig; (void)info; (void)ctx;
-}
-
-#define PREFETCH_RUNS 8
-
 /* index of the last element of sorted a[0..n) that is <= x, or -1 */
-static Py_ssize_t last_le(const int64_t *a, Py_ssize_t n, int64_t x) {
+Py_ssize_t sf_last_le(const int64_t *a, Py_ssize_t n, int64_t x) {
     Py_ssize_t lo = -1, hi = n;
     while (hi - lo > 1) {
         Py_ssize_t mid = (lo + hi) / 2;
@@ -126,17 +125,91 @@ static Py_ssize_t last_le(const int64_t *a, Py_ssize_t n, int64_t x) {
     return lo;
 }
 
+/* ------------------------------------------------------------------ framing (_framing.c) */
+
+#define LEAD_BYTES 4096  /* read of the record after a run: its first tar headers */
+
+int sf_gains_nl(const int64_t *nl, Py_ssize_t NL, int64_t x) {
+    if (!NL) return 0;
+    Py_ssize_t j = sf_last_le(nl, NL, x);
+    return j >= 0 && nl[j] == x;
+}
+
+/* the first record of the member after the one holding record x (nrec after the last) */
+static int64_t member_end(const int64_t *mf, Py_ssize_t NMF, int64_t nrec, int64_t x) {
+    Py_ssize_t m = NMF ? sf_last_le(mf, NMF, x) : -1;
+    return m + 1 < NMF ? mf[m + 1] : nrec;
+}
+
+/* consecutive records of one run, checked in source order: each whole, and no tar sample with
+   the key of the one before it in its member */
+typedef struct {
+    int kind;
+    int have;  /* prev is the key of the record before this one, in its member */
+    uint64_t prev;
+    int64_t edge;
+    const int64_t *mf;
+    Py_ssize_t NMF;
+    int64_t nrec;
+} run_frames;
+
+static int frame_next(run_frames *f, const unsigned char *r, int64_t len, int open, int64_t y) {
+    uint64_t key = 0;
+    int why = frame_record(f->kind, r, len, open, &key);
+    if (why || f->kind != FRAME_TAR) return why;
+    if (y >= f->edge) {
+        f->have = 0;
+        f->edge = member_end(f->mf, f->NMF, f->nrec, y);
+    }
+    if (f->have && key == f->prev) return frame_split();
+    f->prev = key;
+    f->have = 1;
+    return 0;
+}
+
+/* pread up to n bytes (fewer at the end of the file); -1 on an error */
+static int64_t pread_some(int fd, char *buf, int64_t n, int64_t off) {
+    int64_t got = 0;
+    while (got < n) {
+        ssize_t k = pread(fd, buf + got, (size_t)(n - got), (off_t)(off + got));
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) break;
+        got += k;
+    }
+    return got;
+}
+
+int sf_framing_args(int kind, Py_buffer *report) {
+    if (kind < 0 || kind >= FRAME_KINDS) {
+        PyErr_Format(PyExc_ValueError, "no framing kind %d", kind);
+        return -1;
+    }
+    if (kind && (report->buf == NULL || report->len < 16 || report->readonly)) {
+        PyErr_SetString(PyExc_ValueError, "a framing check needs a writable int64[2] report");
+        return -1;
+    }
+    if (report->buf && report->len >= 16) {
+        ((int64_t *)report->buf)[0] = -1;
+        ((int64_t *)report->buf)[1] = 0;
+    }
+    return 0;
+}
+
 static PyObject *build_window(PyObject *self, PyObject *args) {
-    Py_buffer out, scratch, bounds, idsb, rfirst, rcount, rfd, rshift, nlb;
-    if (!PyArg_ParseTuple(args, "w*w*y*y*y*y*y*y*y*", &out, &scratch, &bounds, &idsb, &rfirst, &rcount, &rfd,
-                          &rshift, &nlb))
+    Py_buffer out, scratch, bounds, idsb, rfirst, rcount, rfd, rshift, nlb, mfb = {0}, rep = {0}, utb = {0};
+    int kind = 0, local_fd = -1;
+    if (!PyArg_ParseTuple(args, "w*w*y*y*y*y*y*y*y*|iy*iw*y*", &out, &scratch, &bounds, &idsb, &rfirst, &rcount, &rfd,
+                          &rshift, &nlb, &kind, &mfb, &local_fd, &rep, &utb))
         return NULL;
     PyObject *ret = NULL;
     int64_t *dst = NULL, *rrank = NULL;
-    Py_ssize_t n = idsb.len / 8, R = rfirst.len / 8, nrec = bounds.len / 8 - 1, NL = nlb.len / 8;
-    if (check_i64(&bounds, -1, "bounds") || check_i64(&idsb, -1, "ids") || check_i64(&rfirst, -1, "run_first")
-        || check_i64(&rcount, R, "run_count") || check_i64(&rfd, R, "run_fd") || check_i64(&rshift, R, "run_shift")
-        || check_i64(&nlb, -1, "newline_ids"))
+    Py_ssize_t n = idsb.len / 8, R = rfirst.len / 8, nrec = bounds.len / 8 - 1, NL = nlb.len / 8, NMF = mfb.len / 8,
+               NUT = utb.len / 8;
+    if (sf_check_i64(&bounds, -1, "bounds") || sf_check_i64(&idsb, -1, "ids") || sf_check_i64(&rfirst, -1, "run_first")
+        || sf_check_i64(&rcount, R, "run_count") || sf_check_i64(&rfd, R, "run_fd") || sf_check_i64(&rshift, R, "run_shift")
+        || sf_check_i64(&nlb, -1, "newline_ids") || sf_check_i64(&mfb, -1, "member_first")
+        || sf_check_i64(&utb, -1, "unterminated") || sf_framing_args(kind, &rep))
         goto done;
     if (nrec < 0 || scratch.len < 1) {
         PyErr_SetString(PyExc_ValueError, "need bounds of at least one element and a scratch buffer");
@@ -179,7 +252,7 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
     int64_t pos = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t x = ids[i];
-        Py_ssize_t lo = last_le(rf, R, x);
+        Py_ssize_t lo = sf_last_le(rf, R, x);
         if (lo < 0 || x >= rf[lo] + rc[lo] || dst[rrank[lo] + x - rf[lo]] != -1) {
             PyErr_Format(PyExc_IndexError, "id %lld at %zd is not a record of the runs, or repeated", (long long)x, i);
             goto done;
@@ -192,7 +265,7 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
         dst[rrank[lo] + x - rf[lo]] = pos;
         pos += len;
         if (NL) {
-            Py_ssize_t j = last_le(nl, NL, x);
+            Py_ssize_t j = sf_last_le(nl, NL, x);
             pos += j >= 0 && nl[j] == x;
         }
     }
@@ -200,18 +273,20 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_IndexError, "window of %lld bytes does not fit the output buffer", (long long)pos);
         goto done;
     }
-    int err = 0;
-    int64_t short_at = -1;
+    int err = 0, bad = 0;
+    int64_t short_at = -1, bad_id = -1;
     Py_ssize_t short_run = -1;
+    const int64_t *mf = mfb.buf, *ut = utb.buf;
     Py_BEGIN_ALLOW_THREADS
     char *ob = out.buf, *sb = scratch.buf;
     const int64_t cap = scratch.len;
-    for (Py_ssize_t r = 0; r < R && !err; r++) {
+    for (Py_ssize_t r = 0; r < R && !err && !bad; r++) {
         int64_t x = rf[r], end = rf[r] + rc[r], sh = shift[r];
         int fd = (int)fds[r];
         const int64_t *d = dst + rrank[r] - rf[r];  /* d[y] = view position of record y */
+        run_frames f = {kind, 0, 0, member_end(mf, NMF, nrec, x), mf, NMF, nrec};
         short_run = r;
-        while (x < end && !err) {
+        while (x < end && !err && !bad) {
             int64_t a = x, size = 0;
             while (x < end && size + (b[x + 1] - b[x]) <= cap) {
                 size += b[x + 1] - b[x];
@@ -219,19 +294,36 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
             }
             if (x == a) {  /* one record larger than the scratch: read it in place */
                 err = pread_full(fd, ob + d[a], b[a + 1] - b[a], b[a] + sh, &short_at);
+                if (!err && kind && (bad = frame_next(&f, (unsigned char *)ob + d[a], b[a + 1] - b[a],
+                                                      sf_gains_nl(ut, NUT, a), a)))
+                    bad_id = a;
                 x++;
                 continue;
             }
             err = pread_full(fd, sb, size, b[a] + sh, &short_at);
             if (err) break;
             for (int64_t y = a, p = 0; y < x; y++) {
+                if (kind && (bad = frame_next(&f, (unsigned char *)sb + p, b[y + 1] - b[y], sf_gains_nl(ut, NUT, y), y))) {
+                    bad_id = y;
+                    break;
+                }
                 memcpy(ob + d[y], sb + p, (size_t)(b[y + 1] - b[y]));
                 p += b[y + 1] - b[y];
             }
         }
+        if (!err && !bad && f.have && end < f.edge && fd != local_fd) {
+            /* the record after the run, in its member: a tar sample must not go on there */
+            int64_t len = b[end + 1] - b[end], want = len < LEAD_BYTES ? len : LEAD_BYTES;
+            int64_t got = pread_some(fd, sb, want < cap ? want : cap, b[end] + sh);
+            uint64_t k;
+            if (got > 0 && frame_lead_key((unsigned char *)sb, len, got, &k) == 0 && k == f.prev) {
+                bad = frame_split();
+                bad_id = end;
+            }
+        }
     }
-    for (Py_ssize_t j = 0; j < NL && !err; j++) {
-        Py_ssize_t r = last_le(rf, R, nl[j]);
+    for (Py_ssize_t j = 0; j < NL && !err && !bad; j++) {
+        Py_ssize_t r = sf_last_le(rf, R, nl[j]);
         if (r >= 0 && nl[j] < rf[r] + rc[r])
             ob[dst[rrank[r] + nl[j] - rf[r]] + b[nl[j] + 1] - b[nl[j]]] = '\n';
     }
@@ -241,265 +333,111 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
         PyErr_SetFromErrno(PyExc_OSError);
         goto done;
     }
+    if (bad) {
+        ((int64_t *)rep.buf)[0] = bad_id;
+        ((int64_t *)rep.buf)[1] = bad;
+    }
     ret = err < 0 ? Py_BuildValue("nL", short_run, (long long)short_at) : PyLong_FromLongLong(pos);
 done:
     free(dst);
     free(rrank);
     PyBuffer_Release(&out); PyBuffer_Release(&scratch); PyBuffer_Release(&bounds); PyBuffer_Release(&idsb);
     PyBuffer_Release(&rfirst); PyBuffer_Release(&rcount); PyBuffer_Release(&rfd); PyBuffer_Release(&rshift);
-    PyBuffer_Release(&nlb);
+    PyBuffer_Release(&nlb); PyBuffer_Release(&mfb); PyBuffer_Release(&rep); PyBuffer_Release(&utb);
     return ret;
 }
 
 
-/* the records of gather_mapped; 0, -1 when a mapping faulted (*fault = i), or 1 for bad input
-   (*fault = i) */
-static int copy_view_order(char *ob, Py_ssize_t olen, Py_buffer *mb, Py_ssize_t M, const int64_t *b, Py_ssize_t nrec,
-                           const int64_t *ids, Py_ssize_t n, const int64_t *mf, const int64_t *mm, const int64_t *ms,
-                           Py_ssize_t NM, const int64_t *nl, Py_ssize_t NL, int64_t *written, Py_ssize_t *fault) {
-    sigjmp_buf jb;
-    volatile Py_ssize_t i = 0;
-    volatile int64_t pos = 0;
-    if (sigsetjmp(jb, 0)) {
-        sigset_t bus;
-        bus_guard = NULL;
-        sigemptyset(&bus);
-        sigaddset(&bus, SIGBUS);
-        pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
-        *fault = i;
-        return -1;
-    }
-    bus_guard = &jb;
-    for (; i < n; i++) {
-        int64_t x = ids[i];
-        if (i + 2 * PREFETCH_RUNS < n && ids[i + 2 * PREFETCH_RUNS] >= 0 && ids[i + 2 * PREFETCH_RUNS] < nrec)
-            __builtin_prefetch(b + ids[i + 2 * PREFETCH_RUNS], 0, 0);
-        if (x < 0 || x >= nrec) break;
-        Py_ssize_t m = NM == 1 ? 0 : last_le(mf, NM, x);
-        if (m < 0 || mm[m] < 0 || mm[m] >= M) break;
-        int64_t off = b[x] + ms[m], len = b[x + 1] - b[x];
-        if (i + PREFETCH_RUNS < n) {
-            int64_t y = ids[i + PREFETCH_RUNS];
-            if (y >= 0 && y < nrec) {
-                Py_ssize_t q = NM == 1 ? 0 : last_le(mf, NM, y);
-                if (q >= 0 && mm[q] >= 0 && mm[q] < M && b[y] + ms[q] >= 0 && b[y] + ms[q] < mb[mm[q]].len)
-                    __builtin_prefetch((const char *)mb[mm[q]].buf + b[y] + ms[q], 0, 0);
-            }
-        }
-        if (len < 0 || off < 0 || off > mb[mm[m]].len - len || pos > olen - len) break;
-        memcpy(ob + pos, (const char *)mb[mm[m]].buf + off, (size_t)len);
-        pos += len;
-        if (NL) {
-            Py_ssize_t j = last_le(nl, NL, x);
-            if (j >= 0 && nl[j] == x) {
-                if (pos >= olen) break;
-                ob[pos++] = '\n';
-            }
-        }
-    }
-    bus_guard = NULL;
-    *written = pos;
-    *fault = i;
-    return i < n ? 1 : 0;
-}
-
-static PyObject *gather_mapped(PyObject *self, PyObject *args) {
-    Py_buffer out, bounds, idsb, mfirst, mmap_, mshift, nlb;
-    PyObject *maps;
-    if (!PyArg_ParseTuple(args, "w*O!y*y*y*y*y*y*", &out, &PyTuple_Type, &maps, &bounds, &idsb, &mfirst, &mmap_,
-                          &mshift, &nlb))
+static PyObject *check_window(PyObject *self, PyObject *args) {
+    Py_buffer win, bounds, idsb, nlb, rep, utb, keysb = {0};
+    int kind;
+    if (!PyArg_ParseTuple(args, "y*iy*y*y*w*y*|w*", &win, &kind, &bounds, &idsb, &nlb, &rep, &utb, &keysb))
         return NULL;
     PyObject *ret = NULL;
-    Py_ssize_t M = PyTuple_GET_SIZE(maps), got_maps = 0;
-    Py_buffer *mb = calloc((size_t)(M ? M : 1), sizeof(Py_buffer));
-    if (!mb) {
-        PyErr_NoMemory();
+    Py_ssize_t n = idsb.len / 8, nrec = bounds.len / 8 - 1, NL = nlb.len / 8, NUT = utb.len / 8;
+    if (sf_check_i64(&bounds, -1, "bounds") || sf_check_i64(&idsb, -1, "ids") || sf_check_i64(&nlb, -1, "newline_ids")
+        || sf_check_i64(&utb, -1, "unterminated") || sf_framing_args(kind, &rep))
+        goto done;
+    if (nrec < 0 || (keysb.buf && keysb.len != n * 8)) {
+        PyErr_SetString(PyExc_ValueError, "need bounds of at least one element, and a key per record");
         goto done;
     }
-    for (; got_maps < M; got_maps++)
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(maps, got_maps), &mb[got_maps], PyBUF_SIMPLE) < 0) goto done;
-    Py_ssize_t n = idsb.len / 8, NM = mfirst.len / 8, nrec = bounds.len / 8 - 1, NL = nlb.len / 8;
-    if (check_i64(&bounds, -1, "bounds") || check_i64(&idsb, -1, "ids") || check_i64(&mfirst, -1, "member_first")
-        || check_i64(&mmap_, NM, "member_map") || check_i64(&mshift, NM, "member_shift")
-        || check_i64(&nlb, -1, "newline_ids"))
-        goto done;
-    const int64_t *mf = mfirst.buf, *nl = nlb.buf;
-    if (nrec < 0 || NM < 1 || mf[0] != 0) {
-        PyErr_SetString(PyExc_ValueError, "need bounds and members starting at record 0");
-        goto done;
-    }
-    for (Py_ssize_t m = 1; m < NM; m++)
-        if (mf[m] < mf[m - 1]) {
-            PyErr_SetString(PyExc_ValueError, "member_first must be sorted");
-            goto done;
-        }
-    for (Py_ssize_t j = 1; j < NL; j++)
-        if (nl[j] <= nl[j - 1]) {
-            PyErr_SetString(PyExc_ValueError, "newline_ids must be sorted and distinct");
-            goto done;
-        }
-    int64_t written = 0;
-    Py_ssize_t at = 0;
-    int rc;
+    const int64_t *b = bounds.buf, *ids = idsb.buf, *nl = nlb.buf, *ut = utb.buf;
+    uint64_t *keys = keysb.buf;
+    int64_t pos = 0, bad_id = -1;
+    Py_ssize_t i = 0;
+    int why = 0;
     Py_BEGIN_ALLOW_THREADS
-    rc = copy_view_order(out.buf, out.len, mb, M, bounds.buf, nrec, idsb.buf, n, mf, mmap_.buf, mshift.buf, NM, nl, NL,
-                         &written, &at);
+    for (; i < n; i++) {
+        int64_t x = ids[i];
+        if (x < 0 || x >= nrec) break;
+        int64_t len = b[x + 1] - b[x];
+        int gains = sf_gains_nl(nl, NL, x);
+        if (len < 0 || pos > win.len - len - gains) break;
+        uint64_t key = 0;
+        if (kind && (why = frame_record(kind, (const unsigned char *)win.buf + pos, len, sf_gains_nl(ut, NUT, x), &key))) {
+            bad_id = x;
+            break;
+        }
+        if (keys) keys[i] = key;
+        pos += len + gains;
+    }
     Py_END_ALLOW_THREADS
-    if (rc > 0) {
-        PyErr_Format(PyExc_IndexError, "record %zd (id %lld) is outside its bounds, mapping or the output", at,
-                     (long long)((const int64_t *)idsb.buf)[at]);
+    if (!why && i < n) {
+        PyErr_Format(PyExc_IndexError, "record %zd (id %lld) is outside its bounds or the window", i, (long long)ids[i]);
         goto done;
     }
-    if (rc < 0) {
-        const int64_t *ids = idsb.buf, *b = bounds.buf, *ms = mshift.buf;
-        int64_t x = ids[at];
-        Py_ssize_t m = NM == 1 ? 0 : last_le(mf, NM, x);
-        ret = Py_BuildValue("nL", at, (long long)(b[x] + ms[m]));
-        goto done;
+    if (why) {
+        ((int64_t *)rep.buf)[0] = bad_id;
+        ((int64_t *)rep.buf)[1] = why;
     }
-    ret = PyLong_FromLongLong(written);
+    ret = Py_None;
+    Py_INCREF(ret);
 done:
-    if (mb) {
-        for (Py_ssize_t i = 0; i < got_maps; i++) PyBuffer_Release(&mb[i]);
-        free(mb);
-    }
-    PyBuffer_Release(&out); PyBuffer_Release(&bounds); PyBuffer_Release(&idsb); PyBuffer_Release(&mfirst);
-    PyBuffer_Release(&mmap_); PyBuffer_Release(&mshift); PyBuffer_Release(&nlb);
+    PyBuffer_Release(&win); PyBuffer_Release(&bounds); PyBuffer_Release(&idsb); PyBuffer_Release(&nlb);
+    PyBuffer_Release(&rep); PyBuffer_Release(&utb); PyBuffer_Release(&keysb);
     return ret;
 }
 
-
-/* cachestat(2) (Linux 6.5): how many pages of a file range are in the page cache, without
-   touching them; older kernels fall back to mincore(2) over a mapping of the file */
-struct sf_cachestat_range { uint64_t off, len; };
-struct sf_cachestat { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted; };
-#ifndef __NR_cachestat
-#define __NR_cachestat 451
-#endif
-
-static PyObject *cached_pages(PyObject *self, PyObject *args) {
-    int fd;
-    Py_buffer map;
-    if (!PyArg_ParseTuple(args, "iy*", &fd, &map)) return NULL;
-    long page = sysconf(_SC_PAGESIZE);
-    long long cached = -1;
-    int err = 0;
-    Py_BEGIN_ALLOW_THREADS
-    struct sf_cachestat_range range = {0, (uint64_t)map.len};
-    struct sf_cachestat cs;
-    if (syscall(__NR_cachestat, fd, &range, &cs, 0) == 0) {
-        cached = (long long)cs.nr_cache;
-    } else if (errno == ENOSYS || errno == EPERM) {
-        size_t pages = ((size_t)map.len + (size_t)page - 1) / (size_t)page;
-        unsigned char *vec = malloc(pages ? pages : 1);
-        if (!vec) {
-            err = ENOMEM;
-        } else if (mincore(map.buf, (size_t)map.len, vec) == 0) {
-            cached = 0;
-            for (size_t i = 0; i < pages; i++) cached += vec[i] & 1;
-        } else {
-            err = errno;
-        }
-        free(vec);
-    } else {
-        err = errno;
-    }
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&map);
-    if (err) {
-        errno = err;
-        return PyErr_SetFromErrno(PyExc_OSError);
-    }
-    return PyLong_FromLongLong(cached);
-}
-
-
-/* Mapping(fd, length): a read-only shared mapping of a file, read with MADV_RANDOM (a fault
-   reads its own page, not megabytes around it), exposed as a read-only buffer and unmapped when
-   the last reference goes (a buffer export holds one).  Unlike Python's mmap it keeps no
-   duplicate of the descriptor: a pool of thousands of members would otherwise hold two each. */
-typedef struct {
-    PyObject_HEAD
-    char *addr;
-    Py_ssize_t len;
-} MappingObject;
-
-static PyObject *mapping_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    int fd;
-    Py_ssize_t len;
-    if (kwds && PyDict_Size(kwds)) {
-        PyErr_SetString(PyExc_TypeError, "Mapping(fd, length) takes no keywords");
-        return NULL;
-    }
-    if (!PyArg_ParseTuple(args, "in", &fd, &len)) return NULL;
-    if (len <= 0) {
-        PyErr_SetString(PyExc_ValueError, "cannot map an empty file");
-        return NULL;
-    }
-    void *addr = mmap(NULL, (size_t)len, PROT_READ, MAP_SHARED, fd, 0);
-    if (addr == MAP_FAILED) return PyErr_SetFromErrno(PyExc_OSError);
-    (void)madvise(addr, (size_t)len, MADV_RANDOM);
-    MappingObject *m = (MappingObject *)type->tp_alloc(type, 0);
-    if (!m) {
-        munmap(addr, (size_t)len);
-        return NULL;
-    }
-    m->addr = addr;
-    m->len = len;
-    return (PyObject *)m;
-}
-
-static void mapping_dealloc(MappingObject *m) {
-    if (m->addr) munmap(m->addr, (size_t)m->len);
-    Py_TYPE(m)->tp_free((PyObject *)m);
-}
-
-static int mapping_getbuffer(MappingObject *m, Py_buffer *view, int flags) {
-    return PyBuffer_FillInfo(view, (PyObject *)m, m->addr, m->len, 1, flags);
-}
-
-static Py_ssize_t mapping_length(MappingObject *m) { return m->len; }
-
-static PyBufferProcs mapping_as_buffer = {(getbufferproc)mapping_getbuffer, NULL};
-static PyMappingMethods mapping_as_mapping = {(lenfunc)mapping_length, NULL, NULL};
-
-static PyTypeObject MappingType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "shufflefs._gather.Mapping",
-    .tp_basicsize = sizeof(MappingObject),
-    .tp_dealloc = (destructor)mapping_dealloc,
-    .tp_as_mapping = &mapping_as_mapping,
-    .tp_as_buffer = &mapping_as_buffer,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Mapping(fd, length): a read-only mapping of a file (buffer protocol, len()).",
-    .tp_new = mapping_new,
-};
 
 static PyMethodDef methods[] = {
     {"gather", gather, METH_VARARGS, "Copy byte ranges between buffers."},
     {"build_window", build_window, METH_VARARGS, "Read a window's records from a file into their view positions."},
-    {"gather_mapped", gather_mapped, METH_VARARGS, "Copy records in view order from mappings of their files."},
-    {"cached_pages", cached_pages, METH_VARARGS, "Pages of a mapped file in the page cache (cachestat or mincore)."},
+    {"gather_mapped", sf_gather_mapped, METH_VARARGS, "Copy records in view order from mappings of their files."},
+    {"check_window", check_window, METH_VARARGS, "Check the framing of every record of a window built elsewhere."},
+    {"cached_pages", sf_cached_pages, METH_VARARGS, "Pages of a mapped file in the page cache (cachestat or mincore)."},
     {NULL, NULL, 0, NULL},
 };
 static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_gather", NULL, -1, methods};
-PyMODINIT_FUNC PyInit__gather(void) {
-    static int installed;
-    if (!installed) {
-        struct sigaction sa;
-        memset(&sa, 0, sizeof sa);
-        sa.sa_sigaction = on_bus;
-        sa.sa_flags = SA_SIGINFO;
-        sigemptyset(&sa.sa_mask);
-        if (sigaction(SIGBUS, &sa, &bus_previous)) return PyErr_SetFromErrno(PyExc_OSError);
-        installed = 1;
+
+/* the framing kinds and reasons (_framing.c) as module constants */
+static int add_framing(PyObject *m) {
+    PyObject *reasons = PyTuple_New(framing_nreasons);
+    if (!reasons) return -1;
+    for (int i = 0; i < framing_nreasons; i++) {
+        PyObject *r = PyUnicode_FromString(framing_reasons[i]);
+        if (!r) {
+            Py_DECREF(reasons);
+            return -1;
+        }
+        PyTuple_SET_ITEM(reasons, i, r);
     }
-    if (PyType_Ready(&MappingType) < 0) return NULL;
+    if (PyModule_AddObject(m, "FRAMING_REASONS", reasons) < 0) {
+        Py_DECREF(reasons);
+        return -1;
+    }
+    PyObject *kinds = Py_BuildValue("(sssss)", "", "lines", "rows", "tar", "tfrecord");
+    if (!kinds || PyModule_AddObject(m, "FRAMING_KINDS", kinds) < 0) {
+        Py_XDECREF(kinds);
+        return -1;
+    }
+    return PyModule_AddIntConstant(m, "FRAMING_SPLIT", frame_split());
+}
+
+PyMODINIT_FUNC PyInit__gather(void) {
     PyObject *m = PyModule_Create(&mod);
     if (!m) return NULL;
-    Py_INCREF(&MappingType);
-    if (PyModule_AddObject(m, "Mapping", (PyObject *)&MappingType) < 0) {
-        Py_DECREF(&MappingType);
+    if (sf_mapped_init(m) < 0 || add_framing(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

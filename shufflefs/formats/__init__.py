@@ -21,7 +21,8 @@ import numpy as np
 from ..errors import FormatError, StaleSourceError
 from .. import resolve
 from ..index.table import IndexCache, RecordIndex, SourceStamp, cache_key
-from .base import Format, FramingError, Progress, gather_check
+from .base import Format, FramingError, Progress
+from .framing import gather_check
 from .fixed import FixedFormat  # re-exported for convenience; the registry is MODULES
 from .lines import CsvFormat, LinesFormat
 from .npy import NpyFormat

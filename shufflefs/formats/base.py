@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from typing import Callable, ClassVar
 
@@ -26,14 +25,19 @@ FRAMING_ENV = "SHUFFLEFS_FRAMING"
 
 class FramingError(FormatError):
     """A window's records are not where its index says they are: the index is wrong (a damaged or
-    forged cache entry) or the file changed unseen.  The view fails (EIO) and the index is
-    dropped, from memory and from the cache, so the next open rebuilds it from the file."""
+    forged cache entry or published index) or the file changed unseen.  The view fails (EIO) and
+    the index is dropped, from memory, from the cache and from what this mount takes from a
+    published index, so the next open builds it from the file."""
 
 
 class Format(ABC):
     """A record format.  Instances carry their parameters (e.g. record size)."""
 
     name: ClassVar[str]
+    framing: ClassVar[str | None] = None
+    """The compiled check of this format's records (a name in ``_gather.FRAMING_KINDS``: every
+    record checked whole, every byte, as it is gathered); None: no window check (offsets are
+    computed from the header and checked on load)."""
     extensions: ClassVar[dict[str, dict]] = {}
     """File suffixes (lower case, with the dot) this format claims, each with the parameters it
     implies; a suffix whose format lacks a required parameter (``.bin`` without a
@@ -57,9 +61,8 @@ class Format(ABC):
         return None
 
     def frame_check(self) -> WindowCheck | None:
-        """The cheap check of every window as it is gathered, whatever ``--verify`` says: every
-        record begins and ends where its format frames records (vectorised over the records'
-        ends, no pass over their bytes), so a wrong index is an error, never wrong bytes."""
+        """Where the compiled module is missing, the numpy check of the records' ends, to which
+        `framing.fallback` adds what makes each record whole (the compiled check otherwise)."""
         return None
 
     def check_index(self, index: RecordIndex, read: Read, path: str) -> None:
@@ -76,15 +79,6 @@ class Format(ABC):
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
         return f"{self.name}({args})"
-
-
-def gather_check(fmt: Format, verify: str) -> WindowCheck | None:
-    """The check a view of ``fmt`` runs on every window: the full one with ``--verify frames``,
-    else the framing one (none when `FRAMING_ENV` is ``off``)."""
-    if os.environ.get(FRAMING_ENV, "").lower() == "off":
-        return None
-    full = fmt.window_check() if verify == "frames" else None
-    return full if full is not None else fmt.frame_check()
 
 
 def window_ends(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path: str) -> np.ndarray:

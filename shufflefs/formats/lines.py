@@ -149,6 +149,7 @@ class LinesFormat(Format):
     """
 
     name = "lines"
+    framing = "lines"
     extensions = {".jsonl": {}, ".ndjson": {}, ".txt": {}, ".tsv": {"header_lines": 1}}
 
     def __init__(self, header_lines: int = 0) -> None:
@@ -179,6 +180,7 @@ class CsvFormat(LinesFormat):
     """
 
     name = "csv"
+    framing = "rows"
     extensions = {".csv": {}}
 
     def __init__(self, header_lines: int = 1) -> None:

@@ -180,6 +180,7 @@ class TarFormat(Format):
     """WebDataset shards (``.tar``): a record is one sample, moved with all its tar headers."""
 
     name = "tar"
+    framing = "tar"
     extensions = {".tar": {}}
 
     def scan(self, data: np.ndarray, path: str, progress: Progress | None = None) -> RecordIndex:
@@ -227,11 +228,24 @@ class TarFormat(Format):
         return check_samples
 
     def check_index(self, index: RecordIndex, read: Read, path: str) -> None:
-        """Samples, the header and the trailer are whole 512-byte blocks."""
+        """Samples, the header and the trailer are whole 512-byte blocks; the header is whole
+        members of no sample (what a scan keeps first) and the trailer starts with the end of
+        the archive, so that no sample hides in either (the samples are checked as they are
+        gathered, `formats.framing`)."""
         off = np.flatnonzero(index.bounds % BLOCK)
         if len(off) or index.size % BLOCK:
             raise bad_index(path, int(index.bounds[off[0]]) if len(off) else index.size,
                             "a sample that does not start on a 512-byte block")
+        head, tail = index.header_end, index.trailer_start
+        if head:
+            try:
+                kept = self.scan(np.frombuffer(read(0, head) + bytes(2 * BLOCK), np.uint8), path)
+            except FormatError:
+                raise bad_index(path, 0, "the header is not whole tar members") from None
+            if kept.n or kept.trailer_start != head:
+                raise bad_index(path, head, "a sample in the header")
+        if tail < index.size and any(read(tail, tail + BLOCK)):
+            raise bad_index(path, tail, "a member after the last sample")
 
     @staticmethod
     def _no_header(path: str, block: int, bad_sum: np.ndarray) -> None:

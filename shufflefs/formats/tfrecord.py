@@ -42,6 +42,7 @@ class TFRecordFormat(Format):
     """
 
     name = "tfrecord"
+    framing = "tfrecord"
     extensions = {".tfrecord": {}, ".tfrecords": {}}
 
     def __init__(self, verify_data: bool = True) -> None:

@@ -22,6 +22,7 @@ import signal
 import threading
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import Container
 
 from .. import resolve
 from ..errors import StaleSourceError
@@ -81,10 +82,11 @@ class IndexBuilder:
         self._generation = 0  # bumped by `shutdown`: scans begun before it end
 
     def build(self, path: str | os.PathLike, fmt: Format, cache_dir: str | os.PathLike | None = None,
-              index_dir: str | os.PathLike | None = None) -> RecordIndex:
+              index_dir: str | os.PathLike | None = None, distrusted: Container[str] = ()) -> RecordIndex:
         """The cached index of ``path`` if its stamp still matches, else one published in
-        ``index_dir`` for this version (`shufflefs index --publish --index-dir`; only read), else
-        a scan in a worker (then cached).
+        ``index_dir`` for this version (`shufflefs index --publish --index-dir`; only read; not
+        if its cache key is ``distrusted``, found wrong before), else a scan in a worker (then
+        cached).
 
         Raises what the scan raises (`FormatError`, `StaleSourceError`, `OSError`, ...) as it was
         raised in the worker, and `StaleSourceError` if the worker died.
@@ -94,7 +96,7 @@ class IndexBuilder:
         stamp = SourceStamp.of(resolve.stat_path(path))
         key = cache_key(path, stamp, fmt.name, fmt.params())
         cached = cache.load(key, stamp)
-        if cached is None and index_dir is not None:
+        if cached is None and index_dir is not None and key not in distrusted:
             cached = IndexCache(index_dir).load(key, stamp)
         if cached is not None:
             return cached

@@ -381,6 +381,11 @@ class Catalog:
                 raise self.fail("open", node.relpath, node.epoch, None, e) from None
             self.handles += 1
             return Handle(node, f)
+        found_wrong = self.planner.generation(("pool", node.pool.pool.key) if node.pool else ("file", node.relpath))
+        if node.key[4] != found_wrong:
+            # its index was found wrong since its lookup: ESTALE, so the kernel looks the name up
+            self.tree.forget_listed(node.relpath)  # again: a new inode, with none of the old one's pages
+            raise Reply(errno.ESTALE)
         if node.pool is not None or not node.trusted or self.names_cached:
             await self._check_version(node)
         try:

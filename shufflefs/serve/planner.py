@@ -203,7 +203,10 @@ class Planner:
                 if attempt:
                     raise
                 log.warning("index of %s dropped, rebuilding it: %s", relpath, e)
-                self.index_cache.drop(cache_key(self.store.path(relpath), index.stamp, fmt.name, fmt.params()))
+                key = cache_key(self.store.path(relpath), index.stamp, fmt.name, fmt.params())
+                self.index_cache.drop(key)
+                if hasattr(self.store, "distrust_published"):  # nor is a published copy taken again
+                    self.store.distrust_published(key)
         raise AssertionError("unreachable")
 
     def _check_index(self, relpath: str, fmt: Format, index: RecordIndex) -> None:
@@ -225,8 +228,8 @@ class Planner:
     def distrust_for(self, node: Node) -> Callable[[RecordIndex], None]:
         """What a view of ``node`` calls (from a loading thread) when a window check finds its
         index wrong: the index is forgotten with its plans and costs (a pool's with its
-        members'), and the cache entries of its files are deleted, so the next open rebuilds it
-        from the files."""
+        members'), and the cache entries of its files are deleted and their published indexes
+        not taken again, so the next open rebuilds it from the files."""
         fmt = node.fmt
         if node.pool is None:
             files = [(node.relpath, node.stamp)]

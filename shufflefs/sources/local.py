@@ -7,6 +7,7 @@ no symbolic links), so a directory swapped for a link while mounted never leads 
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
 
@@ -17,6 +18,8 @@ from ..errors import StaleSourceError
 from ..formats.base import Format
 from ..index.table import RecordIndex, SourceStamp
 from .base import Members, Runs, close_fd
+
+log = logging.getLogger("shufflefs")
 
 try:
     from .._gather import Mapping as _Mapping  # compiled at install time; optional
@@ -185,6 +188,7 @@ class LocalStore:
     def __init__(self, root: str, index_dir: str | None = None) -> None:
         self.root = os.path.abspath(root)
         self.index_dir = index_dir  # published indexes on a shared path (read, never written)
+        self._distrusted: set[str] = set()  # cache keys whose published index was found wrong
         self.readahead = None  # the page cache's readahead and the window cache's `AHEAD` do
         self.real_root = os.path.realpath(self.root)
         resolve.confine(self.root)  # every source path from here on resolves beneath it
@@ -276,7 +280,15 @@ class LocalStore:
         # the daemon.  Cached indexes load here directly.
         from ..index.build import default_builder
 
-        return default_builder().build(self.path(relpath), fmt, cache_dir, self.index_dir)
+        return default_builder().build(self.path(relpath), fmt, cache_dir, self.index_dir, self._distrusted)
+
+    def distrust_published(self, cache_key: str) -> None:
+        """The index of ``cache_key`` was found wrong: this mount builds it from the file from
+        now on, whatever ``--index-dir`` holds under its name."""
+        if self.index_dir is not None and cache_key not in self._distrusted:
+            self._distrusted.add(cache_key)
+            log.warning("%s: the index found wrong may be its published one (%s); this mount builds it itself",
+                        self.index_dir, cache_key)
 
     def statvfs(self) -> os.statvfs_result:
         return os.statvfs(self.root)

@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 
 from ..formats.base import FramingError, WindowCheck
+from ..formats.framing import FramingCheck, raise_framing, unterminated
 from ..formats.npy import Columns
 from ..index.table import RecordIndex
 from .layout import Layout, assemble, id_runs
@@ -132,14 +133,19 @@ they would cost that time for nothing, so they are not sent then."""
 
 
 def build_runs(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, ids: np.ndarray, runs: Runs,
-               newline_ids: np.ndarray, file_of: Callable[[int], Reader]) -> np.ndarray:
+               newline_ids: np.ndarray, file_of: Callable[[int], Reader], framing: int = 0,
+               report: np.ndarray | None = None, local_fd: int = -1) -> np.ndarray:
     """Records ``ids`` (view order; the same records as ``runs``) read into ``out`` in one pass
     (see the module docstring); ``file_of(fd)`` names the file behind a descriptor.  Every file
-    read is verified afterwards, so bytes of a file that changed meanwhile are never returned."""
+    read is verified afterwards, so bytes of a file that changed meanwhile are never returned.
+    ``framing``: the compiled check of every record (`FramingCheck.code`), its first failure in
+    ``report`` (the caller raises it); ``local_fd``: a stage's file, whose records are not in
+    their file's order."""
     c = np.ascontiguousarray
     fds = c(runs.fd, np.int64)
+    extra = (framing, _member_firsts(index), local_fd, report, unterminated(index)) if framing else ()
     got = _build_window(out, scratch, index.bounds, c(ids, np.int64), c(runs.first, np.int64),
-                        c(runs.count, np.int64), fds, c(runs.shift, np.int64), newline_ids)
+                        c(runs.count, np.int64), fds, c(runs.shift, np.int64), newline_ids, *extra)
     if isinstance(got, tuple):  # (run, file offset): that file ended early
         file_of(int(fds[got[0]])).ended(got[1])
         raise OSError(errno.EIO, "a file ended early")  # ended() raises; never serve a short window
@@ -149,6 +155,13 @@ def build_runs(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, ids: np
         for fd, off in zip(used.tolist(), offsets.tolist()):
             file_of(fd).verify_read(off)
     return out[:got]
+
+
+def _member_firsts(index: RecordIndex) -> np.ndarray:
+    """Where the members (files, or a mixture's segments) of an index begin: records of two
+    members are not neighbours in a file."""
+    firsts = getattr(index, "member_firsts", None)
+    return np.zeros(1, np.int64) if firsts is None else np.ascontiguousarray(firsts, np.int64)
 
 
 def added_newlines(newline_ids: np.ndarray, ids: np.ndarray) -> int:
@@ -177,12 +190,14 @@ def _cached(members: Members) -> bool:
 
 
 def gather_members(out: np.ndarray, index: RecordIndex, ids: np.ndarray, members: Members,
-                   source: Source) -> np.ndarray:
+                   source: Source, framing: int = 0, report: np.ndarray | None = None) -> np.ndarray:
     """Records ``ids`` copied in view order from the mappings of their files into ``out``
     (`_gather.gather_mapped`); a file that shrank under its mapping is reported by the source
-    (`Reader.ended`), and every file is verified afterwards, as after preads."""
+    (`Reader.ended`), and every file is verified afterwards, as after preads.  ``framing`` and
+    ``report`` as for `build_runs`."""
+    extra = (framing, report, unterminated(index)) if framing else ()
     got = _gather_mapped(out, members.maps, index.bounds, np.ascontiguousarray(ids, np.int64), members.first,
-                         members.slot, members.shift, index.newline_ids)
+                         members.slot, members.shift, index.newline_ids, *extra)
     if isinstance(got, tuple):  # (position in ids, file offset): that file ended early
         m = int(np.searchsorted(members.first, ids[got[0]], "right")) - 1
         source.file_of(int(members.fd[m])).ended(got[1])
@@ -233,6 +248,8 @@ class View:
         self.path = path
         self.columns = columns
         self.check = check
+        # the framing check the compiled gather runs as it copies (then only `full` after it)
+        self._framing = check.code if isinstance(check, FramingCheck) else 0
         self.distrust = distrust  # told of an index a window check found wrong
         self.index = index
         self.plan = plan
@@ -305,13 +322,16 @@ class View:
         sparse = runs is None and members is None and _sparse(plan, len(ids))
         step = RECORD_CHUNK if sparse else max(len(ids), 1)
         pos, remote, local_bytes = 0, 0, 0
+        report = np.empty(2, np.int64)
         for lo in range(0, max(len(ids), 1), step):
             part = ids[lo: lo + step]
             part_runs = runs if step >= len(ids) else None
-            built, r, loc = self._build_part(out[pos:], scratch, part, part_runs, members)
+            built, r, loc = self._build_part(out[pos:], scratch, part, part_runs, members, report)
+            if self._framing:
+                self._framed(report)
             pos, remote, local_bytes = pos + built, remote + r, local_bytes + loc
         window = out[:pos]
-        self._check(window, ids)
+        self._check(window, ids, framed=bool(self._framing))
         if self.meter is not None:
             self.meter(remote, local_bytes)
         if ahead and k + 1 < plan.n_windows:
@@ -332,23 +352,38 @@ class View:
             self.meter(len(window), 0, take_requests())
         return window
 
-    def _check(self, window: np.ndarray, ids: np.ndarray) -> None:
-        """The window check (`formats.base.gather_check`); a failure names the file the record
-        is in (a pool's member) and goes to ``distrust`` before it is raised."""
-        if self.check is None:
+    def _check(self, window: np.ndarray, ids: np.ndarray, framed: bool = False) -> None:
+        """The window check (`formats.base.gather_check`; ``framed``: the compiled gather checked
+        the framing, the full check is left); a failure is `_failed`."""
+        check = self.check
+        if framed and isinstance(check, FramingCheck):
+            check = check.full
+        if check is None:
             return
         try:
-            self.check(window, ids, self.index, self.path)
+            check(window, ids, self.index, self.path)
         except FramingError as e:
-            locate = getattr(self.index, "locate", None)  # a pool: pooled offsets
-            if locate is not None and e.offset is not None:
-                m, off = locate(e.offset)
-                files = getattr(self.source, "files", None)
-                path = getattr(files[m], "path", None) if files is not None and m < len(files) else None
-                e = FramingError(path or self.path, off, f"{e.message} (pool member {m}, read through {self.path})")
-            if self.distrust is not None:
-                self.distrust(self.index)
-            raise e from None
+            self._failed(e)
+
+    def _framed(self, report: np.ndarray) -> None:
+        """The compiled gather's framing ``report`` (`_failed` if it found a record wrong)."""
+        try:
+            raise_framing(report, self.index, self.path)
+        except FramingError as e:
+            self._failed(e)
+
+    def _failed(self, e: FramingError) -> None:
+        """A window check found the index wrong: the error names the file the record is in (a
+        pool's member), and ``distrust`` is told before it is raised."""
+        locate = getattr(self.index, "locate", None)  # a pool: pooled offsets
+        if locate is not None and e.offset is not None:
+            m, off = locate(e.offset)
+            files = getattr(self.source, "files", None)
+            path = getattr(files[m], "path", None) if files is not None and m < len(files) else None
+            e = FramingError(path or self.path, off, f"{e.message} (pool member {m}, read through {self.path})")
+        if self.distrust is not None:
+            self.distrust(self.index)
+        raise e from None
 
     def _mapped_members(self) -> Members | None:
         """The source's files as mappings (`Source.mapped_members`), asked once per view; None
@@ -359,17 +394,20 @@ class View:
         return self._members
 
     def _build_part(self, out: np.ndarray, scratch: np.ndarray, part: np.ndarray,
-                    runs: tuple[np.ndarray, np.ndarray] | None, members: Members | None) -> tuple[int, int, int]:
+                    runs: tuple[np.ndarray, np.ndarray] | None, members: Members | None,
+                    report: np.ndarray) -> tuple[int, int, int]:
         """Records ``part`` (view order; ``runs``: the same as ascending runs, if known) built at
         the start of ``out``: ``(bytes built, of them from the source, from a local stage)``.
-        With ``members``, copied in view order from the mappings (`gather_members`)."""
-        newlines = self.index.newline_ids
+        With ``members``, copied in view order from the mappings (`gather_members`).  The
+        framing check's first failure goes to ``report``."""
+        newlines, framing = self.index.newline_ids, self._framing
         if members is not None:
-            built = len(gather_members(out, self.index, part, members, self.source))
+            built = len(gather_members(out, self.index, part, members, self.source, framing, report))
         else:
             first, count = runs if runs is not None else id_runs(part)
             placed = self.source.place(self.index, first, count)
-            built = len(build_runs(out, scratch, self.index, part, placed, newlines, self.source.file_of))
+            built = len(build_runs(out, scratch, self.index, part, placed, newlines, self.source.file_of, framing,
+                                   report, self.source.local_fd))
         if self.meter is None:
             return built, 0, 0
         if members is not None or self.source.local_fd < 0:  # all from the source, less added newlines

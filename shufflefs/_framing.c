@@ -1,0 +1,261 @@
+/* Whole-record framing checks of shufflefs's compiled gather (compiled into shufflefs._gather).
+
+   An offset table from a cache entry or a published index is a hint: its checksum says it is
+   whole, not that it is this file's.  So every record is checked as it is gathered, over all of
+   its bytes, against its format's framing, so that an index whose bounds all sit on plausible
+   places (every second bound of a JSON-lines file dropped: each remaining one still ends a line)
+   cannot merge or split records:
+
+     lines     exactly one newline, the record's last byte (none in an unterminated last line);
+     rows      (CSV) the same counting only newlines outside quotes, and no quote left open;
+     tfrecord  the length field of the frame is the record's length less its 16 framing bytes;
+     tar       the record is a chain of whole members, each header's checksum holding, with
+               exactly one sample key among its regular files; the sample after it in its file
+               does not have the same key (`frame_lead_key`, where its header is at hand).
+
+   The functions run without the GIL, on bytes the gather just copied (still in the CPU cache).
+   Each returns 0 or a reason (`framing_reasons`, the messages of the Python errors). */
+#include <stdint.h>
+#include <string.h>
+
+#include "_framing.h"
+
+const char *const framing_reasons[] = {
+    "",
+    "a newline inside a line",
+    "a line does not end where the record does",
+    "a newline outside quotes inside a row",
+    "a row ends inside a quoted field",
+    "a frame's length field is not the record's length",
+    "a record shorter than a frame's framing",
+    "a sample of part of a 512-byte block",
+    "no tar header where a member must start",
+    "a member runs past the end of its sample",
+    "two sample keys in one record",
+    "no sample key in a record",
+    "the next record has the same sample key (one sample cut in two)",
+    "an extended header with no member after it",
+    "a GNU sparse member",
+    "a tar size field that is not a number",
+};
+const int framing_nreasons = (int)(sizeof framing_reasons / sizeof framing_reasons[0]);
+
+enum {
+    R_LINE_INNER = 1, R_LINE_END, R_ROW_INNER, R_ROW_QUOTED, R_TF_LENGTH, R_TF_SHORT, R_TAR_PARTIAL,
+    R_TAR_HEADER, R_TAR_OVERRUN, R_TAR_TWO_KEYS, R_TAR_NO_KEY, R_TAR_SPLIT, R_TAR_META_LAST, R_TAR_SPARSE,
+    R_TAR_SIZE,
+};
+
+static int check_line(const unsigned char *r, int64_t len, int open) {
+    if (len < 1) return R_LINE_END;
+    if (open) return memchr(r, '\n', (size_t)len) ? R_LINE_INNER : 0;
+    if (r[len - 1] != '\n') return R_LINE_END;
+    return memchr(r, '\n', (size_t)(len - 1)) ? R_LINE_INNER : 0;
+}
+
+/* RFC 4180: a newline ends a row only outside quotes (an escaped "" toggles twice) */
+static int check_row(const unsigned char *r, int64_t len, int open) {
+    if (len < 1) return R_LINE_END;
+    int64_t limit = open ? len : len - 1, i = 0;
+    if (!open && r[len - 1] != '\n') return R_LINE_END;
+    while (i < limit) {
+        const unsigned char *q = memchr(r + i, '"', (size_t)(limit - i));
+        int64_t at = q ? q - r : limit;
+        if (memchr(r + i, '\n', (size_t)(at - i))) return R_ROW_INNER;
+        if (!q) return 0;
+        q = memchr(r + at + 1, '"', (size_t)(limit - at - 1));  /* the quote that closes it */
+        if (!q) return R_ROW_QUOTED;
+        i = q - r + 1;
+    }
+    return 0;
+}
+
+static int check_frame(const unsigned char *r, int64_t len) {
+    if (len < 16) return R_TF_SHORT;
+    uint64_t n = 0;
+    for (int k = 7; k >= 0; k--) n = n << 8 | r[k];
+    return n == (uint64_t)(len - 16) ? 0 : R_TF_LENGTH;
+}
+
+/* ------------------------------------------------------------------ tar */
+
+/* octal field as the scan reads it: spaces, digits, then NUL, space or the field's end */
+static int octal(const unsigned char *f, int width, int64_t *out) {
+    int i = 0;
+    while (i < width && f[i] == ' ') i++;
+    if (i == width || f[i] < '0' || f[i] > '7') return -1;
+    int64_t v = 0;
+    for (; i < width && f[i] >= '0' && f[i] <= '7'; i++) {
+        if (v > (INT64_MAX >> 3)) return -1;
+        v = v << 3 | (f[i] - '0');
+    }
+    if (i < width && f[i] != 0 && f[i] != ' ') return -1;
+    *out = v;
+    return 0;
+}
+
+static int header_ok(const unsigned char *h) {
+    if (memcmp(h + 257, "ustar", 5)) return 0;
+    int64_t stored;
+    if (octal(h + 148, 8, &stored)) return 0;
+    int64_t u = 8 * ' ', s = 8 * ' ';
+    for (int i = 0; i < 512; i++) {
+        if (i >= 148 && i < 156) continue;
+        u += h[i];
+        s += (signed char)h[i];
+    }
+    return u == stored || s == stored;  /* some old writers summed signed bytes */
+}
+
+static int member_size(const unsigned char *h, int64_t *size) {
+    const unsigned char *f = h + 124;
+    if (f[0] == 0x80) {  /* base-256, for 8 GiB and more */
+        if (f[1] || f[2] || f[3] || f[4] >= 0x80) return -1;
+        int64_t v = 0;
+        for (int i = 4; i < 12; i++) v = v << 8 | f[i];
+        *size = v;
+        return 0;
+    }
+    return octal(f, 12, size);
+}
+
+static uint64_t hash_bytes(uint64_t h, const unsigned char *p, int64_t n) {
+    for (int64_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ULL;  /* FNV-1a */
+    return h;
+}
+
+static uint64_t mix(uint64_t h) {  /* splitmix64's finaliser */
+    h ^= h >> 30; h *= 0xbf58476d1ce4e5b9ULL;
+    h ^= h >> 27; h *= 0x94d049bb133111ebULL;
+    return h ^ h >> 31;
+}
+
+static int64_t nul_len(const unsigned char *p, int64_t n) {
+    const unsigned char *z = memchr(p, 0, (size_t)n);
+    return z ? z - p : n;
+}
+
+/* the key of a member's name (webdataset's grouping, as the scan reads it: the name up to the
+   first dot of its basename, which must not start with a dot); 0 if it has none */
+static int name_key(const unsigned char *a, int64_t na, const unsigned char *b, int64_t nb, uint64_t *key) {
+    /* the name is a + "/" + b when a is not NULL (a POSIX prefix), else b */
+    int64_t total = a ? na + 1 + nb : nb, base = 0, dot = -1;
+    for (int64_t i = 0; i < total; i++) {
+        unsigned char c = a ? (i < na ? a[i] : i == na ? '/' : b[i - na - 1]) : b[i];
+        if (c == '/') { base = i + 1; dot = -1; }
+        else if (c == '.' && dot < 0 && i > base) dot = i;
+    }
+    if (base >= total || dot < 0) return 0;
+    unsigned char first = a ? (base < na ? a[base] : base == na ? '/' : b[base - na - 1]) : b[base];
+    if (first == '.') return 0;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    if (a) {
+        int64_t from_a = dot < na ? dot : na;
+        h = hash_bytes(h, a, from_a);
+        if (dot > na) { h = hash_bytes(h, (const unsigned char *)"/", 1); h = hash_bytes(h, b, dot - na - 1); }
+    } else {
+        h = hash_bytes(h, b, dot);
+    }
+    *key = mix(h ^ (uint64_t)dot);
+    return 1;
+}
+
+/* a pax extended header's "path" record ("<length> <key>=<value>\n" records) */
+static int pax_path(const unsigned char *d, int64_t n, const unsigned char **path, int64_t *plen) {
+    int64_t pos = 0;
+    int found = 0;
+    while (pos < n) {
+        int64_t len = 0, i = pos;
+        while (i < n && d[i] >= '0' && d[i] <= '9' && len < ((int64_t)1 << 40)) len = len * 10 + (d[i++] - '0');
+        if (i == pos || i >= n || d[i] != ' ' || len <= 0) break;
+        int64_t rec = i + 1, end = pos + len - 1;  /* the record's last byte is its newline */
+        if (end > n) end = n;
+        if (end - rec >= 5 && !memcmp(d + rec, "path=", 5)) {
+            *path = d + rec + 5;
+            *plen = end - rec - 5;
+            found = 1;
+        }
+        pos += len;
+    }
+    return found;
+}
+
+/* Walks the members of ``r`` (``avail`` of its ``len`` bytes at hand).  ``lead``: stop at the
+   first keyed member, its key in *key (returns 0 when found, -1 when it is not in the bytes at
+   hand or the record has no such member); else the whole record is checked. */
+static int walk_tar(const unsigned char *r, int64_t len, int64_t avail, int lead, uint64_t *key) {
+    int64_t off = 0;
+    int have = 0, meta = 0;
+    const unsigned char *over = NULL;  /* a long name from the meta headers before a member */
+    int64_t over_len = 0;
+    if (len % 512) return lead ? -1 : R_TAR_PARTIAL;
+    while (off < len) {
+        if (off + 512 > avail) return -1;
+        const unsigned char *h = r + off;
+        if (!header_ok(h)) return lead ? -1 : R_TAR_HEADER;
+        int64_t size;
+        if (member_size(h, &size) || size < 0) return lead ? -1 : R_TAR_SIZE;
+        unsigned char flag = h[156];
+        if (flag == 'S') return lead ? -1 : R_TAR_SPARSE;
+        int nodata = flag >= '1' && flag <= '6';
+        int64_t blocks = nodata ? 0 : size / 512 + (size % 512 != 0);
+        if (blocks > (len - off) / 512 - 1) return lead ? -1 : R_TAR_OVERRUN;
+        const unsigned char *data = h + 512;
+        int64_t next = off + 512 + blocks * 512;
+        if (flag == 'L' || flag == 'K' || flag == 'x') {
+            if (flag != 'K') {
+                if (off + 512 + size > avail) return -1;
+                const unsigned char *p = data;
+                int64_t n = size;
+                if (flag == 'L') {
+                    n = nul_len(data, size);
+                    over = p; over_len = n;
+                } else if (pax_path(data, size, &p, &n)) {
+                    over = p; over_len = n;
+                }
+            }
+            meta = 1;
+            off = next;
+            continue;
+        }
+        if (flag == '0' || flag == '7' || flag == 0) {
+            uint64_t k;
+            int keyed;
+            if (over) {
+                keyed = name_key(NULL, 0, over, over_len, &k);
+            } else if (h[262] == 0 && h[345] != 0) {  /* "ustar\0" (POSIX) with a prefix */
+                keyed = name_key(h + 345, nul_len(h + 345, 155), h, nul_len(h, 100), &k);
+            } else {
+                keyed = name_key(NULL, 0, h, nul_len(h, 100), &k);
+            }
+            if (keyed) {
+                if (lead) { *key = k; return 0; }
+                if (have && k != *key) return R_TAR_TWO_KEYS;
+                have = 1;
+                *key = k;
+            }
+        }
+        over = NULL;
+        meta = 0;
+        off = next;
+    }
+    if (lead) return -1;
+    if (meta) return R_TAR_META_LAST;
+    return have ? 0 : R_TAR_NO_KEY;
+}
+
+int frame_record(int kind, const unsigned char *r, int64_t len, int unterminated, uint64_t *key) {
+    switch (kind) {
+    case FRAME_LINES: return check_line(r, len, unterminated);
+    case FRAME_ROWS: return check_row(r, len, unterminated);
+    case FRAME_TFRECORD: return check_frame(r, len);
+    case FRAME_TAR: return walk_tar(r, len, len, 0, key);
+    default: return 0;
+    }
+}
+
+int frame_lead_key(const unsigned char *r, int64_t len, int64_t avail, uint64_t *key) {
+    return walk_tar(r, len, avail < len ? avail : len, 1, key);
+}
+
+int frame_split(void) { return R_TAR_SPLIT; }

@@ -1,0 +1,237 @@
+"""Level: mounted (real FUSE mounts, real readers).
+
+A published index (``shufflefs index SRC --publish --index-dir DIR``) is written by other people
+and other jobs, so it is trusted no more than a cache entry: here entries are forged the way
+anyone who can write DIR can, whole and with their checksum recomputed so that they load, with
+every bound where a record can end: every second bound of a JSON-lines or CSV file dropped (pairs
+of lines as one record), two tar samples merged or one cut in two, two TFRecord frames merged.
+The reader gets EIO naming the file and offset (in the log and ``user.shufflefs.error``), that
+published entry is never taken again by the mount, and the next open serves what a mount without
+it serves, byte for byte: for single files, a pool's shards, a mixture's and a resumed epoch.
+An entry that fails its check on load is not an EIO at all: the file is indexed here."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from conftest import write_tree
+from shufflefs.formats import resolve_format
+from shufflefs.formats.tfrecord import encode_frame
+from shufflefs.index.table import IndexCache, SourceStamp, _digest, cache_key
+from test_mount import csv_text, jsonl, lines
+
+ARGS = ["--block-size", "8KiB", "--buffer", "64KiB", "--seed", "5"]
+ERROR = "user.shufflefs.error"
+
+
+def tar_bytes(n: int, first: int = 0) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for i in range(first, first + n):
+            for ext, data in (("jpg", b"image %d " % i * (i % 9 + 1)), ("cls", b"%d" % (i % 10))):
+                info = tarfile.TarInfo(f"s{i:06d}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def tar_samples(data: bytes) -> list[str]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        return [m.name for m in t.getmembers()]
+
+
+def members_of(data: bytes) -> list[int]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        return [m.offset for m in t.getmembers()]
+
+
+def drop_every_second(bounds: np.ndarray, data: bytes) -> np.ndarray:
+    return np.concatenate((bounds[:1], bounds[1:-1][1::2], bounds[-1:]))
+
+
+def merge_one(bounds: np.ndarray, data: bytes) -> np.ndarray:
+    return np.delete(bounds, len(bounds) // 2)
+
+
+def cut_a_sample(bounds: np.ndarray, data: bytes) -> np.ndarray:
+    """A bound between the two members of a tar sample: each half has one key."""
+    mid = int(bounds[len(bounds) // 2])
+    second = min(o for o in members_of(data) if o > mid)
+    return np.sort(np.append(bounds, second))
+
+
+FILES = {
+    "a.jsonl": jsonl(3000, 1),
+    "c.csv": csv_text(1500),
+    "d.tfrecord": b"".join(encode_frame(b"frame %05d " % i + b"p" * (i % 300)) for i in range(1500)),
+    "e.tar": tar_bytes(400),
+}
+FORGERIES: dict[str, tuple[str, Callable[[np.ndarray, bytes], np.ndarray], str]] = {
+    "lines": ("a.jsonl", drop_every_second, "a newline inside a line"),
+    "csv rows": ("c.csv", drop_every_second, "a newline outside quotes inside a row"),
+    "tfrecord frames": ("d.tfrecord", merge_one, "length field is not the record's length"),
+    "tar samples merged": ("e.tar", merge_one, "two sample keys in one record"),
+    "tar sample cut": ("e.tar", cut_a_sample, "same sample key"),
+}
+
+
+def cli(*args: str | os.PathLike) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "shufflefs", *map(str, args)], capture_output=True, text=True,
+                          timeout=300)
+
+
+def publish(src: Path, shared: Path, *args: str) -> None:
+    shared.mkdir(exist_ok=True)
+    r = cli("index", src, "--publish", "--index-dir", shared, *args)
+    assert r.returncode == 0, r.stderr
+
+
+def entry_of(shared: Path, src: Path, rel: str) -> Path:
+    """The published entry of ``rel``'s current version (as a mount looks it up)."""
+    path = os.path.join(str(src), rel)
+    fmt = resolve_format(rel, [], {})
+    key = cache_key(path, SourceStamp.of(os.stat(path)), fmt.name, fmt.params())
+    f = IndexCache(shared)._file(key)
+    assert f.exists(), f"no published entry for {rel}"
+    return f
+
+
+def forge(entry: Path, data: bytes, change: Callable[[np.ndarray, bytes], np.ndarray]) -> int:
+    """Rewrite ``entry`` whole, with changed bounds and the checksum recomputed (it loads);
+    returns its record count."""
+    with np.load(entry) as z:
+        bounds, meta = z["bounds"].copy(), json.loads(bytes(z["meta"]).decode())
+    bounds = np.ascontiguousarray(change(bounds, data), "<i8")
+    meta.pop("sum")
+    meta["sum"] = _digest(bounds, meta)
+    with open(entry, "wb") as out:
+        np.savez(out, bounds=bounds, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    return len(bounds) - 1
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def eio_then_right(m, plain, rels: list[str], reason: str, name: str) -> str:
+    """Reading ``rels`` in turn, one is EIO (log and error attribute name the file ``name`` and
+    why); a new open of it reads what the plain mount reads.  Returns it."""
+    for rel in rels:
+        try:
+            m.path(rel).read_bytes()
+        except OSError as e:
+            assert e.errno == errno.EIO
+            break
+    else:
+        raise AssertionError(f"no EIO from {rels}")
+    why = os.getxattr(m.path(rel), ERROR).decode()
+    assert "EIO" in why and name in why and reason in why, why
+    log = m.stderr()
+    assert name in log and "at source offset" in log and reason in log, log[-3000:]
+    assert m.path(rel).read_bytes() == plain.path(rel).read_bytes()
+    assert ERROR not in os.listxattr(m.path(rel))  # read right since
+    return rel
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGERIES))
+def test_a_forged_published_index_is_eio_once_then_the_files_own(mount, tmp_path, forgery):
+    """Holds: SEMANTICS.md#changes-framing, SEMANTICS.md#changes-published, SEMANTICS.md#errors-eio"""
+    rel, change, reason = FORGERIES[forgery]
+    src = write_tree(tmp_path / "src", FILES)
+    shared = tmp_path / "shared"
+    publish(src, shared)
+    forged = forge(entry_of(shared, src, rel), FILES[rel], change)
+    before = snapshot(shared)
+    m = mount(None, *ARGS, "--index-dir", str(shared), src=src, name="published")
+    plain = mount(None, *ARGS, src=src, name="plain")
+    right = int(plain.xattr("records", rel))
+    assert forged != right
+    eio_then_right(m, plain, [rel], reason, rel)
+    errors = m.stats()["errors"]
+    assert int(m.xattr("records", rel)) == right
+    assert "may be its published one" in m.stderr()
+    for epoch in (1, 2):  # never the forged entry again: every epoch, every file, the plain bytes
+        m.set_epoch(epoch)
+        plain.set_epoch(epoch)
+        for name in FILES:
+            assert m.path(name).read_bytes() == plain.path(name).read_bytes(), (name, epoch)
+    assert m.stats()["errors"] == errors  # none since
+    assert len(list(m.cache.rglob("*.npz"))) == 1  # only the forged file was indexed here
+    assert snapshot(shared) == before  # the shared directory is never written
+
+
+def test_a_forged_member_of_a_pool_and_of_a_mixture(mount, tmp_path):
+    """A pool's member and a mixture's file, each forged: EIO naming that file, then the shards
+    of the mount without the forged entries (the pool's and the mixture's files indexed here).
+    Holds: SEMANTICS.md#changes-framing, SEMANTICS.md#changes-published"""
+    files = {**{f"pool/part-{k:05d}.jsonl": jsonl(900 + 50 * k, 20 + k) for k in range(3)},
+             "web/w0.jsonl": jsonl(1200, 30), "web/w1.jsonl": jsonl(800, 31), "books/b.jsonl": jsonl(600, 32)}
+    src = write_tree(tmp_path / "src", files)
+    (tmp_path / "mix.toml").write_text('[[mix]]\nname = "blend"\nsamples = 2500\n'
+                                       '[[mix.source]]\nglob = "web/*.jsonl"\nweight = 3\n'
+                                       '[[mix.source]]\nglob = "books/*.jsonl"\nweight = 1\n')
+    args = [*ARGS, "--config", str(tmp_path / "mix.toml")]
+    shared = tmp_path / "shared"
+    publish(src, shared)
+    for rel in ("pool/part-00001.jsonl", "web/w1.jsonl"):
+        forge(entry_of(shared, src, rel), files[rel], drop_every_second)
+    m = mount(None, *args, "--index-dir", str(shared), src=src, name="published")
+    plain = mount(None, *args, src=src, name="plain")
+    shards = [f"pool/{s}" for s in sorted(os.listdir(plain.path("pool")))]
+    eio_then_right(m, plain, shards, "a newline inside a line", "part-00001.jsonl")
+    for s in shards:
+        assert m.path(s).read_bytes() == plain.path(s).read_bytes()
+    blend = [f".mix/blend/{s}" for s in sorted(os.listdir(plain.path(".mix/blend")))]
+    eio_then_right(m, plain, blend, "a newline inside a line", "w1.jsonl")
+    got = b"".join(m.path(s).read_bytes() for s in blend)
+    assert got == b"".join(plain.path(s).read_bytes() for s in blend)
+    assert sum(lines(got).values()) == 2500
+    assert len(list(m.cache.rglob("*.npz"))) == 6  # the pool's files and the mixture's, no other
+
+
+def test_a_resumed_epoch_over_a_forged_index(mount, tmp_path):
+    """A resume after 1,000 records over an index of line pairs: EIO, then the rest of the
+    epoch after 1,000 lines, as the mount without the forged entry serves it.
+    Holds: SEMANTICS.md#changes-framing"""
+    src = write_tree(tmp_path / "src", {"a.jsonl": FILES["a.jsonl"]})
+    shared = tmp_path / "shared"
+    publish(src, shared)
+    forge(entry_of(shared, src, "a.jsonl"), FILES["a.jsonl"], drop_every_second)
+    m = mount(None, *ARGS, "--index-dir", str(shared), src=src, name="published")
+    plain = mount(None, *ARGS, src=src, name="plain")
+    state = json.dumps({"epoch": 3, "views": {"a.jsonl": [{"world_size": 1, "parts": 1, "consumed": [[1000]]}]}})
+    for x in (m, plain):
+        os.setxattr(x.path(), "user.shufflefs.resume", state.encode())
+    eio_then_right(m, plain, ["a.jsonl"], "a newline inside a line", "a.jsonl")
+    assert sum(lines(m.path("a.jsonl").read_bytes()).values()) == 2000
+
+
+@pytest.mark.parametrize("how", ["records end early", "a bound off the grid"])
+def test_a_published_entry_that_fails_its_load_check_is_indexed_here_at_once(mount, tmp_path, how):
+    """Not EIO, and not EIO on later opens either: the file is indexed here, the entry not taken
+    again.  Holds: SEMANTICS.md#changes-published"""
+    rel = "a.jsonl" if how == "records end early" else "e.tar"
+    src = write_tree(tmp_path / "src", FILES)
+    shared = tmp_path / "shared"
+    publish(src, shared)
+    change = (lambda b, d: b[:-1]) if rel == "a.jsonl" else (lambda b, d: np.concatenate((b[:5], b[5:6] + 7, b[6:])))
+    forge(entry_of(shared, src, rel), FILES[rel], change)
+    m = mount(None, *ARGS, "--index-dir", str(shared), src=src, name="published")
+    plain = mount(None, *ARGS, src=src, name="plain")
+    for epoch in range(3):
+        m.set_epoch(epoch)
+        plain.set_epoch(epoch)
+        assert m.path(rel).read_bytes() == plain.path(rel).read_bytes()
+    assert m.stats()["errors"] == 0
+    assert "may be its published one" in m.stderr()
