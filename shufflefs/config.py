@@ -149,6 +149,12 @@ class MountConfig:
     direct_io: bool = False
     """Serve every view but npy and fixed-size ones with ``direct_io`` (no page cache): shared
     mappings of them fail with ENODEV.  False: every view goes through the page cache."""
+    allow_other: bool = False
+    """Let users other than the owner reach the mount (FUSE ``allow_other``; the kernel checks
+    every access against the source's modes, ``default_permissions``)."""
+    epoch_setters: str = "owner"
+    """Who may set epochs and resume states: ``owner`` (the daemon's user) and root, or ``any``
+    (`serve.access`)."""
     block_floor_note: str | None = None
     """Where the floor of the automatic block size comes from when a measurement of the source's
     device was found (`advise.cache.measured_block_floor`): logged at mount and shown by stat."""

@@ -140,13 +140,29 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
         pool=not v["no_pool"], pool_globs=opts.pools, mixes=opts.mixes, stage_dir=stage_dir, verify=v["verify"],
         store_options=store_options, direct_io=v["direct_io"], block_floor_note=floor_note,
+        allow_other=bool(v["allow_other"]), epoch_setters=v["epoch_setters"],
         cache_warning=None if unwritable is None else (f"cache directory {cache_dir} cannot be written "
                                                        f"({unwritable}): indexes built by this mount are "
                                                        "kept only until it ends"),
     )
     if v["no_pool"] and opts.pools:
         parser.error("--pool declares a set but --no-pool turns pooling off")
+    if config.allow_other and os.geteuid() != 0 and not user_allow_other():
+        parser.error(f"--allow-other: only root may mount for other users unless {FUSE_CONF} has a line "
+                     "'user_allow_other'")
     return config, opts
+
+
+FUSE_CONF = "/etc/fuse.conf"
+
+
+def user_allow_other(path: str = FUSE_CONF) -> bool:
+    """Whether fusermount3 lets users other than root mount with ``allow_other``."""
+    try:
+        with open(path) as f:
+            return any(line.split("#", 1)[0].strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
 
 
 def _block_floor(spec: ShuffleSpec, src: Path, cache_dir: Path, world: int) -> tuple[ShuffleSpec, str | None]:

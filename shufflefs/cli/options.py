@@ -28,6 +28,7 @@ from ..config import (
     parse_buffer,
     parse_size,
 )
+from ..serve.access import SETTERS
 from ..strategies.base import EVEN_MODES, LOCAL_MODES
 from .common import _message
 
@@ -200,6 +201,8 @@ OPTIONS: dict[str, _Option] = {
     "cache_dir": _Option(_path, None),
     "no_pool": _Option(_flag, False),
     "direct_io": _Option(_flag, False),
+    "allow_other": _Option(_flag, False),
+    "epoch_setters": _Option(_one_of(SETTERS), "owner"),
     "record_size": _Option(_size_in(1, MAX_BLOCK), None),
     "header_bytes": _Option(_size_or_zero, None),
     "log_file": _Option(_path, None),

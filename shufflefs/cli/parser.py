@@ -10,6 +10,7 @@ from ..config import (
     MAX_EPOCH,
 )
 from ..index.table import default_cache_dir
+from ..serve.access import SETTERS
 from ..strategies.base import EVEN_MODES, LOCAL_MODES
 from .common import PROG
 from .options import VERIFY_MODES
@@ -182,6 +183,15 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argument
                         "views fails with ENODEV, so pandas.read_csv of a CSV over a few MB and "
                         "numpy.memmap fail; private mappings (MAP_PRIVATE, as pyarrow.memory_map makes) "
                         "and read() work")
+    g.add_argument("--allow-other", action="store_true", default=None,
+                   help="let other users read the mount (FUSE allow_other; -o allow_other in mount(8) and fstab): "
+                        "the kernel checks every access against the source's modes, so a user reads, and reads the "
+                        "attributes and errors of, only the files they could read in SRC. A user other than root "
+                        "needs user_allow_other in /etc/fuse.conf")
+    g.add_argument("--epoch-setters", choices=SETTERS, default=None,
+                   help="who may set epochs and resume states: owner (default: the user who mounted it, and "
+                        "root; others get EPERM) or any (every user the kernel lets write the path). A state given "
+                        "as @PATH is read by the daemon, so only from the owner and root")
     g.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
 
     p = subs["epoch"] = sub.add_parser(

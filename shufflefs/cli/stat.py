@@ -22,8 +22,8 @@ def cmd_stat(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         raise CliError(f"{args.mountpoint}: unreadable stats: {raw[:200]!r}") from None
     if args.json:
         print(json.dumps(stats, indent=2))
-    else:
-        print(format_stats(stats))
+    else:  # paths that are no UTF-8 (a resume state may name any) are printed escaped
+        print(format_stats(stats).encode("utf-8", "backslashreplace").decode("utf-8"))
     return EXIT_OK
 
 
@@ -111,8 +111,9 @@ def format_stats(stats: dict) -> str:
     resume = take("resume", None)
     if resume:
         views = resume.get("views", [])
-        lines.append(("resume", f"epoch {resume.get('epoch')} resumed after a stop: {len(views)} view(s) "
-                      f"({', '.join(views[:5])}{', ...' if len(views) > 5 else ''})"))
+        names = f" ({', '.join(views[:5])}{', ...' if len(views) > 5 else ''})" if isinstance(views, list) else ""
+        count = len(views) if isinstance(views, list) else views  # a count for users other than the owner
+        lines.append(("resume", f"epoch {resume.get('epoch')} resumed after a stop: {count} view(s){names}"))
     counts = [f"{take(k)} {label}" for k, label in (("files_opened", "opened"), ("views", "views"),
                                                      ("handles", "open handles"), ("inodes", "inodes")) if k in s]
     if counts:

@@ -86,6 +86,39 @@ def is_shufflefs(mountpoint: str) -> bool:
     return t is not None and t.startswith("fuse.shufflefs")
 
 
+def mount_path(path: str) -> str | None:
+    """The mount point ``path`` names if it is the root of a shufflefs mount, however it is
+    spelled (relative, with ``..``, through a linked parent directory), else None.  Only the
+    parent is resolved, within `CONTROL_TIMEOUT`: nothing asks the mount itself."""
+    spelled = os.path.abspath(path)
+    if is_shufflefs(spelled):
+        return spelled
+    parent, name = os.path.split(spelled)
+    if not name:
+        return None
+    try:
+        real = os.path.join(with_deadline(os.path.realpath, parent, what="realpath"), name)
+    except OSError:
+        return None
+    return real if is_shufflefs(real) else None
+
+
+def mount_owner(mountpoint: str) -> int | None:
+    """The uid that mounted the FUSE mount at ``mountpoint`` (its ``user_id`` option in
+    /proc/self/mountinfo), or None."""
+    found = None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                head, _, tail = line.partition(" - ")
+                p, q = head.split(), tail.split()
+                if len(p) > 4 and len(q) > 2 and _unescape(p[4]) == mountpoint:
+                    found = next((int(o[8:]) for o in q[2].split(",") if o.startswith("user_id=")), None)
+    except (OSError, ValueError):
+        return None
+    return found
+
+
 # --------------------------------------------------------------------------- outside the mount
 #
 # A daemon whose requests hang (a hung source, SIGSTOP) makes every call through its mount wait,

@@ -265,6 +265,8 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
     mnt = os.path.abspath(config.mountpoint)
     source = str(config.source) if scheme_of(str(config.source)) else os.path.abspath(config.source)
     options = {_fsname(source), "subtype=shufflefs", "default_permissions"}
+    if config.allow_other:  # other users reach it; the kernel checks their rights (default_permissions)
+        options.add("allow_other")
     main_thread = threading.current_thread() is threading.main_thread()
     if main_thread:  # until trio takes over the signals, a SIGTERM must still unmount
         previous = signal.signal(signal.SIGTERM, _terminate_early)

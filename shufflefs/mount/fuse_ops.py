@@ -37,6 +37,7 @@ from pyfuse3 import FUSEError
 from ..config import MountConfig
 from ..errors import DESCRIPTOR_ERRNOS, descriptors_note
 from ..serve import xattrs
+from ..serve.access import Caller
 from ..serve.catalog import Catalog
 from ..serve.nodes import LINK, ROOT, VIEW, Handle, Node, Probe, Reply, Stat, view_mtime_ns
 from ..serve.workers import Timeout
@@ -340,17 +341,17 @@ class ShuffleFS(pyfuse3.Operations):
     async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
         if name.startswith(UNSUPPORTED_XATTRS):  # asked of every file by ls -l: the cheapest answer
             raise FUSEError(errno.ENOTSUP)
-        return await self._getxattr(inode, name)
+        return await self._getxattr(inode, name, Caller.of(ctx))
 
     @_guard
-    async def _getxattr(self, inode: int, name: bytes) -> bytes:
-        return await xattrs.get(self.catalog, self.catalog.tree.node(inode), name)
+    async def _getxattr(self, inode: int, name: bytes, caller: Caller) -> bytes:
+        return await xattrs.get(self.catalog, self.catalog.tree.node(inode), name, caller)
 
     @_guard
     async def setxattr(self, inode: int, name: bytes, value: bytes, ctx: pyfuse3.RequestContext) -> None:
         """An epoch change is answered once the kernel has dropped every name it keeps, so that
         the next path walk looks the new epoch's inodes up."""
-        xattrs.set(self.catalog, self.catalog.tree.node(inode), name, value)
+        await xattrs.set(self.catalog, self.catalog.tree.node(inode), name, value, Caller.of(ctx))
         moved = name in (xattrs.X_EPOCH, xattrs.X_RESUME)  # views' names now lead to other inodes
         if moved and self._nursery is not None:
             self._nursery.start_soon(self.drop_past_pages)

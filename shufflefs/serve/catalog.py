@@ -19,7 +19,7 @@ from typing import Any
 import trio
 
 from ..config import MIX_DIR, PARTS_DIR, MountConfig
-from ..errors import DESCRIPTOR_ERRNOS, ShuffleError, StaleSourceError, descriptors_note
+from ..errors import DESCRIPTOR_ERRNOS, ResumeMismatch, ShuffleError, StaleSourceError, descriptors_note
 from ..index.table import SourceStamp
 from ..pools.lookup import PoolTable
 from ..pools.mixes import MixTable
@@ -44,7 +44,7 @@ from .nodes import (
     Reply,
     Stat,
 )
-from .planner import Planner
+from .planner import RESUME_MISFIT, Planner
 from .reads import Reads
 from .stats import Stats
 from .tree import Tree
@@ -203,7 +203,12 @@ class Catalog:
         """Set a view's size: a rank's share, a shard or a resumed view from its plan, else from
         the file's size and (text) its last byte."""
         if self.config.world > 1 or node.parts > 1 or node.pool is not None or node.resume:
-            await self.planner.plan(node)  # sizes it
+            try:
+                await self.planner.plan(node)  # sizes it
+            except ResumeMismatch as e:  # the name stands (size 0), so that its user.shufflefs.error is
+                self.fail("lookup", node.relpath, node.epoch, None, e)  # readable; every open is EINVAL
+                node.resume_problem = e.message.removeprefix(RESUME_MISFIT)
+                node.size = 0
             return
         if probe.last_byte == UNREAD:
             await self.workers.run(self.tree.read_last_byte, node.relpath, probe)

@@ -37,6 +37,8 @@ from .workers import Workers
 
 log = logging.getLogger("shufflefs")
 
+RESUME_MISFIT = "the resume state does not fit this view: "
+
 COST_FILES = 4
 """Files whose ``--balance-field`` costs (4 bytes per record) are kept for the next epoch's plan."""
 POOL_STREAMS = 4
@@ -389,14 +391,12 @@ class Planner:
         layouts its epoch ran under (`strategies.resume`); a state that does not fit the view (a
         count past a stream's end) is the reader's EINVAL, logged with the view's path."""
         if node.resume_problem:
-            raise ResumeMismatch(self.store.path(node.relpath), None, f"the resume state does not fit this view: "
-                                 f"{node.resume_problem}")
+            raise ResumeMismatch(self.store.path(node.relpath), None, RESUME_MISFIT + node.resume_problem)
         try:
             return resumed_plan(plan_of, node.resume, self.config.rank, self.config.world, node.part, node.parts,
                                 length_of)
         except ResumeError as e:
-            raise ResumeMismatch(self.store.path(node.relpath), None, f"the resume state does not fit this view: {e}") \
-                from None
+            raise ResumeMismatch(self.store.path(node.relpath), None, RESUME_MISFIT + str(e)) from None
 
     def _record_costs(self, node: Node, index: RecordIndex) -> np.ndarray | None:
         """Blocking: every record's cost (a pool's: its members' in shard order)."""

@@ -30,10 +30,13 @@ from ..index.table import default_cache_dir
 from ..strategies.base import AUTO_BLOCK_FLOOR
 from ..strategies.resume import ResumeError, ResumeState
 from ..windows.view import GATHER
-from . import order_info
+from . import access, order_info
+from .access import OWNER, Caller
 from .catalog import Catalog
+from .mix_tree import in_mix_tree
 from .nodes import DIR, FILE, ROOT, VIEW, Node, Reply
 from .stats import fit as fit_stats
+from .workers import Timeout
 
 log = logging.getLogger("shufflefs")
 
@@ -67,8 +70,9 @@ def names(node: Node, cat: Catalog | None = None) -> list[bytes]:
     return failed if node.kind == FILE else []
 
 
-async def get(cat: Catalog, node: Node, name: bytes) -> bytes:
-    """ENODATA for a name the node does not have."""
+async def get(cat: Catalog, node: Node, name: bytes, caller: Caller = OWNER) -> bytes:
+    """ENODATA for a name the node does not have; the resume state and the stats' file names
+    only for those `access` allows."""
     if name == X_ERROR and node.kind in (VIEW, FILE):
         line = cat.stats.paths.get(node.relpath)
         if line is None:
@@ -77,13 +81,15 @@ async def get(cat: Catalog, node: Node, name: bytes) -> bytes:
     if name not in names(node, cat):
         raise Reply(errno.ENODATA)
     if name == X_RESUME:
+        if not access.may_set(caller, cat.config.epoch_setters):
+            raise Reply(errno.EACCES)
         return cat.epochs.resume.to_json().encode()
     if name == X_EPOCH:
         return str(cat.epochs.shown(node)).encode()
     if name == X_PID:
         return str(os.getpid()).encode()
     if name == X_STATS:
-        return fit_stats(describe(cat))
+        return fit_stats(describe(cat, details=access.trusted(caller)))
     spec = cat.spec
     field = name.decode()[len(XATTR_PREFIX):]
     simple = {"strategy": spec.strategy, "seed": spec.seed, "format": node.fmt.name, "buffer": format_buffer(spec.buffer)}
@@ -122,43 +128,79 @@ async def get(cat: Catalog, node: Node, name: bytes) -> bytes:
     return json.dumps(info, sort_keys=True, default=str).encode()
 
 
-def set(cat: Catalog, node: Node, name: bytes, value: bytes) -> None:  # noqa: A001 -- the xattr verb
-    """Only the epoch can be set (EINVAL for a value that is no epoch); ours are EPERM, others
-    EROFS (the mount is read-only)."""
+async def set(cat: Catalog, node: Node, name: bytes, value: bytes, caller: Caller = OWNER) -> None:  # noqa: A001
+    """Only the epoch, and on the root the resume state, can be set (EINVAL for a value that is
+    none; EPERM for a caller `access` does not allow); ours are EPERM, others EROFS (the mount is
+    read-only)."""
+    if name in (X_EPOCH, X_RESUME) and not access.may_set(caller, cat.config.epoch_setters):
+        log.warning("%s of /%s not set: uid %d may not set it (only %s may: --epoch-setters)",
+                    name.decode(), node.relpath, caller.uid, access.who_may_set(cat.config.epoch_setters))
+        raise Reply(errno.EPERM)
     if name == X_RESUME and node.ino == ROOT:
-        cat.set_resume(node, parse_resume(value))
+        state = await parse_resume(cat, value, caller)
+        cat.set_resume(node, state)
         return
     if name != X_EPOCH:
         raise Reply(errno.EPERM if name in OURS else errno.EROFS)
     cat.set_epoch(node, parse_epoch(value, node.relpath))
 
 
-def parse_resume(value: bytes) -> ResumeState:
-    """A resume state: its JSON, or ``@`` and the absolute path of a regular file holding it;
-    EINVAL with a log line saying what is wrong (the writer sees only the errno)."""
-    text, where = value, "the attribute's value"
+async def parse_resume(cat: Catalog, value: bytes, caller: Caller = OWNER) -> ResumeState:
+    """A resume state: its JSON, or ``@`` and the absolute path of a regular file holding it,
+    read and parsed on a worker thread with a deadline (`access.read_state_file`: never in this
+    mount).  Every view it names must be a file of the mount.  EINVAL with a log line saying what
+    is wrong (the writer sees only the errno); EACCES for ``@`` from a caller other than the
+    owner and root, whose rights the daemon cannot read with."""
+    where = "the attribute's value"
     if value.startswith(b"@"):
         where = os.fsdecode(value[1:].rstrip(b"\n"))
-        try:
-            if not os.path.isabs(where):
-                raise ValueError("the path must be absolute")
-            fd = os.open(where, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or st.st_size > RESUME_FILE_MAX:
-                    raise ValueError(f"not a regular file of at most {RESUME_FILE_MAX} bytes")
-                with os.fdopen(fd, "rb", closefd=False) as f:
-                    text = f.read(RESUME_FILE_MAX + 1)
-            finally:
-                os.close(fd)
-        except (OSError, ValueError) as e:
-            log.error("%s: invalid resume state file %s: %s", RESUME_XATTR, where, e)
-            raise Reply(errno.EINVAL) from None
+        if not access.trusted(caller):
+            log.error("%s: resume state file %s refused: uid %d is neither the mount's owner nor root, and the "
+                      "daemon reads files with its own rights (send the state itself)", RESUME_XATTR, where, caller.uid)
+            raise Reply(errno.EACCES)
     try:
-        return ResumeState.from_json(text, MAX_EPOCH)
+        state = await cat.workers.run(_read_state, value, where, cat.mountpoint)
+    except Timeout as e:
+        log.error("%s: resume state file %s refused: %s (a path leading into this mount, or a hung "
+                  "filesystem)", RESUME_XATTR, where, e)
+        raise Reply(errno.EINVAL) from None
+    except (OSError, ValueError) as e:
+        log.error("%s: invalid resume state file %s: %s", RESUME_XATTR, where, e)
+        raise Reply(errno.EINVAL) from None
     except ResumeError as e:
         log.error("%s: invalid resume state (%s): %s", RESUME_XATTR, where, e)
         raise Reply(errno.EINVAL) from None
+    missing = await cat.workers.run(_missing_views, cat, list(state.views))
+    if missing:
+        shown = ", ".join(repr(p) for p in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        log.error("%s: invalid resume state (%s): it names %s, not a file of this mount", RESUME_XATTR, where, shown)
+        raise Reply(errno.EINVAL)
+    return state
+
+
+def _read_state(value: bytes, where: str, mountpoint: str) -> ResumeState:
+    """Blocking: the state of an attribute's value (a file's for ``@PATH``)."""
+    text = value
+    if value.startswith(b"@"):
+        text = access.read_state_file(where, mountpoint, RESUME_FILE_MAX)
+    return ResumeState.from_json(text, MAX_EPOCH)
+
+
+def _missing_views(cat: Catalog, paths: list[str]) -> list[str]:
+    """Blocking: the paths of ``paths`` that are no regular file of the source (or no mixture's
+    shard): a state naming them would resume nothing there, silently."""
+    missing = []
+    for relpath in paths:
+        try:
+            if in_mix_tree(relpath):
+                found = cat.mixes is not None and cat.mixes.probe(relpath) is not None
+            else:
+                found = stat.S_ISREG(cat.store.stat(relpath).st_mode)
+        except (OSError, ValueError):  # gone, a link on the way, a name no file system can hold
+            found = False
+        if not found:
+            missing.append(relpath)
+    return missing
 
 
 def parse_epoch(value: bytes, where: str = "") -> int:
@@ -190,8 +232,28 @@ def _exchange_counts(cat: Catalog) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-def describe(cat: Catalog) -> dict[str, Any]:
-    """The mount's state for ``user.shufflefs.stats`` (and `shufflefs stat`)."""
+DETAILS = ("few_blocks", "small_buffers", "pls_exchange", "epoch_overrides", "last_errors", "staging")
+"""Fields of the stats that name files: shown to the mount's owner and root only (`access`)."""
+
+
+def describe(cat: Catalog, details: bool = True) -> dict[str, Any]:
+    """The mount's state for ``user.shufflefs.stats`` (and `shufflefs stat`); without
+    ``details``, no field that names a file (`DETAILS`, the resumed views): counts instead."""
+    state = _describe(cat)
+    if details:
+        return state
+    for key in DETAILS:
+        if key in state:
+            value = state.pop(key)
+            if key in ("few_blocks", "last_errors"):
+                state[key + "_count"] = len(value)
+    if "resume" in state:
+        state["resume"] = {"epoch": state["resume"]["epoch"], "views": len(state["resume"]["views"])}
+    state["details"] = (f"file names are shown to the mount's owner (uid {os.geteuid()}) and root only")
+    return state
+
+
+def _describe(cat: Catalog) -> dict[str, Any]:
     spec, config, views = cat.spec, cat.config, cat.views
     return cat.stats.snapshot(
         source=cat.source,

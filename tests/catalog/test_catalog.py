@@ -117,7 +117,7 @@ def test_epoch_moves_names_not_open_handles(src: Path, tmp_path: Path) -> None:
         old = await lookup(cat, "a.jsonl")
         h = await cat.open(old)
         first = bytes(await cat.read(h, 0, 1000))
-        xattrs.set(cat, cat.tree.node(ROOT), b"user.shufflefs.epoch", b"3\n")
+        await xattrs.set(cat, cat.tree.node(ROOT), b"user.shufflefs.epoch", b"3\n")
         new = await lookup(cat, "a.jsonl")
         assert new.ino != old.ino and new.epoch == 3 and old.epoch == 0
         assert await xattrs.get(cat, new, b"user.shufflefs.epoch") == b"3"
@@ -129,7 +129,7 @@ def test_epoch_moves_names_not_open_handles(src: Path, tmp_path: Path) -> None:
         assert await read_all(cat, new) == reference(path, spec, 3) != reference(path, spec, 0)
         for bad in (b"-1", b"x", b"2147483648", b"1e3"):
             with pytest.raises(Reply) as e:
-                xattrs.set(cat, cat.tree.node(ROOT), b"user.shufflefs.epoch", bad)
+                await xattrs.set(cat, cat.tree.node(ROOT), b"user.shufflefs.epoch", bad)
             assert e.value.errno == errno.EINVAL
 
     run(src, tmp_path, body)
@@ -199,7 +199,7 @@ def test_refusals(src: Path, tmp_path: Path) -> None:
             await cat.open(await lookup(cat, "sub"))
         assert e.value.errno == errno.EISDIR
         with pytest.raises(Reply) as e:
-            xattrs.set(cat, root, b"user.shufflefs.strategy", b"full")
+            await xattrs.set(cat, root, b"user.shufflefs.strategy", b"full")
         assert e.value.errno == errno.EPERM
         with pytest.raises(Reply) as e:
             await xattrs.get(cat, root, b"user.other")

@@ -277,9 +277,14 @@ def test_mount_helper_translates_options(tmp_path):
     assert r.returncode == 0, r.stderr
     assert ("/bin/true mount --strategy full --block-size 16KiB --buffer 10% --seed 5 "
             "--format *.rec=fixed:record_size=128,header_bytes=16 -v -- /data /mnt/x") in r.stderr
-    r = subprocess.run(["sh", str(HELPER), "/data", "/mnt/x", "-o", "allow_other"],
+    r = subprocess.run(["sh", str(HELPER), "/data", "/mnt/x", "-f", "-o",
+                        "allow_other,default_permissions,epoch_setters=any"],
                        capture_output=True, text=True, env={**os.environ, "SHUFFLEFS": "/bin/true"})
-    assert r.returncode == 1 and "unknown option 'allow_other'" in r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "/bin/true mount --allow-other --epoch-setters any -- /data /mnt/x" in r.stderr
+    r = subprocess.run(["sh", str(HELPER), "/data", "/mnt/x", "-o", "allow_root"],
+                       capture_output=True, text=True, env={**os.environ, "SHUFFLEFS": "/bin/true"})
+    assert r.returncode == 1 and "unknown option 'allow_root'" in r.stderr
 
 
 # --------------------------------------------------------------------------- index (no mount)
