@@ -147,7 +147,7 @@ def test_the_same_blend_on_every_mount_and_epochs_differ(mount, src, tmp_path):
 
 
 def test_ranks_and_loader_parts_split_the_blend_exactly_once(mount, src, tmp_path):
-    """Holds: SEMANTICS.md#mix-ranks"""
+    """Holds: SEMANTICS.md#mix-ranks, SEMANTICS.md#views-torn"""
     cfg = config(tmp_path, 7001, [("web/*.jsonl", 2), ("books/*.jsonl", 1)])
     whole = mount(None, *ARGS, "--config", str(cfg), src=src)
     blend = collections.Counter(records(whole.mnt))
@@ -155,7 +155,9 @@ def test_ranks_and_loader_parts_split_the_blend_exactly_once(mount, src, tmp_pat
              for r in range(3)]
     shares = [collections.Counter(records(r.mnt)) for r in ranks]
     assert sum(shares, collections.Counter()) == blend
-    assert max(sum(s.values()) for s in shares) - min(sum(s.values()) for s in shares) <= 1
+    torn = blend[("books", 0, BOOKS - 1)]  # the shelf's last line lacks its newline: given last, by the last rank
+    assert torn >= 2
+    assert max(sum(s.values()) for s in shares) - min(sum(s.values()) for s in shares) <= 1 + torn
     parts = [collections.Counter(records(whole.mnt, f".parts/2/{i}/.mix/blend")) for i in range(2)]
     assert parts[0] + parts[1] == blend
 

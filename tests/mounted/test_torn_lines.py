@@ -168,3 +168,28 @@ def test_an_append_while_mounted_shows_the_finished_line_as_a_record(mount):
         assert os.stat(m.path("log.jsonl")).st_size == src.stat().st_size
         places.append(good.index(finished))
     assert places != [len(lines)] * 3  # shuffled like any other record, no longer kept last
+
+
+def test_a_mixture_gives_the_torn_lines_it_takes_at_the_end_of_its_last_shard(mount, tmp_path):
+    """Holds: SEMANTICS.md#views-torn, SEMANTICS.md#mix-files"""
+    web = {f"web/w{i}.jsonl": b"\n".join(complete(400, f"w{i}")) + b"\n" + b'{"src": "w%d", "cut' % i
+           for i in range(2)}
+    books = {"books/b.jsonl": b"\n".join(complete(300, "b")) + b"\n"}
+    config = tmp_path / "mix.toml"
+    config.write_text('[[mix]]\nname = "blend"\nsamples = 1400\nshards = 3\n'
+                      '[[mix.source]]\nglob = "web/*.jsonl"\nweight = 3\n[[mix.source]]\nglob = "books/*.jsonl"\n'
+                      'weight = 1\n')
+    m = mount({**web, **books}, *ARGS, "--strategy", "full", "--config", str(config))
+    cut = {b'{"src": "w0", "cut', b'{"src": "w1", "cut'}
+    for epoch in (0, 1, 2):  # 1,050 of 802 web records: every web record once, some twice
+        m.set_epoch(epoch)
+        names = sorted(os.listdir(m.path(".mix/blend")))
+        views = [m.path(f".mix/blend/{n}").read_bytes() for n in names]
+        blend = b"".join(views)
+        for v in views[:-1]:
+            assert v.endswith(b"\n") and not cut & set(v.split(b"\n"))
+        lines = blend.split(b"\n")
+        torn = [j for j, line in enumerate(lines) if line in cut]
+        assert torn == list(range(len(lines) - len(torn), len(lines))) and len(torn) >= 2, torn
+        assert lines[-len(torn):] == sorted(lines[-len(torn):])  # in source order
+        assert len(lines) == 1400 and all(json.loads(x) for x in lines[:-len(torn)])

@@ -137,8 +137,6 @@ def view_ok(name: str, source: bytes, view: bytes, share: bool) -> bool:
         return view[:HEADER] == source[:HEADER] and same(cut(view), cut(source))
     # csv, npy: no independent record split here; the bytes must be the source's bytes
     v, s = np.bincount(np.frombuffer(view, np.uint8), minlength=256), np.bincount(np.frombuffer(source, np.uint8), minlength=256)
-    if name.endswith(".csv") and len(view) == len(source) + 1:
-        s[ord("\n")] += 1  # a last row without its newline gets one
     return bool((v <= s).all()) if share else bool((v == s).all())
 
 
