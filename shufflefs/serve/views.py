@@ -30,6 +30,7 @@ from ..stages.store import EpochBytes, StageStore, StageTarget
 from ..strategies import Plan
 from ..strategies.exchange import Partitions
 from ..strategies.partial_local import pls_exchange
+from ..strategies.torn import WithTorn
 from ..windows.cache import WindowCache
 from ..windows.view import SharedView, View, ViewClosed, window_work
 from .nodes import Node, frame_file
@@ -214,7 +215,8 @@ class Views:
         if target is None:
             exchange = await self.workers.run(pls_exchange, index.body(), self.config.spec, self.config.world,
                                               limiter=self.workers.index)  # as its plans: torn records apart
-            target = StageTarget(file, key, name, index, Partitions(exchange, self.config.rank), open_source,
+            partitions = WithTorn(Partitions(exchange, self.config.rank), index, self.config.rank, self.config.world)
+            target = StageTarget(file, key, name, index, partitions, open_source,
                                  lambda: self.epoch_of(epoch_path))
             self._stage_targets[key] = target
             while len(self._stage_targets) > STAGE_TARGETS:

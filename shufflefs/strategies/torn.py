@@ -17,6 +17,8 @@ other, as the body's shares give the first ranks the extra records).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..index.table import RecordIndex
@@ -88,3 +90,18 @@ class TornLast(Plan):
 def stream_length(share: int, torn: int, rank: int, world: int, part: int, parts: int) -> int:
     """Records of a stream whose body share is ``share``: with the torn ones if it ends the epoch."""
     return share + (torn if holds_torn(rank, world, part, parts) else 0)
+
+
+class WithTorn:
+    """A rank's partitions by epoch (`exchange.Partitions` of the body) with the index's torn
+    records added for the last rank: its last part reads them, so its stage must hold them (a
+    source without descriptors, a bucket, can serve a staged view from its stage alone)."""
+
+    def __init__(self, partitions: Callable[[int], np.ndarray], index: RecordIndex, rank: int, world: int) -> None:
+        self.partitions = partitions
+        self.tail = np.arange(index.n - index.torn, index.n, dtype=np.int64) \
+            if index.torn and rank == world - 1 else None
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        ids = self.partitions(epoch)
+        return ids if self.tail is None else np.concatenate((ids, self.tail.astype(ids.dtype, copy=False)))
