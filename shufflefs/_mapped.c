@@ -23,8 +23,10 @@ static struct sigaction bus_previous;
 static void on_bus(int sig, siginfo_t *info, void *ctx) {
     sigjmp_buf *g = bus_guard;
     if (g) siglongjmp(*g, 1);
-    /* not a guarded copy: put the previous handler back; the faulting access repeats and meets it */
+    /* not a guarded copy: put the previous handler back and raise the signal again, so that it
+       meets that handler (a faulting access would repeat; a SIGBUS sent by kill(2) would not) */
     sigaction(SIGBUS, &bus_previous, NULL);
+    raise(SIGBUS);
     (void)sig; (void)info; (void)ctx;
 }
 
