@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import stat
 import threading
 
@@ -234,3 +235,24 @@ def readlink_beneath(path: str | os.PathLike) -> str:
         return os.readlink(name, dir_fd=fd)
     finally:
         os.close(fd)
+
+
+def unescape_mount_field(field: str) -> str:
+    """A path field of /proc/mounts or mountinfo as it was (``\\040`` is a space)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_device(mountpoint: str) -> int | None:
+    """The device number (``st_dev``) of the mount at ``mountpoint``, read from
+    ``/proc/self/mountinfo`` without a stat of it (which this daemon would have to answer)."""
+    found = None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                p = line.split()
+                if len(p) > 4 and unescape_mount_field(p[4]) == mountpoint:
+                    major, minor = p[2].split(":")
+                    found = os.makedev(int(major), int(minor))
+    except (OSError, ValueError, IndexError):
+        return None
+    return found

@@ -15,10 +15,11 @@ import errno
 import hashlib
 import json
 import os
-import re
 import subprocess
 import threading
 from typing import Any, Callable
+
+from ..resolve import mount_device, unescape_mount_field
 
 CONTROL_TIMEOUT = 5.0
 """Seconds a control call waits for the daemon before it gives up with ``ETIMEDOUT``."""
@@ -62,10 +63,6 @@ def set_xattr(path: str, name: str, value: bytes, timeout: float = CONTROL_TIMEO
     with_deadline(os.setxattr, path, name, value, timeout=timeout, what=f"setxattr {name}")
 
 
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
 def mount_type(mountpoint: str) -> str | None:
     """The filesystem type mounted at ``mountpoint`` (absolute), from /proc/mounts; None if none.
     The last entry wins (mounts stack)."""
@@ -74,7 +71,7 @@ def mount_type(mountpoint: str) -> str | None:
         with open("/proc/mounts") as f:
             for line in f:
                 p = line.split()
-                if len(p) > 2 and _unescape(p[1]) == mountpoint:
+                if len(p) > 2 and unescape_mount_field(p[1]) == mountpoint:
                     found = p[2]
     except OSError:
         return None
@@ -112,7 +109,7 @@ def mount_owner(mountpoint: str) -> int | None:
             for line in f:
                 head, _, tail = line.partition(" - ")
                 p, q = head.split(), tail.split()
-                if len(p) > 4 and len(q) > 2 and _unescape(p[4]) == mountpoint:
+                if len(p) > 4 and len(q) > 2 and unescape_mount_field(p[4]) == mountpoint:
                     found = next((int(o[8:]) for o in q[2].split(",") if o.startswith("user_id=")), None)
     except (OSError, ValueError):
         return None
@@ -245,16 +242,8 @@ def daemon_pid(mountpoint: str) -> int | None:
 def connection(mountpoint: str) -> int | None:
     """The FUSE connection number of the mount at ``mountpoint`` (its device's minor number,
     from /proc/self/mountinfo: no stat of the mount point).  The last mount there wins."""
-    found = None
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                p = line.split()
-                if len(p) > 4 and _unescape(p[4]) == mountpoint:
-                    found = int(p[2].split(":")[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return found
+    dev = mount_device(mountpoint)
+    return None if dev is None else os.minor(dev)
 
 
 def _fusectl() -> str | None:

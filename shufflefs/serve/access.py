@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import stat
 from dataclasses import dataclass
 from typing import Any
+
+from ..resolve import mount_device
 
 ROOT_UID = 0
 SETTERS = ("owner", "any")
@@ -64,24 +65,6 @@ def who_may_set(setters: str) -> str:
     return "anyone" if setters == "any" else f"the mount's owner (uid {os.geteuid()}) and root"
 
 
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def mount_device(mountpoint: str) -> int | None:
-    """The device number (``st_dev``) of the mount at ``mountpoint``, read from
-    ``/proc/self/mountinfo`` without a stat of it (which this daemon would have to answer)."""
-    found = None
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                p = line.split()
-                if len(p) > 4 and _unescape(p[4]) == mountpoint:
-                    major, minor = p[2].split(":")
-                    found = os.makedev(int(major), int(minor))
-    except (OSError, ValueError, IndexError):
-        return None
-    return found
 
 
 def _inside(path: str, mountpoint: str) -> bool:
