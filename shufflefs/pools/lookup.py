@@ -5,7 +5,9 @@ sets live in one directory, so without declared globs a lookup lists only the fi
 again only when the directory's mtime changed (a file added, removed or renamed).  Declared globs
 may span directories: then the whole tree is walked, at most once per `TREE_TTL` seconds.
 Members' stamps (size, mtime, inode, ctime) are read again after `STAMP_TTL` seconds; they identify
-the pool's version, and every window load checks the files themselves anyway.
+the pool's version, and every window load checks the files themselves anyway.  The same reading
+gives the mode and owners of the pool's shards (`access.combine`: readable only by whoever may read
+every member, and enter every directory on the way to one where the members span directories).
 """
 
 from __future__ import annotations
@@ -15,44 +17,104 @@ import stat
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Hashable, Mapping, Sequence
 
 from ..index.table import SourceStamp
 from ..sources.base import Store
+from .access import Access, combine, passages
 from .shards import ShardSet, find_sets, membership
 
 TREE_TTL = 1.0
 STAMP_TTL = 1.0
 
 
-def entries(store: Store, directory: str) -> tuple[list[str], list[str]]:
-    """The regular files and the directories in ``directory`` (links followed by neither)."""
+def entries(store: Store, directory: str, seen: dict[str, Access] | None = None) -> tuple[list[str], list[str]]:
+    """The regular files and the directories in ``directory`` (links followed by neither);
+    ``seen`` takes the directories' modes and owners."""
     files, dirs = [], []
     for name in sorted(store.list(directory)):
         p = f"{directory}/{name}" if directory else name
         try:
-            mode = store.stat(p).st_mode
+            st = store.stat(p)
         except FileNotFoundError:
             continue
-        if stat.S_ISREG(mode):
+        if stat.S_ISREG(st.st_mode):
             files.append(p)
-        elif stat.S_ISDIR(mode):
+        elif stat.S_ISDIR(st.st_mode):
             dirs.append(p)
+            if seen is not None:
+                seen[p] = Access.of(st)
     return files, dirs
 
 
-def walk(store: Store, under: str = "") -> list[str]:
+def walk(store: Store, under: str = "", seen: dict[str, Access] | None = None) -> list[str]:
     """Every regular file of the store's tree, or of its directory ``under``, links not
-    followed; a directory that is missing (or leaves during the walk) holds none."""
+    followed; a directory that is missing (or leaves during the walk) holds none.  ``seen``
+    takes the modes and owners of the directories met beneath ``under``."""
     out, todo = [], [under]
     while todo:
         try:
-            files, dirs = entries(store, todo.pop())
+            files, dirs = entries(store, todo.pop(), seen)
         except (FileNotFoundError, NotADirectoryError):
             continue  # gone (or never there): nothing under it
         out.extend(files)
         todo.extend(reversed(dirs))
     return out
+
+
+@dataclass(frozen=True)
+class Known:
+    """The members' stamps as read at ``at`` (`time.monotonic`), their modes and owners, and the
+    access of the shards over them."""
+
+    at: float
+    stamps: tuple[SourceStamp, ...]
+    perms: tuple[Access, ...]
+    access: Access
+
+
+class MemberStamps:
+    """The members' stamps of pools (or mixtures) by key, as last read: read again (one stat
+    each) after `STAMP_TTL` seconds, when a lookup's own stamp differs, or after `note` of None
+    and `stale`.  ``dirs``: the modes of the directories the members may lie in, as last walked
+    (`passages`)."""
+
+    def __init__(self, store: Store, limit: int, dirs: Callable[[], Mapping[str, Access]] = dict) -> None:
+        self.store, self.limit, self.dirs = store, limit, dirs
+        self._lock = threading.Lock()
+        self._known: dict[Hashable, Known] = {}
+
+    def get(self, key: Hashable, members: Sequence[str], own: SourceStamp | None = None, shard: int = 0) -> Known:
+        """``own``: member ``shard``'s stamp as just read; all are read again if it differs."""
+        with self._lock:
+            now = time.monotonic()
+            known = self._known.get(key)
+            if known is None or now - known.at > STAMP_TTL or (own is not None and known.stamps[shard] != own):
+                sts = [self.store.stat(m, follow_last=True) for m in members]
+                if len(self._known) > self.limit:
+                    self._known.clear()
+                known = self._known[key] = self._known_of(now, members, tuple(SourceStamp.of(st) for st in sts),
+                                                          tuple(Access.of(st) for st in sts))
+            return known
+
+    def _known_of(self, at: float, members: Sequence[str], stamps: tuple[SourceStamp, ...],
+                  perms: tuple[Access, ...]) -> Known:
+        return Known(at, stamps, perms, combine([*perms, *passages(members, self.dirs())]))
+
+    def note(self, key: Hashable, members: Sequence[str],
+             got: tuple[tuple[SourceStamp, ...], tuple[Access, ...]] | None) -> None:
+        """The members' stamps and modes as just read (an open found one changed): the next
+        lookups take them; None: read them again at the next lookup (a member is gone)."""
+        with self._lock:
+            if got is None:
+                self._known.pop(key, None)
+            else:
+                self._known[key] = self._known_of(time.monotonic(), members, *got)
+
+    def stale(self) -> None:
+        """A file changed: read every member's version again at the next lookup."""
+        with self._lock:
+            self._known.clear()
 
 
 @dataclass(frozen=True)
@@ -64,6 +126,8 @@ class PoolEntry:
     pool: ShardSet
     shard: int
     stamps: tuple[SourceStamp, ...]
+    access: Access | None = None
+    """The mode and owners the shard shows (None: its own file's)."""
     mix = None
 
     @property
@@ -95,21 +159,26 @@ class PoolTable:
         self.globs = tuple(globs)
         self._lock = threading.Lock()
         self._dirs: dict[str, tuple[int, dict[str, tuple[ShardSet, int]]]] = {}
-        self._tree: tuple[float, dict[str, tuple[ShardSet, int]]] | None = None
-        self._stamps: dict[tuple, tuple[float, tuple[SourceStamp, ...]]] = {}
+        # declared globs: when the tree was walked, the sets' members, the directories' modes
+        self._tree: tuple[float, dict[str, tuple[ShardSet, int]], dict[str, Access]] | None = None
+        self._stamps = MemberStamps(store, 4096, self._walked_dirs)
 
     def _entries(self, directory: str) -> tuple[list[str], list[str]]:
         return entries(self.store, directory)
 
-    def _walk(self) -> list[str]:
-        return walk(self.store)
+    def _walked_dirs(self) -> Mapping[str, Access]:
+        """The directories a declared set's members may lie in (a name-recognised set's shards
+        lie in its members' one directory, which the kernel checks itself)."""
+        tree = self._tree
+        return tree[2] if tree is not None else {}
 
     def _members(self, relpath: str) -> dict[str, tuple[ShardSet, int]]:
         if self.globs:
             now = time.monotonic()
             if self._tree is None or now - self._tree[0] > TREE_TTL:
-                sets, _ = find_sets(self._walk(), self.format_of, self.globs)
-                self._tree = (now, membership(sets))
+                seen: dict[str, Access] = {}
+                sets, _ = find_sets(walk(self.store, "", seen), self.format_of, self.globs)
+                self._tree = (now, membership(sets), seen)
             return self._tree[1]
         directory = os.path.dirname(relpath)
         mtime = self.store.stat(directory, follow_last=True).st_mtime_ns
@@ -128,22 +197,9 @@ class PoolTable:
             if got is None:
                 return None
             pool, shard = got
-            now = time.monotonic()
-            key = (pool.key, pool.members)
-            known = self._stamps.get(key)
-            if known is None or now - known[0] > STAMP_TTL or (own is not None and known[1][shard] != own):
-                stamps = tuple(SourceStamp.of(self.store.stat(m, follow_last=True)) for m in pool.members)
-                if len(self._stamps) > 4096:
-                    self._stamps.clear()
-                known = self._stamps[key] = (now, stamps)
-            return PoolEntry(pool, shard, known[1])
+            known = self._stamps.get((pool.key, pool.members), pool.members, own, shard)
+            return PoolEntry(pool, shard, known.stamps, known.access)
 
-    def note(self, pool: ShardSet, stamps: tuple[SourceStamp, ...] | None) -> None:
-        """The members' stamps as just read (an open found one changed): the next lookups take
-        them; None: read them again at the next lookup (a member is gone)."""
-        with self._lock:
-            key = (pool.key, pool.members)
-            if stamps is None:
-                self._stamps.pop(key, None)
-            else:
-                self._stamps[key] = (time.monotonic(), stamps)
+    def note(self, pool: ShardSet, got: tuple[tuple[SourceStamp, ...], tuple[Access, ...]] | None) -> None:
+        """The members' stamps and modes as just read (`MemberStamps.note`)."""
+        self._stamps.note((pool.key, pool.members), pool.members, got)

@@ -6,7 +6,8 @@ the members of one pool whose records a `mix_index.MixIndex` picks from every ep
 them must be data files of one format (a reader of the shards reads one format), each source
 must match at least one, and no file may belong to two sources.  Blocking (the store's
 listings); resolved again at most once per `TREE_TTL` seconds, members' stamps after
-`STAMP_TTL`, as `lookup.PoolTable` does.
+`STAMP_TTL`, as `lookup.PoolTable` does.  Its shards, and ``.mix/NAME`` itself, are readable only
+by whoever may read every file and enter every directory on the way to one (`access`).
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 from ..config import MIX_DIR, MixSpec
 from ..errors import ShuffleError
 from ..formats import FormatRule
 from ..index.table import SourceStamp
 from ..sources.base import Store
-from .lookup import STAMP_TTL, TREE_TTL, walk
+from .access import Access
+from .lookup import TREE_TTL, MemberStamps, walk
 from .shards import path_order
 
 _EXT = re.compile(r"(?:\.[A-Za-z][A-Za-z0-9]*)+$")
@@ -65,6 +67,9 @@ class MixEntry:
     pool: MixSet
     shard: int
     stamps: tuple[SourceStamp, ...]
+    access: Access | None = None
+    """Who may read the mixture's shards (`access.combine` over its files and their directories,
+    read bits only)."""
 
     @property
     def mix(self) -> MixSet:
@@ -150,17 +155,31 @@ class MixTable:
         self._lock = threading.Lock()
         self._tree: tuple[float, list[str]] | None = None
         self._found: dict[str, MixSet | MixError] = {}  # for the files of ``_tree``
-        self._stamps: dict[tuple, tuple[float, tuple[SourceStamp, ...]]] = {}
+        self._dirs: Mapping[str, Access] = {}  # the directories' modes, as ``_tree`` was walked
+        self._stamps = MemberStamps(store, 256, lambda: self._dirs)
 
     def _files(self) -> list[str]:
         now = time.monotonic()
         if self._tree is None or now - self._tree[0] > TREE_TTL:
             roots = walk_roots([s.glob for spec in self.specs.values() for s in spec.sources])
-            files = sorted({f for root in roots for f in walk(self.store, root)})
+            seen: dict[str, Access] = {}
+            files = sorted({f for root in roots for f in self._walk(root, seen)})
             if self._tree is None or files != self._tree[1]:
                 self._found.clear()
-            self._tree = (now, files)
+            self._tree, self._dirs = (now, files), seen
         return self._tree[1]
+
+    def _walk(self, root: str, seen: dict[str, Access]) -> list[str]:
+        """The files beneath ``root``; ``seen`` takes the modes of the directories beneath it
+        and of ``root`` and those above it (one stat each, per walk)."""
+        parts = root.split("/") if root else []
+        for i in range(len(parts)):
+            d = "/".join(parts[: i + 1])
+            try:
+                seen[d] = Access.of(self.store.stat(d))
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+        return walk(self.store, root, seen)
 
     def find(self, name: str) -> MixSet | None:
         """Mixture ``name`` (None: no such mixture); `MixError` if it cannot be served."""
@@ -187,28 +206,17 @@ class MixTable:
         if shard is None:
             return None
         with self._lock:
-            key, now = (mix.key, mix.members), time.monotonic()
-            known = self._stamps.get(key)
-            if known is None or now - known[0] > STAMP_TTL:
-                stamps = tuple(SourceStamp.of(self.store.stat(m, follow_last=True)) for m in mix.members)
-                if len(self._stamps) > 256:
-                    self._stamps.clear()
-                known = self._stamps[key] = (now, stamps)
-        return MixEntry(mix, shard, known[1])
+            known = self._stamps.get((mix.key, mix.members), mix.members)
+        access = known.access  # a shard is no file to write or run: its read bits
+        return MixEntry(mix, shard, known.stamps, Access(access.mode & 0o444, access.uid, access.gid))
 
-    def note(self, mix: MixSet, stamps: tuple[SourceStamp, ...] | None) -> None:
-        """The files' stamps as just read (an open found one changed), as `PoolTable.note`."""
-        with self._lock:
-            key = (mix.key, mix.members)
-            if stamps is None:
-                self._stamps.pop(key, None)
-            else:
-                self._stamps[key] = (time.monotonic(), stamps)
+    def note(self, mix: MixSet, got: tuple[tuple[SourceStamp, ...], tuple[Access, ...]] | None) -> None:
+        """The files' stamps and modes as just read (an open found one changed), as `PoolTable.note`."""
+        self._stamps.note((mix.key, mix.members), mix.members, got)
 
     def stale(self) -> None:
         """A file changed: read every mixture's files' versions again at the next lookup."""
-        with self._lock:
-            self._stamps.clear()
+        self._stamps.stale()
 
     def check(self) -> list[str]:
         """What keeps any mixture from being served now (empty: all can be)."""

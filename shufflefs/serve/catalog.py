@@ -43,6 +43,7 @@ from .nodes import (
     Probe,
     Reply,
     Stat,
+    shard_stat,
 )
 from .planner import RESUME_MISFIT, Planner
 from .reads import Reads
@@ -164,6 +165,8 @@ class Catalog:
             if pool is NO_POOL:
                 pool = None if self.pools is None else await self.workers.run(self.pools.find, relpath, SourceStamp.of(st))
             stamp = SourceStamp.of(st)  # one object for the key and the node (a node per listed file)
+            if pool is not None and pool.access is not None:  # readable only by who may read every member
+                st = shard_stat(st, pool.access)
             version = pool.stamps if pool is not None else stamp
             epoch_path = pool.epoch_path if pool is not None else relpath
             epoch = self.epochs.of(epoch_path)
@@ -187,7 +190,7 @@ class Catalog:
                 node.stamp = stamp
                 node.pool = pool
                 node.size = -1
-        elif kind != VIEW:
+        elif kind != VIEW or pool is not None:  # a shard: its members' (or their directories') modes now
             node.st = st
             node.target = probe.target
         if kind == VIEW and sized and node.size < 0:

@@ -5,10 +5,12 @@ errno a request ends with.  No FUSE import: the adapter (`shufflefs.mount.fuse_o
 from __future__ import annotations
 
 import os
+import stat
 import time
 
 from ..formats import Format
 from ..index.table import RecordIndex, SourceStamp
+from ..pools.access import Access
 from ..pools.lookup import PoolEntry
 from ..pools.mixes import MixEntry
 from ..strategies import Plan
@@ -99,6 +101,15 @@ class Stat:
         self.st_uid, self.st_gid, self.st_size = st.st_uid, st.st_gid, st.st_size
         self.st_atime_ns, self.st_mtime_ns, self.st_ctime_ns = st.st_atime_ns, st.st_mtime_ns, st.st_ctime_ns
         self.st_blksize, self.st_blocks = st.st_blksize, st.st_blocks
+
+
+def shard_stat(st: os.stat_result | Stat, access: Access) -> Stat:
+    """A shard's attributes: ``st`` with the mode and owners under which the kernel lets only
+    whoever may read every member read it (`pools.access`)."""
+    out = Stat(st)
+    out.st_mode = stat.S_IFMT(st.st_mode) | access.mode
+    out.st_uid, out.st_gid = access.uid, access.gid
+    return out
 
 
 UNREAD = -1

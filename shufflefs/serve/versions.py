@@ -26,6 +26,7 @@ import trio
 
 from ..errors import DESCRIPTOR_ERRNOS, ShuffleError
 from ..index.table import SourceStamp
+from ..pools.access import Access
 from ..pools.lookup import PoolEntry, PoolTable
 from ..pools.mixes import MixEntry, MixTable
 from ..sources.base import Store
@@ -34,9 +35,11 @@ from .workers import Workers
 Stamps = tuple[SourceStamp | None, ...]
 
 
-def read_stamps(store: Store, members: tuple[str, ...], known: tuple[SourceStamp, ...]) -> Stamps:
-    """Blocking: every member's stamp now (None: missing or no regular file).  A stamp equal to
-    the one in ``known`` is that very object, so comparing unchanged stamps is cheap."""
+def read_members(store: Store, members: tuple[str, ...],
+                 known: tuple[SourceStamp, ...]) -> tuple[Stamps, tuple[Access | None, ...]]:
+    """Blocking: every member's stamp now (None: missing or no regular file), and its mode and
+    owners from the same stat (what its shards show).  A stamp equal to the one in ``known`` is
+    that very object, so comparing unchanged stamps is cheap."""
     many = getattr(store, "stat_many", None)
     if many is not None:
         found = many(members)
@@ -48,20 +51,24 @@ def read_stamps(store: Store, members: tuple[str, ...], known: tuple[SourceStamp
             except (FileNotFoundError, NotADirectoryError):
                 found.append(None)
     out: list[SourceStamp | None] = []
+    perms: list[Access | None] = []
     for st, old in zip(found, known):
         if st is None or not stat.S_ISREG(st.st_mode):
             out.append(None)
+            perms.append(None)
         else:
             out.append(old if old.matches(st) else SourceStamp.of(st))
-    return tuple(out)
+            perms.append(Access.of(st))
+    return tuple(out), tuple(perms)
 
 
 class _Reading:
-    __slots__ = ("done", "stamps", "error")
+    __slots__ = ("done", "stamps", "perms", "error")
 
     def __init__(self) -> None:
         self.done = trio.Event()
         self.stamps: Stamps = ()
+        self.perms: tuple[Access | None, ...] = ()
         self.error: BaseException | None = None
 
 
@@ -83,6 +90,9 @@ class MemberVersions:
         """Readings made (each one stat per member)."""
 
     async def current(self, entry: PoolEntry | MixEntry) -> Stamps:
+        return (await self._read(entry)).stamps
+
+    async def _read(self, entry: PoolEntry | MixEntry) -> _Reading:
         members = entry.pool.members
         key = (entry.pool.key, members)
         pool = self._pools.get(key)
@@ -98,7 +108,7 @@ class MemberVersions:
             pool.next, pool.running = None, mine  # whoever gets here first reads for all of them
             try:
                 self.readings += 1
-                mine.stamps = await self.workers.run(read_stamps, self.store, members, entry.stamps)
+                mine.stamps, mine.perms = await self.workers.run(read_members, self.store, members, entry.stamps)
             except BaseException as e:
                 mine.error = OSError(errno.ESHUTDOWN, "unmounting") if isinstance(e, trio.Cancelled) else e
                 raise
@@ -109,21 +119,23 @@ class MemberVersions:
                     del self._pools[key]
         if mine.error is not None:
             raise mine.error
-        return mine.stamps
+        return mine
 
     async def unchanged(self, entry: PoolEntry | MixEntry) -> bool:
         """Whether every member of ``entry`` is still the version it names.  If not, the table
         that answers lookups takes the stamps just read, so the kernel's next lookup of the
         shard leads to the new version's inode.  Out of descriptors: that OSError."""
         try:
-            now = await self.current(entry)
+            got = await self._read(entry)
+            now, perms = got.stamps, got.perms
         except (OSError, ShuffleError) as e:  # the lookup that follows reports it
             if isinstance(e, OSError) and e.errno in DESCRIPTOR_ERRNOS:  # the files are fine: the caller's
                 raise
-            now = None
+            now, perms = None, ()
         if now == entry.stamps:
             return True
         table = self.mixes if entry.mix is not None else self.pools
         if table is not None:
-            table.note(entry.pool, now if now is not None and None not in now else None)
+            whole = now is not None and None not in now
+            table.note(entry.pool, (now, perms) if whole else None)  # type: ignore[arg-type]
         return False

@@ -151,6 +151,62 @@ def test_another_user_reads_what_the_source_lets_them_and_sets_nothing(shared, a
     assert as_nobody(("getxattr", pub, EPOCH)) == ["2"]
 
 
+def _pools_source(root: Path) -> tuple[Path, Path]:
+    """Pools and mixtures over public files (``pub``), over files one of which is root's alone
+    (``priv``: 0600), and over a file in a directory that is root's alone (``deep``, and a pool
+    declared over two directories, ``spread``); its config."""
+    lines = LINES.splitlines(keepends=True)
+    files = {f"{d}/part-{i:05d}.jsonl": b"".join(lines[i * 600: (i + 1) * 600]) for d in ("pub", "priv") for i in range(3)}
+    src = write_tree(root / "src", {**files, "hidden/x.jsonl": b"".join(lines[1800:]),
+                                    "spread/a/s.jsonl": b"".join(lines[:900]), "spread/b/t.jsonl": b"".join(lines[900:])})
+    for p in [src, *src.rglob("*")]:
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    os.chmod(src / "priv" / "part-00001.jsonl", 0o600)
+    os.chmod(src / "hidden", 0o700)
+    os.chmod(src / "spread" / "b", 0o700)
+    cfg = root / "mix.toml"
+    cfg.write_text('[[pool]]\nglob = "spread/*/*.jsonl"\n' + "".join(f'[[mix]]\nname = "{name}"\n' + "".join(f'[[mix.source]]\nglob = "{g}"\nweight = 1\n' for g in globs)
+                           for name, globs in (("open", ["pub/*.jsonl"]), ("shut", ["priv/*.jsonl"]),
+                                               ("deep", ["pub/*.jsonl", "hidden/*.jsonl"]))))
+    return src, cfg
+
+
+def test_a_shard_is_readable_only_by_who_may_read_every_member(shared, as_nobody):
+    """A pool's shard holds every member's records: another user reads it only if they may
+    read every member (their modes, and the directories on the way to each), and its mode says so.
+
+    Holds: SEMANTICS.md#users-allow-other"""
+    src, cfg = _pools_source(shared.base / "pools")
+    m = shared(None, *ARGS, "--config", str(cfg), src=src)
+    pub = [str(m.path(f"pub/part-{i:05d}.jsonl")) for i in range(3)]
+    priv = [str(m.path(f"priv/part-{i:05d}.jsonl")) for i in range(3)]
+    mixes = {name: [str(m.path(f".mix/{name}/{n}")) for n in sorted(os.listdir(m.path(f".mix/{name}")))]
+             for name in ("open", "shut", "deep")}
+    mine = {p: Path(p).read_bytes() for p in pub + priv + mixes["open"]}
+    assert all(len(Path(p).read_bytes()) > 0 for p in mixes["shut"] + mixes["deep"])  # root reads them all
+
+    got = as_nobody(*[("read", p) for p in pub + mixes["open"]], ("listdir", str(m.path(".mix/open"))))
+    assert [x.encode() for x in got[:-1]] == [mine[p] for p in pub + mixes["open"]]
+    assert got[-1] == [os.path.basename(p) for p in mixes["open"]]
+    for p in pub + mixes["open"]:
+        assert os.stat(p).st_mode & 0o444 == 0o444, oct(os.stat(p).st_mode)
+
+    shut = priv + mixes["shut"] + mixes["deep"] + [str(m.path("spread/a/s.jsonl"))]
+    got = as_nobody(*[("read", p) for p in shut], ("listdir", str(m.path(".mix/shut"))),
+                    ("listdir", str(m.path(".mix/deep"))), ("listdir", str(m.path("priv"))))
+    assert [_errno(x) for x in got[:-1]] == [errno.EACCES] * (len(shut) + 2), got
+    assert got[-1] == [os.path.basename(p) for p in priv]  # the names, as the source's directory shows them
+    for p in shut:  # the mode says so: no read for others, nor for the group (root's)
+        assert os.stat(p).st_mode & 0o044 == 0, (p, oct(os.stat(p).st_mode))
+    assert os.stat(priv[1]).st_mode & 0o777 == 0o600 and os.stat(priv[0]).st_mode & 0o777 == 0o600
+    assert mine[priv[0]] and Path(priv[0]).read_bytes() == mine[priv[0]]  # root still reads it
+
+    os.chmod(src / "pub" / "part-00002.jsonl", 0o600)  # the next open of a shard sees it
+    got = as_nobody(*[("read", p) for p in pub + mixes["open"]])
+    assert [_errno(x) for x in got] == [errno.EACCES] * len(got), got
+    assert os.stat(pub[0]).st_mode & 0o777 == 0o600
+
+
 def test_epoch_setters_any_lets_others_set_epochs_but_no_file_is_read_for_them(shared, as_nobody, tmp_path):
     """Holds: SEMANTICS.md#users-setters, SEMANTICS.md#users-state-files"""
     m = shared(None, *ARGS, "--epoch-setters", "any", src=_source(shared.base / "src"))
