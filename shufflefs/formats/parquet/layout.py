@@ -32,15 +32,16 @@ small enough that a reader's page buffers stay small."""
 MAX_PAGE_ROWS = 1 << 20
 
 
-def rows_per_page(col: ColumnSizes, n_rows: int, boolean: bool, def_bits: int, rep_bits: int) -> int:
-    """Rows per page of a column: `PAGE_BYTES` over its average row bytes (values and levels)."""
+def rows_per_page(col: ColumnSizes, n_rows: int, boolean: bool, def_bits: int, rep_bits: int,
+                  page_bytes: int = PAGE_BYTES) -> int:
+    """Rows per page of a column: ``page_bytes`` over its average row bytes (values and levels)."""
     if n_rows == 0:
         return 1
     values = col.total(col.values, n_rows)
     values = values / 8 if boolean else values
     entries = col.total(col.entries, n_rows)
     per_row = (values + entries * (def_bits + rep_bits) / 8) / n_rows
-    return int(min(max(PAGE_BYTES // max(per_row, 1e-9), 1), MAX_PAGE_ROWS))
+    return int(min(max(page_bytes // max(per_row, 1e-9), 1), MAX_PAGE_ROWS))
 
 
 @dataclass
@@ -168,9 +169,11 @@ def _column_pages(col: ColumnSizes, boolean: bool, def_bits: int, rep_bits: int,
 
 
 def plan_view(footer: SourceFooter, sizes: RowSizes, order: np.ndarray | Sequence[int],
-              rows_per_group: int | Sequence[int] | np.ndarray, path: str = "") -> ViewLayout:
+              rows_per_group: int | Sequence[int] | np.ndarray, path: str = "",
+              page_bytes: int = PAGE_BYTES) -> ViewLayout:
     """The layout of the view showing source rows ``order`` (any row ids, repeats allowed) in row
-    groups of ``rows_per_group`` rows (the last one shorter), or of the given sizes."""
+    groups of ``rows_per_group`` rows (the last one shorter), or of the given sizes, with pages of
+    about ``page_bytes`` (the same for every view of a source, so its views agree)."""
     if sizes.digest != footer.digest:
         raise FormatError(path, None, "the index was built from another version of the file")
     order = np.ascontiguousarray(order, dtype=np.int64)
@@ -181,7 +184,7 @@ def plan_view(footer: SourceFooter, sizes: RowSizes, order: np.ndarray | Sequenc
     columns = []
     for leaf, col, boolean in zip(footer.leaves, sizes.columns, sizes.booleans):
         db, rb = bit_width(leaf.max_def), bit_width(leaf.max_rep)
-        rpp = rows_per_page(col, sizes.n_rows, boolean, db, rb)
+        rpp = rows_per_page(col, sizes.n_rows, boolean, db, rb, page_bytes)
         cp = _column_pages(col, boolean, db, rb, rpp, order, bounds)
         if len(cp.body) and (int(cp.body.max()) > MAX_I32 or int(cp.entries.max()) > MAX_I32):
             raise FormatError(path, None, f"column {leaf.dotted}: a row takes more than 2 GiB, "

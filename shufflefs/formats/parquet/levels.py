@@ -24,6 +24,7 @@ import numpy as np
 
 from ...errors import FormatError
 from .footer import OPTIONAL, REPEATED, Leaf, Node
+from .values import int_dtype, primitive
 
 
 @dataclass
@@ -163,8 +164,8 @@ def walk(leaf: Leaf, column: Any, path: str) -> Walk:
     arr = unwrap(arr)
     index = idx[alive]
     if isinstance(arr, pa.DictionaryArray):
-        codes = arr.indices.to_numpy(zero_copy_only=False)
-        index = np.asarray(codes, np.int64)[index] if len(index) else index
+        codes = primitive(arr.indices, int_dtype(pa, arr.indices.type))  # nulls are never read
+        index = codes[index].astype(np.int64) if len(index) else index
         arr = unwrap(arr.dictionary)
     if pa.types.is_nested(arr.type):
         raise FormatError(path, None, f"{where}: the leaf {leaf.node.name!r} read as {arr.type}")

@@ -53,7 +53,7 @@ def _buffer(buf: Any, dtype: Any, count: int) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype, count=count)
 
 
-def _primitive(arr: Any, dtype: Any) -> np.ndarray:
+def primitive(arr: Any, dtype: Any) -> np.ndarray:
     """The values buffer of a fixed-width Arrow array, sliced to the array (zero copy)."""
     return _buffer(arr.buffers()[1], dtype, arr.offset + len(arr))[arr.offset :]
 
@@ -74,7 +74,7 @@ def _types() -> Any:
     return pa
 
 
-def _int_dtype(pa: Any, t: Any) -> np.dtype:
+def int_dtype(pa: Any, t: Any) -> np.dtype:
     kind = "i" if pa.types.is_signed_integer(t) else "u"
     return np.dtype(f"<{kind}{t.bit_width // 8}")
 
@@ -127,11 +127,11 @@ def plain_values(leaf: Leaf, arr: Any, index: np.ndarray, path: str) -> Plain:
         want = np.dtype("<f4" if phys == FLOAT else "<f8")
         if not pa.types.is_floating(t) or t.bit_width != want.itemsize * 8:
             raise FormatError(path, None, where)
-        return Plain(fixed=_as_bytes(_primitive(arr, want)[index], want.itemsize))
+        return Plain(fixed=_as_bytes(primitive(arr, want)[index], want.itemsize))
     if phys == INT96:
         if not pa.types.is_timestamp(t):
             raise FormatError(path, None, where)
-        ns = _scaled(_primitive(arr, "<i8")[index], ARROW_UNIT_NS[t.unit], 1)
+        ns = _scaled(primitive(arr, "<i8")[index], ARROW_UNIT_NS[t.unit], 1)
         days = np.floor_divide(ns, NS_PER_DAY)
         out = np.empty((n, 12), np.uint8)
         out[:, :8] = _as_bytes((ns - days * NS_PER_DAY).astype("<i8"), 8)
@@ -142,16 +142,16 @@ def plain_values(leaf: Leaf, arr: Any, index: np.ndarray, path: str) -> Plain:
     width = 4 if phys == INT32 else 8
     want = np.dtype("<i4" if phys == INT32 else "<i8")
     if pa.types.is_integer(t):
-        v = _primitive(arr, _int_dtype(pa, t))[index]
+        v = primitive(arr, int_dtype(pa, t))[index]
     elif pa.types.is_date32(t):
-        v = _primitive(arr, "<i4")[index]
+        v = primitive(arr, "<i4")[index]
     elif pa.types.is_date64(t):
-        v = _primitive(arr, "<i8")[index]
+        v = primitive(arr, "<i8")[index]
         v = np.floor_divide(v, 86_400_000) if phys == INT32 else v
     elif pa.types.is_timestamp(t) or pa.types.is_time(t):
-        v = _scaled(_primitive(arr, f"<i{t.bit_width // 8}")[index], ARROW_UNIT_NS[t.unit], leaf.time_unit_ns())
+        v = _scaled(primitive(arr, f"<i{t.bit_width // 8}")[index], ARROW_UNIT_NS[t.unit], leaf.time_unit_ns())
     elif pa.types.is_duration(t):
-        v = _primitive(arr, "<i8")[index]
+        v = primitive(arr, "<i8")[index]
     elif pa.types.is_decimal(t):
         if t.byte_width < width:
             raise FormatError(path, None, where)
@@ -167,7 +167,7 @@ def _flba(pa: Any, leaf: Leaf, arr: Any, index: np.ndarray, path: str, where: st
     if pa.types.is_decimal(t):
         return _decimal_be(_rows(arr, t.byte_width)[index], length)
     if pa.types.is_float16(t) and length == 2:
-        return _as_bytes(_primitive(arr, "<u2")[index], 2)
+        return _as_bytes(primitive(arr, "<u2")[index], 2)
     if pa.types.is_fixed_size_binary(t) and t.byte_width == length:
         return np.ascontiguousarray(_rows(arr, length)[index])
     raise FormatError(path, None, f"{where} (length {length})")
