@@ -2,6 +2,6 @@
 
 from setuptools import Extension, setup
 
-SOURCES = ["shufflefs/_gather.c", "shufflefs/_mapped.c", "shufflefs/_framing.c"]
+SOURCES = ["shufflefs/_gather.c", "shufflefs/_mapped.c", "shufflefs/_framing.c", "shufflefs/_edges.c"]
 setup(ext_modules=[Extension("shufflefs._gather", SOURCES, depends=["shufflefs/_gather.h", "shufflefs/_framing.h"],
                              optional=True)])

@@ -10,11 +10,18 @@
      rows      (CSV) the same counting only newlines outside quotes, and no quote left open;
      tfrecord  the length field of the frame is the record's length less its 16 framing bytes;
      tar       the record is a chain of whole members, each header's checksum holding, with
-               exactly one sample key among its regular files; the sample after it in its file
-               does not have the same key (`frame_lead_key`, where its header is at hand).
+               exactly one sample key among its regular files; and it is one sample of a scan of
+               its file: the members of no key (directories, names without a dot) before a
+               sample's first keyed member are its own, and those after its last keyed member
+               the next sample's (a file's first sample opens with a keyed member: what precedes
+               it is the header); so the sample before it in its file ends with a keyed member
+               of another key, and after it come the end of the archive or a keyed member of
+               another key (`tar_left`, `tar_right`, reading the file through a `tar_src`).
 
-   The functions run without the GIL, on bytes the gather just copied (still in the CPU cache).
-   Each returns 0 or a reason (`framing_reasons`, the messages of the Python errors). */
+   The functions run without the GIL, on bytes the gather just copied (still in the CPU cache),
+   and for tar on a few headers of the neighbours in the file (a mapping, preads or fetched
+   ranges: _edges.c).  Each returns 0 or a reason (`framing_reasons`, the messages of the Python
+   errors). */
 #include <stdint.h>
 #include <string.h>
 
@@ -37,13 +44,18 @@ const char *const framing_reasons[] = {
     "an extended header with no member after it",
     "a GNU sparse member",
     "a tar size field that is not a number",
+    "a sample ends with members of no sample key while another sample follows (they are the next one's)",
+    "a file's first sample starts with members of no sample key (they are the file's header)",
+    "the record before it in its file is not one whole sample",
+    "neither a tar header nor the end of the archive after a sample",
+    "the file ends inside a sample or the headers next to it",
 };
 const int framing_nreasons = (int)(sizeof framing_reasons / sizeof framing_reasons[0]);
 
 enum {
     R_LINE_INNER = 1, R_LINE_END, R_ROW_INNER, R_ROW_QUOTED, R_TF_LENGTH, R_TF_SHORT, R_TAR_PARTIAL,
     R_TAR_HEADER, R_TAR_OVERRUN, R_TAR_TWO_KEYS, R_TAR_NO_KEY, R_TAR_SPLIT, R_TAR_META_LAST, R_TAR_SPARSE,
-    R_TAR_SIZE,
+    R_TAR_SIZE, R_TAR_KEYLESS_END, R_TAR_KEYLESS_FIRST, R_TAR_PREV, R_TAR_NO_NEXT, R_TAR_EOF,
 };
 
 static int check_line(const unsigned char *r, int64_t len, int open) {
@@ -180,68 +192,180 @@ static int pax_path(const unsigned char *d, int64_t n, const unsigned char **pat
     return found;
 }
 
-/* Walks the members of ``r`` (``avail`` of its ``len`` bytes at hand).  ``lead``: stop at the
-   first keyed member, its key in *key (returns 0 when found, -1 when it is not in the bytes at
-   hand or the record has no such member); else the whole record is checked. */
-static int walk_tar(const unsigned char *r, int64_t len, int64_t avail, int lead, uint64_t *key) {
-    int64_t off = 0;
-    int have = 0, meta = 0;
-    const unsigned char *over = NULL;  /* a long name from the meta headers before a member */
-    int64_t over_len = 0;
-    if (len % 512) return lead ? -1 : R_TAR_PARTIAL;
+static const unsigned char *src_at(tar_src *s, int64_t off, int64_t n) {
+    static const unsigned char none[1];
+    if (n == 0) return none;
+    if (s->mem) {
+        if (off >= 0 && n > 0 && off <= s->avail - n) return s->mem + off;
+        s->state = SRC_EOF;
+        return NULL;
+    }
+    return s->read(s, off, n);
+}
+
+/* the key of a regular member's own header (ustar name, or POSIX prefix/name) */
+static int header_key(const unsigned char *h, uint64_t *k) {
+    if (h[262] == 0 && h[345] != 0)  /* "ustar\0" (POSIX) with a prefix */
+        return name_key(h + 345, nul_len(h + 345, 155), h, nul_len(h, 100), k);
+    return name_key(NULL, 0, h, nul_len(h, 100), k);
+}
+
+/* the long name of a GNU 'L' or pax 'x' header (data of ``size`` bytes at ``at``), which names
+   the next member: *set, and its key in *keyed / *key; FRAME_UNREAD if not at hand */
+typedef struct { int set, keyed; uint64_t key; } long_name;
+
+static int read_long_name(tar_src *s, int64_t at, int64_t size, unsigned char flag, long_name *ln) {
+    const unsigned char *d = src_at(s, at, size), *p = d;
+    if (!d) return FRAME_UNREAD;
+    int64_t n = size;
+    if (flag == 'L') {
+        n = nul_len(d, size);
+    } else if (!pax_path(d, size, &p, &n)) {
+        return 0;  /* a pax header without a path: the name stays as it was */
+    }
+    ln->set = 1;
+    ln->keyed = name_key(NULL, 0, p, n, &ln->key);
+    return 0;
+}
+
+/* one header at ``h`` (a member at ``at``): its flag, and the blocks of data after it */
+static int member_blocks(const unsigned char *h, unsigned char *flag, int64_t *blocks) {
+    int64_t size;
+    if (member_size(h, &size) || size < 0) return R_TAR_SIZE;
+    *flag = h[156];
+    if (*flag == 'S') return R_TAR_SPARSE;
+    int nodata = *flag >= '1' && *flag <= '6';
+    *blocks = nodata ? 0 : size / 512 + (size % 512 != 0);
+    return 0;
+}
+
+static int is_meta(unsigned char flag) { return flag == 'L' || flag == 'K' || flag == 'x'; }
+
+static int64_t data_size(const unsigned char *h) {
+    int64_t size = 0;
+    member_size(h, &size);
+    return size;
+}
+
+/* the key of a member with header ``h``, named by ``ln`` if a long name came before it */
+static int member_key(const unsigned char *h, unsigned char flag, const long_name *ln, uint64_t *k) {
+    if (flag != '0' && flag != '7' && flag != 0) return 0;
+    if (ln->set) {
+        *k = ln->key;
+        return ln->keyed;
+    }
+    return header_key(h, k);
+}
+
+int tar_sample_at(tar_src *s, int64_t start, int64_t end, tar_sample *t) {
+    int64_t len = end - start, off = 0;
+    int have = 0, meta = 0, members = 0;
+    long_name ln = {0, 0, 0};
+    t->first_keyed = t->last_keyed = 0;
+    t->key = 0;
+    if (len < 0 || len % 512) return R_TAR_PARTIAL;
     while (off < len) {
-        if (off + 512 > avail) return -1;
-        const unsigned char *h = r + off;
-        if (!header_ok(h)) return lead ? -1 : R_TAR_HEADER;
-        int64_t size;
-        if (member_size(h, &size) || size < 0) return lead ? -1 : R_TAR_SIZE;
-        unsigned char flag = h[156];
-        if (flag == 'S') return lead ? -1 : R_TAR_SPARSE;
-        int nodata = flag >= '1' && flag <= '6';
-        int64_t blocks = nodata ? 0 : size / 512 + (size % 512 != 0);
-        if (blocks > (len - off) / 512 - 1) return lead ? -1 : R_TAR_OVERRUN;
-        const unsigned char *data = h + 512;
+        const unsigned char *h = src_at(s, start + off, 512);
+        if (!h) return FRAME_UNREAD;
+        if (!header_ok(h)) return R_TAR_HEADER;
+        unsigned char flag;
+        int64_t blocks;
+        int why = member_blocks(h, &flag, &blocks);
+        if (why) return why;
+        if (blocks > (len - off) / 512 - 1) return R_TAR_OVERRUN;
         int64_t next = off + 512 + blocks * 512;
-        if (flag == 'L' || flag == 'K' || flag == 'x') {
-            if (flag != 'K') {
-                if (off + 512 + size > avail) return -1;
-                const unsigned char *p = data;
-                int64_t n = size;
-                if (flag == 'L') {
-                    n = nul_len(data, size);
-                    over = p; over_len = n;
-                } else if (pax_path(data, size, &p, &n)) {
-                    over = p; over_len = n;
-                }
-            }
+        if (is_meta(flag)) {
+            if (flag != 'K' && read_long_name(s, start + off + 512, data_size(h), flag, &ln)) return FRAME_UNREAD;
             meta = 1;
             off = next;
             continue;
         }
-        if (flag == '0' || flag == '7' || flag == 0) {
-            uint64_t k;
-            int keyed;
-            if (over) {
-                keyed = name_key(NULL, 0, over, over_len, &k);
-            } else if (h[262] == 0 && h[345] != 0) {  /* "ustar\0" (POSIX) with a prefix */
-                keyed = name_key(h + 345, nul_len(h + 345, 155), h, nul_len(h, 100), &k);
-            } else {
-                keyed = name_key(NULL, 0, h, nul_len(h, 100), &k);
-            }
-            if (keyed) {
-                if (lead) { *key = k; return 0; }
-                if (have && k != *key) return R_TAR_TWO_KEYS;
-                have = 1;
-                *key = k;
-            }
+        uint64_t k = 0;
+        int keyed = member_key(h, flag, &ln, &k);  /* h is not used after another read */
+        if (keyed) {
+            if (have && k != t->key) return R_TAR_TWO_KEYS;
+            have = 1;
+            t->key = k;
         }
-        over = NULL;
+        if (!members++) t->first_keyed = keyed;
+        t->last_keyed = keyed;
+        ln.set = 0;
         meta = 0;
         off = next;
     }
-    if (lead) return -1;
     if (meta) return R_TAR_META_LAST;
     return have ? 0 : R_TAR_NO_KEY;
+}
+
+enum { NEXT_KEY = 0, NEXT_END = -2, NEXT_KEYLESS = -3 };
+
+static int all_zero(const unsigned char *h) {
+    for (int i = 0; i < 512; i++)
+        if (h[i]) return 0;
+    return 1;
+}
+
+/* what a scan finds at ``at``, right after a sample: NEXT_KEY (*key, the first keyed member's),
+   NEXT_END (the end of the archive: a zero block or the end of the file), NEXT_KEYLESS (members of
+   no key, then the end), a reason, or FRAME_UNREAD */
+static int tar_next(tar_src *s, int64_t at, uint64_t *key) {
+    int keyless = 0, meta = 0;
+    long_name ln = {0, 0, 0};
+    for (;;) {
+        const unsigned char *h = src_at(s, at, 512);
+        if (!h && s->state != SRC_EOF) return FRAME_UNREAD;
+        if (!h || all_zero(h)) {
+            if (meta) return R_TAR_META_LAST;
+            return keyless ? NEXT_KEYLESS : NEXT_END;
+        }
+        if (!header_ok(h)) return R_TAR_NO_NEXT;
+        unsigned char flag;
+        int64_t blocks;
+        int why = member_blocks(h, &flag, &blocks);
+        if (why) return why;
+        int64_t next = at + 512 + blocks * 512;
+        if (is_meta(flag)) {
+            if (flag != 'K' && read_long_name(s, at + 512, data_size(h), flag, &ln)) return FRAME_UNREAD;
+            meta = 1;
+            at = next;
+            continue;
+        }
+        if (member_key(h, flag, &ln, key)) return NEXT_KEY;
+        keyless = 1;
+        ln.set = 0;
+        meta = 0;
+        at = next;
+    }
+}
+
+int tar_pair(const tar_sample *prev, const tar_sample *next) {
+    if (!prev->last_keyed) return R_TAR_KEYLESS_END;
+    return prev->key == next->key ? R_TAR_SPLIT : 0;
+}
+
+int tar_left(tar_src *s, int64_t pred, int64_t start, const tar_sample *first) {
+    if (pred < 0) return first->first_keyed ? 0 : R_TAR_KEYLESS_FIRST;
+    tar_sample prev;
+    int why = tar_sample_at(s, pred, start, &prev);
+    if (why == FRAME_UNREAD) return s->state == SRC_EOF ? R_TAR_EOF : FRAME_UNREAD;
+    return why ? R_TAR_PREV : tar_pair(&prev, first);
+}
+
+int tar_right(tar_src *s, int64_t end, int64_t recend, const tar_sample *last) {
+    if (end == recend) return 0;  /* the file's end of archive, checked when its index was taken */
+    uint64_t key;
+    int got = tar_next(s, end, &key);
+    if (got == FRAME_UNREAD) return s->state == SRC_EOF ? R_TAR_EOF : FRAME_UNREAD;
+    if (got > 0) return got;
+    if (got == NEXT_END) return 0;
+    if (got == NEXT_KEYLESS || !last->last_keyed) return R_TAR_KEYLESS_END;
+    return key == last->key ? R_TAR_SPLIT : 0;
+}
+
+int frame_tar(const unsigned char *r, int64_t len, tar_sample *t) {
+    tar_src s = {r, len, NULL, 0, 0, 0, 0};
+    int why = tar_sample_at(&s, 0, len, t);
+    return why == FRAME_UNREAD ? R_TAR_OVERRUN : why;
 }
 
 int frame_record(int kind, const unsigned char *r, int64_t len, int unterminated, uint64_t *key) {
@@ -249,13 +373,16 @@ int frame_record(int kind, const unsigned char *r, int64_t len, int unterminated
     case FRAME_LINES: return check_line(r, len, unterminated);
     case FRAME_ROWS: return check_row(r, len, unterminated);
     case FRAME_TFRECORD: return check_frame(r, len);
-    case FRAME_TAR: return walk_tar(r, len, len, 0, key);
+    case FRAME_TAR: {
+        tar_sample t;
+        int why = frame_tar(r, len, &t);
+        *key = t.key;
+        return why;
+    }
     default: return 0;
     }
 }
 
-int frame_lead_key(const unsigned char *r, int64_t len, int64_t avail, uint64_t *key) {
-    return walk_tar(r, len, avail < len ? avail : len, 1, key);
-}
-
 int frame_split(void) { return R_TAR_SPLIT; }
+
+int frame_eof(void) { return R_TAR_EOF; }

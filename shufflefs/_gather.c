@@ -7,7 +7,7 @@
        out[out_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]] for all i.
 
    build_window(out, scratch, bounds, ids, run_first, run_count, run_fd, run_shift, newline_ids
-                [, kind, member_first, local_fd, report, unterminated])
+                [, kind, member_first, edges, report, unterminated])
        Builds the window of records ``ids`` (in view order; record i is bytes
        [bounds[i], bounds[i+1]) of its file) in ``out`` by reading the files once, in ascending
        order.  ``run_first``/``run_count`` give the same records as ascending runs of consecutive
@@ -19,15 +19,19 @@
        The records ``newline_ids`` (sorted) get a newline after them in the view.  Returns the
        window size, or ``(run, file offset)`` if the file of that run ended early at that offset
        (it shrank: the caller reports it).  With a framing ``kind`` (_framing.h) every record is
-       checked whole while it is in the scratch (`frame_record`), and a tar sample's key against
-       the next record's in its member (``member_first``: the first record of every member,
-       sorted; that record is read for it at the end of a run, except from ``local_fd``, a stage
-       holding records out of their file's order); the first record found wrong stops the build
-       with ``report`` (int64[2]) = (record id, reason), else (-1, 0).  ``unterminated``
-       (sorted): the records that are lines without their newline.
+       checked whole while it is in the scratch (`frame_record`), and a tar sample against the
+       one before it in its member (``member_first``: the first record of every member, sorted);
+       ``edges`` (None, or six int64 arrays: first, count, fd, shift, pred, recend) are the
+       window's runs of consecutive samples, each in one file, with the descriptor and shift of
+       that file (a stage's runs are in their source file there) and where the sample before
+       each run starts in it (-1: none) and where its samples end: each run's first and last
+       sample are checked against their neighbours in the file (_edges.c; fd -1: the caller
+       does).  The first record found wrong stops the build with ``report`` (int64[2]) =
+       (record id, reason), else (-1, 0).  ``unterminated`` (sorted): the records that are lines
+       without their newline.
 
    gather_mapped(out, maps, bounds, ids, member_first, member_map, member_shift, newline_ids
-                 [, kind, report, unterminated])
+                 [, kind, report, unterminated, member_pred, member_recend])
        Copies records ``ids`` in view order from mappings of their files to the front of
        ``out``, one after the other: record x lies in the member m whose ``member_first[m]`` is
        the last <= x (sorted, starting at 0), at offset ``bounds[x] + member_shift[m]`` of the
@@ -37,13 +41,14 @@
        faulted (SIGBUS: its file shrank).  Each record is checked (inside the bounds, the
        mapping and ``out``) just before it is copied; bad input raises with ``out`` partly
        written, which the caller discards.  ``kind`` and ``report`` as for build_window: each
-       record is checked as it is copied, a tar sample against the next record of its member
-       in the mapping.
+       record is checked as it is copied, a tar sample against its neighbours in its file, read
+       from the mapping (``member_pred``, ``member_recend``: where the sample before each
+       member's first starts in its file, -1 for none, and where the file's samples end).
 
    check_window(window, kind, bounds, ids, newline_ids, report, unterminated[, keys])
        The same checks over a window built elsewhere (records ``ids`` one after the other, a
        newline after those in ``newline_ids``); ``keys`` (uint64, one per id): each tar
-       sample's key, so the caller can compare neighbours within the window.
+       sample's key.  A tar window's edges need its source: check_pieces (_edges.c).
 
    Mapping(fd, length)
        A read-only mapping of a file (MADV_RANDOM), a buffer, unmapped when last referenced;
@@ -127,8 +132,6 @@ Py_ssize_t sf_last_le(const int64_t *a, Py_ssize_t n, int64_t x) {
 
 /* ------------------------------------------------------------------ framing (_framing.c) */
 
-#define LEAD_BYTES 4096  /* read of the record after a run: its first tar headers */
-
 int sf_gains_nl(const int64_t *nl, Py_ssize_t NL, int64_t x) {
     if (!NL) return 0;
     Py_ssize_t j = sf_last_le(nl, NL, x);
@@ -141,12 +144,12 @@ static int64_t member_end(const int64_t *mf, Py_ssize_t NMF, int64_t nrec, int64
     return m + 1 < NMF ? mf[m + 1] : nrec;
 }
 
-/* consecutive records of one run, checked in source order: each whole, and no tar sample with
-   the key of the one before it in its member */
+/* consecutive records of one run, checked in source order: each whole, and a tar sample
+   against the one before it in its member (`tar_pair`) */
 typedef struct {
     int kind;
-    int have;  /* prev is the key of the record before this one, in its member */
-    uint64_t prev;
+    int have;  /* prev is the record before this one, in its member */
+    tar_sample prev;
     int64_t edge;
     const int64_t *mf;
     Py_ssize_t NMF;
@@ -154,30 +157,87 @@ typedef struct {
 } run_frames;
 
 static int frame_next(run_frames *f, const unsigned char *r, int64_t len, int open, int64_t y) {
-    uint64_t key = 0;
-    int why = frame_record(f->kind, r, len, open, &key);
-    if (why || f->kind != FRAME_TAR) return why;
+    if (f->kind != FRAME_TAR) {
+        uint64_t key = 0;
+        return frame_record(f->kind, r, len, open, &key);
+    }
+    tar_sample t;
+    int why = frame_tar(r, len, &t);
+    if (why) return why;
     if (y >= f->edge) {
         f->have = 0;
         f->edge = member_end(f->mf, f->NMF, f->nrec, y);
     }
-    if (f->have && key == f->prev) return frame_split();
-    f->prev = key;
+    if (f->have && (why = tar_pair(&f->prev, &t))) return why;
+    f->prev = t;
     f->have = 1;
     return 0;
 }
 
-/* pread up to n bytes (fewer at the end of the file); -1 on an error */
-static int64_t pread_some(int fd, char *buf, int64_t n, int64_t off) {
-    int64_t got = 0;
-    while (got < n) {
-        ssize_t k = pread(fd, buf + got, (size_t)(n - got), (off_t)(off + got));
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0) return -1;
-        if (k == 0) break;
-        got += k;
+/* the window's runs of samples (build_window's ``edges``), each in one file */
+typedef struct {
+    Py_buffer first, count, fd, shift, pred, recend;
+    Py_ssize_t n;
+    int parsed;
+} edge_runs;
+
+static void edges_release(edge_runs *e) {
+    if (!e->parsed) return;
+    PyBuffer_Release(&e->first); PyBuffer_Release(&e->count); PyBuffer_Release(&e->fd);
+    PyBuffer_Release(&e->shift); PyBuffer_Release(&e->pred); PyBuffer_Release(&e->recend);
+}
+
+/* ``edges`` parsed (None: no runs); every run's records must be records of the window's runs */
+static int edges_parse(PyObject *edges, edge_runs *e, const int64_t *rf, const int64_t *rc, Py_ssize_t R,
+                       int64_t nrec) {
+    memset(e, 0, sizeof *e);
+    if (edges == NULL || edges == Py_None) return 0;
+    if (!PyArg_ParseTuple(edges, "y*y*y*y*y*y*", &e->first, &e->count, &e->fd, &e->shift, &e->pred, &e->recend))
+        return -1;
+    e->parsed = 1;
+    e->n = e->first.len / 8;
+    if (sf_check_i64(&e->first, -1, "edge first") || sf_check_i64(&e->count, e->n, "edge count")
+        || sf_check_i64(&e->fd, e->n, "edge fd") || sf_check_i64(&e->shift, e->n, "edge shift")
+        || sf_check_i64(&e->pred, e->n, "edge pred") || sf_check_i64(&e->recend, e->n, "edge recend"))
+        return -1;
+    const int64_t *f = e->first.buf, *c = e->count.buf, *fd = e->fd.buf;
+    for (Py_ssize_t i = 0; i < e->n; i++) {
+        int64_t x1 = f[i] + c[i] - 1;
+        Py_ssize_t a = sf_last_le(rf, R, f[i]), z = sf_last_le(rf, R, x1);
+        if (c[i] < 1 || f[i] < 0 || x1 >= nrec || fd[i] > INT32_MAX || a < 0 || f[i] >= rf[a] + rc[a] || z < 0
+            || x1 >= rf[z] + rc[z]) {
+            PyErr_Format(PyExc_IndexError, "edge run %zd is not of the window's records", i);
+            return -1;
+        }
     }
-    return got;
+    return 0;
+}
+
+/* the edges of every run with a descriptor, its first and last sample walked in the window
+   (``view_at``: the view position of a record); 0, a reason (*bad_id) or -errno */
+static int check_edges(const edge_runs *e, const int64_t *b, const char *ob, const int64_t *rf, Py_ssize_t R,
+                       const int64_t *rrank, const int64_t *dst, int64_t *bad_id) {
+    const int64_t *f = e->first.buf, *c = e->count.buf, *fd = e->fd.buf, *sh = e->shift.buf, *pred = e->pred.buf,
+                  *recend = e->recend.buf;
+    sf_fd_reader *rd = e->n ? sf_fd_reader_new() : NULL;
+    if (e->n && !rd) return -ENOMEM;
+    int why = 0;
+    for (Py_ssize_t i = 0; i < e->n && !why; i++) {
+        if (fd[i] < 0) continue;
+        int64_t x[2] = {f[i], f[i] + c[i] - 1};
+        tar_sample t[2];
+        for (int k = 0; k < 2 && !why; k++) {
+            Py_ssize_t lo = sf_last_le(rf, R, x[k]);
+            why = frame_tar((const unsigned char *)ob + dst[rrank[lo] + x[k] - rf[lo]], b[x[k] + 1] - b[x[k]], &t[k]);
+            *bad_id = x[k];
+        }
+        int side = 0;
+        if (!why) why = sf_tar_run_edges(rd, (int)fd[i], pred[i], b[x[0]] + sh[i], &t[0], b[x[1] + 1] + sh[i],
+                                         recend[i], &t[1], &side);
+        if (why > 0) *bad_id = x[side];
+    }
+    sf_fd_reader_free(rd);
+    return why;
 }
 
 int sf_framing_args(int kind, Py_buffer *report) {
@@ -198,11 +258,13 @@ int sf_framing_args(int kind, Py_buffer *report) {
 
 static PyObject *build_window(PyObject *self, PyObject *args) {
     Py_buffer out, scratch, bounds, idsb, rfirst, rcount, rfd, rshift, nlb, mfb = {0}, rep = {0}, utb = {0};
-    int kind = 0, local_fd = -1;
-    if (!PyArg_ParseTuple(args, "w*w*y*y*y*y*y*y*y*|iy*iw*y*", &out, &scratch, &bounds, &idsb, &rfirst, &rcount, &rfd,
-                          &rshift, &nlb, &kind, &mfb, &local_fd, &rep, &utb))
+    PyObject *edges = NULL;
+    int kind = 0;
+    if (!PyArg_ParseTuple(args, "w*w*y*y*y*y*y*y*y*|iy*Ow*y*", &out, &scratch, &bounds, &idsb, &rfirst, &rcount, &rfd,
+                          &rshift, &nlb, &kind, &mfb, &edges, &rep, &utb))
         return NULL;
     PyObject *ret = NULL;
+    edge_runs er = {0};
     int64_t *dst = NULL, *rrank = NULL;
     Py_ssize_t n = idsb.len / 8, R = rfirst.len / 8, nrec = bounds.len / 8 - 1, NL = nlb.len / 8, NMF = mfb.len / 8,
                NUT = utb.len / 8;
@@ -246,6 +308,7 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "runs and ids hold different numbers of records");
         goto done;
     }
+    if (edges_parse(kind == FRAME_TAR ? edges : NULL, &er, rf, rc, R, nrec) < 0) goto done;
     /* view position of every record, stored by its rank in source order; each rank exactly once,
        so the ids are exactly the records of the runs */
     for (Py_ssize_t i = 0; i < n; i++) dst[i] = -1;
@@ -284,7 +347,7 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
         int64_t x = rf[r], end = rf[r] + rc[r], sh = shift[r];
         int fd = (int)fds[r];
         const int64_t *d = dst + rrank[r] - rf[r];  /* d[y] = view position of record y */
-        run_frames f = {kind, 0, 0, member_end(mf, NMF, nrec, x), mf, NMF, nrec};
+        run_frames f = {kind, 0, {0, 0, 0}, member_end(mf, NMF, nrec, x), mf, NMF, nrec};
         short_run = r;
         while (x < end && !err && !bad) {
             int64_t a = x, size = 0;
@@ -311,16 +374,10 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
                 p += b[y + 1] - b[y];
             }
         }
-        if (!err && !bad && f.have && end < f.edge && fd != local_fd) {
-            /* the record after the run, in its member: a tar sample must not go on there */
-            int64_t len = b[end + 1] - b[end], want = len < LEAD_BYTES ? len : LEAD_BYTES;
-            int64_t got = pread_some(fd, sb, want < cap ? want : cap, b[end] + sh);
-            uint64_t k;
-            if (got > 0 && frame_lead_key((unsigned char *)sb, len, got, &k) == 0 && k == f.prev) {
-                bad = frame_split();
-                bad_id = end;
-            }
-        }
+    }
+    if (!err && !bad && er.n) {  /* each run's first and last sample against their neighbours */
+        int why = check_edges(&er, b, ob, rf, R, rrank, dst, &bad_id);
+        if (why < 0) err = -why; else bad = why;
     }
     for (Py_ssize_t j = 0; j < NL && !err && !bad; j++) {
         Py_ssize_t r = sf_last_le(rf, R, nl[j]);
@@ -341,6 +398,7 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
 done:
     free(dst);
     free(rrank);
+    edges_release(&er);
     PyBuffer_Release(&out); PyBuffer_Release(&scratch); PyBuffer_Release(&bounds); PyBuffer_Release(&idsb);
     PyBuffer_Release(&rfirst); PyBuffer_Release(&rcount); PyBuffer_Release(&rfd); PyBuffer_Release(&rshift);
     PyBuffer_Release(&nlb); PyBuffer_Release(&mfb); PyBuffer_Release(&rep); PyBuffer_Release(&utb);
@@ -405,6 +463,7 @@ static PyMethodDef methods[] = {
     {"build_window", build_window, METH_VARARGS, "Read a window's records from a file into their view positions."},
     {"gather_mapped", sf_gather_mapped, METH_VARARGS, "Copy records in view order from mappings of their files."},
     {"check_window", check_window, METH_VARARGS, "Check the framing of every record of a window built elsewhere."},
+    {"check_pieces", sf_check_pieces, METH_VARARGS, "Check runs of tar samples and their edges in fetched ranges."},
     {"cached_pages", sf_cached_pages, METH_VARARGS, "Pages of a mapped file in the page cache (cachestat or mincore)."},
     {NULL, NULL, 0, NULL},
 };

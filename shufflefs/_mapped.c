@@ -1,6 +1,7 @@
 /* Copies of records from read-only mappings of their files, for shufflefs._gather (see the
    functions' descriptions in _gather.c): gather_mapped with its SIGBUS guard (a file that shrinks
-   under its mapping ends the copy, not the process), cached_pages, and the Mapping type. */
+   under its mapping ends the copy, not the process; the guard also covers the reads of a tar
+   sample's neighbours in the mapping), cached_pages, and the Mapping type. */
 #include "_gather.h"
 
 #include <errno.h>
@@ -32,16 +33,15 @@ static void on_bus(int sig, siginfo_t *info, void *ctx) {
 
 #define PREFETCH_RUNS 8
 
-/* whether a tar sample (record x of member m, key ``key``) goes on in the next record of its
-   member: that record's first keyed member, read from the mapping */
-static int split_in_map(Py_buffer *mb, const int64_t *b, Py_ssize_t nrec, const int64_t *mf, const int64_t *mm,
-                        const int64_t *ms, Py_ssize_t NM, Py_ssize_t m, int64_t x, uint64_t key) {
-    int64_t s = x + 1;
-    if (s >= nrec || (m + 1 < NM && s >= mf[m + 1])) return 0;
-    int64_t off = b[s] + ms[m], len = b[s + 1] - b[s], mapped = mb[mm[m]].len;
-    uint64_t k;
-    return off >= 0 && off < mapped && len > 0
-        && frame_lead_key((const unsigned char *)mb[mm[m]].buf + off, len, mapped - off, &k) == 0 && k == key;
+/* a tar sample (record x of member m, copied and walked: ``t``) against its neighbours in its
+   file, read from the file's mapping: 0, or a reason (*bad_id: x) */
+static int edges_in_map(Py_buffer *mb, const int64_t *b, const int64_t *mf, const int64_t *mm, const int64_t *ms,
+                        const int64_t *mpred, const int64_t *mrecend, Py_ssize_t m, int64_t x, const tar_sample *t) {
+    tar_src s = {mb[mm[m]].buf, mb[mm[m]].len, NULL, 0, 0, 0, 0};
+    int64_t pred = x > mf[m] ? b[x - 1] + ms[m] : mpred[m];
+    int why = tar_left(&s, pred, b[x] + ms[m], t);
+    if (!why) why = tar_right(&s, b[x + 1] + ms[m], mrecend[m], t);
+    return why == FRAME_UNREAD ? frame_eof() : why;
 }
 
 /* the records of gather_mapped; 0, -1 when a mapping faulted (*fault = i), 1 for bad input
@@ -50,7 +50,8 @@ static int split_in_map(Py_buffer *mb, const int64_t *b, Py_ssize_t nrec, const 
 static int copy_view_order(char *ob, Py_ssize_t olen, Py_buffer *mb, Py_ssize_t M, const int64_t *b, Py_ssize_t nrec,
                            const int64_t *ids, Py_ssize_t n, const int64_t *mf, const int64_t *mm, const int64_t *ms,
                            Py_ssize_t NM, const int64_t *nl, Py_ssize_t NL, int64_t *written, Py_ssize_t *fault,
-                           int kind, const int64_t *ut, Py_ssize_t NUT, int *why, int64_t *bad_id) {
+                           int kind, const int64_t *ut, Py_ssize_t NUT, const int64_t *mpred, const int64_t *mrecend,
+                           int *why, int64_t *bad_id) {
     sigjmp_buf jb;
     volatile Py_ssize_t i = 0;
     volatile int64_t pos = 0;
@@ -86,10 +87,12 @@ static int copy_view_order(char *ob, Py_ssize_t olen, Py_buffer *mb, Py_ssize_t 
         if (kind) {
             uint64_t key = 0;
             *bad_id = x;
-            *why = frame_record(kind, (const unsigned char *)ob + pos, len, sf_gains_nl(ut, NUT, x), &key);
-            if (!*why && kind == FRAME_TAR && split_in_map(mb, b, nrec, mf, mm, ms, NM, m, x, key)) {
-                *why = frame_split();
-                *bad_id = x + 1;
+            if (kind == FRAME_TAR) {
+                tar_sample t;
+                *why = frame_tar((const unsigned char *)ob + pos, len, &t);
+                if (!*why) *why = edges_in_map(mb, b, mf, mm, ms, mpred, mrecend, m, x, &t);
+            } else {
+                *why = frame_record(kind, (const unsigned char *)ob + pos, len, sf_gains_nl(ut, NUT, x), &key);
             }
             if (*why) {
                 bus_guard = NULL;
@@ -111,11 +114,11 @@ static int copy_view_order(char *ob, Py_ssize_t olen, Py_buffer *mb, Py_ssize_t 
 }
 
 PyObject *sf_gather_mapped(PyObject *self, PyObject *args) {
-    Py_buffer out, bounds, idsb, mfirst, mmap_, mshift, nlb, rep = {0}, utb = {0};
+    Py_buffer out, bounds, idsb, mfirst, mmap_, mshift, nlb, rep = {0}, utb = {0}, mpred = {0}, mrecend = {0};
     PyObject *maps;
     int kind = 0;
-    if (!PyArg_ParseTuple(args, "w*O!y*y*y*y*y*y*|iw*y*", &out, &PyTuple_Type, &maps, &bounds, &idsb, &mfirst, &mmap_,
-                          &mshift, &nlb, &kind, &rep, &utb))
+    if (!PyArg_ParseTuple(args, "w*O!y*y*y*y*y*y*|iw*y*y*y*", &out, &PyTuple_Type, &maps, &bounds, &idsb, &mfirst,
+                          &mmap_, &mshift, &nlb, &kind, &rep, &utb, &mpred, &mrecend))
         return NULL;
     PyObject *ret = NULL;
     Py_ssize_t M = PyTuple_GET_SIZE(maps), got_maps = 0;
@@ -129,7 +132,8 @@ PyObject *sf_gather_mapped(PyObject *self, PyObject *args) {
     Py_ssize_t n = idsb.len / 8, NM = mfirst.len / 8, nrec = bounds.len / 8 - 1, NL = nlb.len / 8;
     if (sf_check_i64(&bounds, -1, "bounds") || sf_check_i64(&idsb, -1, "ids") || sf_check_i64(&mfirst, -1, "member_first")
         || sf_check_i64(&mmap_, NM, "member_map") || sf_check_i64(&mshift, NM, "member_shift")
-        || sf_check_i64(&nlb, -1, "newline_ids") || sf_check_i64(&utb, -1, "unterminated") || sf_framing_args(kind, &rep))
+        || sf_check_i64(&nlb, -1, "newline_ids") || sf_check_i64(&utb, -1, "unterminated") || sf_framing_args(kind, &rep)
+        || (kind == FRAME_TAR && (sf_check_i64(&mpred, NM, "member_pred") || sf_check_i64(&mrecend, NM, "member_recend"))))
         goto done;
     const int64_t *mf = mfirst.buf, *nl = nlb.buf;
     if (nrec < 0 || NM < 1 || mf[0] != 0) {
@@ -151,7 +155,7 @@ PyObject *sf_gather_mapped(PyObject *self, PyObject *args) {
     int rc, why = 0;
     Py_BEGIN_ALLOW_THREADS
     rc = copy_view_order(out.buf, out.len, mb, M, bounds.buf, nrec, idsb.buf, n, mf, mmap_.buf, mshift.buf, NM, nl, NL,
-                         &written, &at, kind, utb.buf, utb.len / 8, &why, &bad_id);
+                         &written, &at, kind, utb.buf, utb.len / 8, mpred.buf, mrecend.buf, &why, &bad_id);
     Py_END_ALLOW_THREADS
     if (rc == 2) {
         ((int64_t *)rep.buf)[0] = bad_id;
@@ -179,7 +183,7 @@ done:
     }
     PyBuffer_Release(&out); PyBuffer_Release(&bounds); PyBuffer_Release(&idsb); PyBuffer_Release(&mfirst);
     PyBuffer_Release(&mmap_); PyBuffer_Release(&mshift); PyBuffer_Release(&nlb); PyBuffer_Release(&rep);
-    PyBuffer_Release(&utb);
+    PyBuffer_Release(&utb); PyBuffer_Release(&mpred); PyBuffer_Release(&mrecend);
     return ret;
 }
 

@@ -9,12 +9,17 @@ record is checked whole, every byte, as the compiled gather copies it (``_gather
 GIL; the checks are in ``_framing.c``): a line holds exactly one newline, its last byte (none in a
 line that ends its file without one); a CSV row the same, counting newlines outside quotes only;
 a TFRecord frame's length field is its length; a tar sample is a chain of whole members with one
-sample key, and the next record of its file another key.  Records whose bounds pass these are
-the records a scan of the file finds, so a wrong index is `FramingError` (EIO, the index dropped
-and built from the file), never other records.
+sample key, and one sample of a scan of its file: the sample before it in the file ends with a
+keyed member of another key, and after it come the end of the archive or a keyed member of
+another key (members of no key travel with the sample after them).  That takes bytes outside
+the window: the compiled gather reads them from the file (a mapping, or a few preads per run of
+samples), and a window built from fetched ranges is checked by `check_pieces` over the ranges
+`windows.edges` fetches with it.  Records whose bounds pass these are the records a scan of the
+file finds, so a wrong index is `FramingError` (EIO, the index dropped and built from the file),
+never other records.
 
 Without the compiled module, `fallback` does the same in numpy (and, for tar, one scan per
-sample: slow, but only a build without a compiler gets there).
+sample, `tar_walk` for the neighbours: slow, but only a build without a compiler gets there).
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ class FramingCheck:
     """The check of every window of a view.  ``kind`` (`Format.framing`) runs inside the
     compiled gather as each record is copied (`windows.view.View.load_window` passes `code`);
     ``full`` (TFRecord CRCs, ``--verify frames``) on the window after it.  Called as a
-    `WindowCheck` (a window built without the compiled gather: a remote source), it runs both."""
+    `WindowCheck` (a window built without the compiled gather: a remote source), it runs both
+    over the window alone (a tar window's neighbours in its files: `check_pieces`)."""
 
     kind: str | None
     fallback: WindowCheck | None
@@ -97,9 +103,36 @@ def raise_framing(report: np.ndarray, index: RecordIndex, path: str) -> None:
     """The `FramingError` of a compiled check's ``report`` (record id, reason), if it has one."""
     rid, why = int(report[0]), int(report[1])
     if why:
-        raise FramingError(path, int(index.bounds[rid]), f"{_gather.FRAMING_REASONS[why]} at record {rid}: the "
-                           "index does not fit the file (a wrong cache entry or published index, or the file "
-                           "changed after it was indexed); it is rebuilt")
+        raise framing_failure(index, path, rid, _gather.FRAMING_REASONS[why])
+
+
+def framing_failure(index: RecordIndex, path: str, rid: int, reason: str) -> FramingError:
+    """The error of record ``rid`` found wrong for ``reason``."""
+    return FramingError(path, int(index.bounds[rid]), f"{reason} at record {rid}: the index does not fit the file "
+                        "(a wrong cache entry or published index, or the file changed after it was indexed); it "
+                        "is rebuilt")
+
+
+TAR = _gather.FRAMING_KINDS.index("tar") if _gather is not None else -1
+"""The compiled gather's code of the tar check (-1 without the compiled module)."""
+
+
+def check_pieces(bufs: tuple, pieces: tuple[np.ndarray, ...], sizes: np.ndarray, bounds: np.ndarray,
+                 runs: tuple[np.ndarray, ...], whole: bool, need: np.ndarray) -> tuple[int, str] | None:
+    """Runs of tar samples and their neighbours in their files, read from ``pieces`` (buffer,
+    file, start, end, position: int64 arrays sorted by file and start; file f has ``sizes[f]``
+    bytes) of ``bufs``; ``runs``: first, count, file, shift, pred, recend (see ``check_pieces`` in
+    ``_edges.c``).  The first failure as ``(record id, reason)``, else None; ``need`` (int64[runs,
+    3]) gets ``(file, offset, length)`` of what each run still misses (file -1: done)."""
+    if _gather is None:
+        from .tar_walk import check_pieces as walk
+
+        return walk(bufs, *pieces, sizes, bounds, *runs, whole, need)
+    report = np.empty(2, np.int64)
+    c = np.ascontiguousarray
+    _gather.check_pieces(TAR, bufs, *(c(a, np.int64) for a in (*pieces, sizes, bounds, *runs)), int(whole), report,
+                         need)
+    return (int(report[0]), _gather.FRAMING_REASONS[int(report[1])]) if report[1] else None
 
 
 def neighbours(keys: np.ndarray, ids: np.ndarray, index: RecordIndex, path: str) -> None:

@@ -104,6 +104,17 @@ class PooledIndex(RecordIndex):
                 pieces.append(own[1:] + f[m])
         return np.concatenate(pieces)
 
+    def member_edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per member, in its file's offsets: where the record before its first starts (-1: its
+        first is its file's first) and where its file's records end (its trailer), for the check
+        of tar samples against their neighbours in their files (`windows.edges`)."""
+        return self._member_edges
+
+    @functools.cached_property
+    def _member_edges(self) -> tuple[np.ndarray, np.ndarray]:
+        ends = np.array([frame[2] for frame in self.member_frames], I64)
+        return np.full(self.members, -1, I64), ends[self.member_file]
+
     def member_index(self, m: int) -> RecordIndex:
         """Member m's own index, rebuilt from the pooled bounds (O(its records))."""
         f = self.member_firsts
@@ -221,6 +232,7 @@ class SegmentIndex(PooledIndex):
         out = object.__new__(type(self))
         out.__dict__.update(self.__dict__)
         out.__dict__.pop("_torn_last", None)
+        out.__dict__.pop("_member_edges", None)
         put = object.__setattr__
         put(out, "bounds", self.bounds[: self.n - self.torn + 1])
         put(out, "size", int(out.bounds[-1]))
@@ -260,6 +272,15 @@ class SegmentIndex(PooledIndex):
         new = np.ones(n, bool)
         new[1:] = (cell[1:] != cell[:-1]) | (seg[1:] != seg[:-1])
         return np.concatenate((np.flatnonzero(new).astype(I64), np.full(1, n, I64)))
+
+    @functools.cached_property
+    def _member_edges(self) -> tuple[np.ndarray, np.ndarray]:
+        """A segment's first record follows the record before it in its file (`base`), whether
+        or not the segment before it is of that file."""
+        base, seg, file = self.base, self.seg_base, self.member_file
+        ends = np.array([frame[2] for frame in self.member_frames], I64)[file]
+        inside = seg > base.member_firsts[file]
+        return np.where(inside, base.bounds[np.maximum(seg - 1, 0)] + base.shifts[file], -1).astype(I64), ends
 
     def member_index(self, m: int) -> RecordIndex:
         raise NotImplementedError("segments are no files; use base.member_index")

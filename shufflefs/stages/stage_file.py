@@ -152,6 +152,7 @@ class StagedSource:
 
     def __init__(self, source: Source, stage: Stage, on_close: Callable[[], None]) -> None:
         self.source, self.stage, self._on_close = source, stage, on_close
+        self.origin = source  # where the records lie in their files' order (their neighbours too)
         self.local_fd = stage.fd
         self._closed = False
 

@@ -28,9 +28,10 @@ from typing import Callable
 import numpy as np
 
 from ..formats.base import FramingError, WindowCheck
-from ..formats.framing import FramingCheck, raise_framing, unterminated
+from ..formats.framing import TAR, FramingCheck, raise_framing, unterminated
 from ..formats.npy import Columns
 from ..index.table import RecordIndex
+from .edges import check_detached, fd_edges, load_checked, member_edges, member_firsts
 from .layout import Layout, assemble, id_runs
 from ..sources.base import Members, Reader, Runs, Source, take_requests
 
@@ -134,16 +135,16 @@ they would cost that time for nothing, so they are not sent then."""
 
 def build_runs(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, ids: np.ndarray, runs: Runs,
                newline_ids: np.ndarray, file_of: Callable[[int], Reader], framing: int = 0,
-               report: np.ndarray | None = None, local_fd: int = -1) -> np.ndarray:
+               report: np.ndarray | None = None, edges: tuple | None = None) -> np.ndarray:
     """Records ``ids`` (view order; the same records as ``runs``) read into ``out`` in one pass
     (see the module docstring); ``file_of(fd)`` names the file behind a descriptor.  Every file
     read is verified afterwards, so bytes of a file that changed meanwhile are never returned.
     ``framing``: the compiled check of every record (`FramingCheck.code`), its first failure in
-    ``report`` (the caller raises it); ``local_fd``: a stage's file, whose records are not in
-    their file's order."""
+    ``report`` (the caller raises it); ``edges``: the runs' files, for the check of tar samples
+    against their neighbours there (`edges.fd_edges`)."""
     c = np.ascontiguousarray
     fds = c(runs.fd, np.int64)
-    extra = (framing, _member_firsts(index), local_fd, report, unterminated(index)) if framing else ()
+    extra = (framing, member_firsts(index), edges, report, unterminated(index)) if framing else ()
     got = _build_window(out, scratch, index.bounds, c(ids, np.int64), c(runs.first, np.int64),
                         c(runs.count, np.int64), fds, c(runs.shift, np.int64), newline_ids, *extra)
     if isinstance(got, tuple):  # (run, file offset): that file ended early
@@ -155,13 +156,6 @@ def build_runs(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, ids: np
         for fd, off in zip(used.tolist(), offsets.tolist()):
             file_of(fd).verify_read(off)
     return out[:got]
-
-
-def _member_firsts(index: RecordIndex) -> np.ndarray:
-    """Where the members (files, or a mixture's segments) of an index begin: records of two
-    members are not neighbours in a file."""
-    firsts = getattr(index, "member_firsts", None)
-    return np.zeros(1, np.int64) if firsts is None else np.ascontiguousarray(firsts, np.int64)
 
 
 def added_newlines(newline_ids: np.ndarray, ids: np.ndarray) -> int:
@@ -195,7 +189,7 @@ def gather_members(out: np.ndarray, index: RecordIndex, ids: np.ndarray, members
     (`_gather.gather_mapped`); a file that shrank under its mapping is reported by the source
     (`Reader.ended`), and every file is verified afterwards, as after preads.  ``framing`` and
     ``report`` as for `build_runs`."""
-    extra = (framing, report, unterminated(index)) if framing else ()
+    extra = (framing, report, unterminated(index), *member_edges(index)) if framing else ()
     got = _gather_mapped(out, members.maps, index.bounds, np.ascontiguousarray(ids, np.int64), members.first,
                          members.slot, members.shift, index.newline_ids, *extra)
     if isinstance(got, tuple):  # (position in ids, file offset): that file ended early
@@ -250,6 +244,7 @@ class View:
         self.check = check
         # the framing check the compiled gather runs as it copies (then only `full` after it)
         self._framing = check.code if isinstance(check, FramingCheck) else 0
+        self._tar = isinstance(check, FramingCheck) and check.kind == "tar"
         self.distrust = distrust  # told of an index a window check found wrong
         self.index = index
         self.plan = plan
@@ -303,8 +298,7 @@ class View:
             # no compiled gather, or a source without descriptors: all runs in one call
             self._advise(runs)
             take_requests()
-            window = assemble(self.index, ids, self.source.read_runs, out)
-            self._check(window, ids)
+            window = self._assemble(ids, out)
             if self.meter is not None:
                 self.meter(len(window), 0, take_requests())
             return window, scratch
@@ -337,6 +331,20 @@ class View:
         if ahead and k + 1 < plan.n_windows:
             self.hint(k + 1, plan)
         return window, scratch
+
+    def _assemble(self, ids: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Window ``ids`` from ``read_runs``, checked; a tar window with its samples' neighbours
+        fetched in the same requests (`edges.load_checked`)."""
+        if not self._tar:
+            window = assemble(self.index, ids, self.source.read_runs, out)
+            self._check(window, ids)
+            return window
+        try:
+            window = load_checked(self.index, ids, self.source, out, self.path)
+        except FramingError as e:
+            self._failed(e)
+        self._check(window, ids, framed=True)
+        return window
 
     def _load_columns(self, k: int, plan: Plan, out: np.ndarray | None) -> np.ndarray:
         """Window k of an array whose rows are strided, from its columns (no hints, no stage)."""
@@ -406,8 +414,14 @@ class View:
         else:
             first, count = runs if runs is not None else id_runs(part)
             placed = self.source.place(self.index, first, count)
+            edges = fd_edges(self.index, placed, self.source) if framing == TAR else None
             built = len(build_runs(out, scratch, self.index, part, placed, newlines, self.source.file_of, framing,
-                                   report, self.source.local_fd))
+                                   report, edges and edges[0]))
+            if edges is not None and not report[1]:  # runs whose files have no descriptor
+                try:
+                    check_detached(out[:built], part, self.index, edges, self.source, self.path)
+                except FramingError as e:
+                    self._failed(e)
         if self.meter is None:
             return built, 0, 0
         if members is not None or self.source.local_fd < 0:  # all from the source, less added newlines

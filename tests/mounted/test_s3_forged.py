@@ -23,7 +23,7 @@ pytest.importorskip("boto3")
 
 from conftest import write_tree  # noqa: E402
 from shufflefs.index.table import _digest  # noqa: E402
-from test_forged_index import (ARGS, FILES, drop_every_second, eio_then_right, merge_one,  # noqa: E402
+from test_forged_index import (ARGS, FILES, MERGED, drop_every_second, eio_then_right, merge_one,  # noqa: E402
                                tar_bytes)
 from test_s3 import BUCKET, publish, s3, s3_mount  # noqa: E402,F401 (s3: the server fixture)
 from test_mount import jsonl  # noqa: E402
@@ -65,7 +65,7 @@ def test_forged_published_indexes_in_a_bucket_are_eio_once_then_built_here(mount
     m = s3_mount(mount, s3, *ARGS, prefix="forged2")
     local = mount(None, *ARGS, src=write_tree(tmp_path / "local", files), name="local")
     for rel, reason in (("a.jsonl", "a newline inside a line"), ("c.csv", "a newline outside quotes inside a row"),
-                        ("e.tar", "two sample keys in one record")):
+                        ("e.tar", MERGED)):
         eio_then_right(m, local, [rel], reason, rel)
     errors = m.stats()["errors"]
     counts = m.stats()["store_requests"]

@@ -21,19 +21,21 @@ import numpy as np
 import pytest
 
 from shufflefs.formats import FramingError, make_format
-from shufflefs.formats import framing
+from shufflefs.formats import framing, tar_walk
 from shufflefs.formats.framing import gather_check
 from shufflefs.formats.tfrecord import encode_frame
 from shufflefs.index.table import RecordIndex, SourceStamp
-from shufflefs.pools.joined_index import PooledIndex
+from shufflefs.pools.joined_index import PooledIndex, SegmentIndex
 from shufflefs.sources.pool import PoolSource
 from shufflefs.sources.local import SourceFile
-from shufflefs.windows import view
+from shufflefs.stages.stage_file import StagedSource, write_stage
+from shufflefs.windows import edges, view
 from shufflefs.windows.layout import assemble
 from test_layout import FixedOrderPlan
 
 pytestmark = pytest.mark.skipif(view._build_window is None, reason="compiled window build not built")
 
+BLOCK = 512
 PATHS = ("runs", "mapped", "window", "numpy")
 """How a window is built and checked: `_gather.build_window` (preads), `_gather.gather_mapped`,
 `_gather.check_window` over a window built by `layout.assemble`, the numpy fallback."""
@@ -99,18 +101,43 @@ def merged(index: RecordIndex) -> RecordIndex:
     return _with(index, np.concatenate((b[:1], b[1:-1][1::2], b[-1:])))
 
 
+class Undescribed(SourceFile):
+    """A local file read as object storage is: no descriptors, windows from `read_runs` (each
+    call counted in ``calls``)."""
+
+    calls: list = []
+
+    def place(self, index, first, count):
+        return None
+
+    def read_runs(self, starts, ends, out=None):
+        self.calls.append(len(starts))
+        return super().read_runs(starts, ends, out)
+
+
 def load(path: str, fmt, index: RecordIndex, how: str, order: np.ndarray, cuts: list[int], monkeypatch,
          source=None) -> bytes:
-    """Every window of a plan of ``order`` cut at ``cuts``, built and checked the way ``how`` says."""
+    """Every window of a plan of ``order`` cut at ``cuts``, built and checked the way ``how`` says
+    (``window`` and ``numpy``: from `Source.read_runs` of a source without descriptors, as of
+    object storage; ``source``: a pool's, of such members for those)."""
     plan = FixedOrderPlan(index, np.asarray(order, np.int64), cuts)
     check = gather_check(fmt, "index")
     if how in ("window", "numpy"):
-        fetch = source.read_runs if source is not None else _reader(path)
         if how == "numpy":
             monkeypatch.setattr(framing, "_gather", None)
-        return b"".join(assemble(index, plan.window(k), fetch).tobytes() if check is None else
-                        _checked(assemble(index, plan.window(k), fetch), plan.window(k), index, path, check)
-                        for k in range(plan.n_windows))
+        if check is not None and check.kind != "tar":  # the window alone, without a view
+            fetch = source.read_runs if source is not None else _reader(path)
+            return b"".join(_checked(assemble(index, plan.window(k), fetch), plan.window(k), index, path, check)
+                            for k in range(plan.n_windows))
+        own = source is None
+        source = Undescribed(path, index.stamp) if own else source
+        v = view.View(path, index, plan, source=source, frame=(b"", b""), check=check)
+        assert not v._gathered
+        try:
+            return b"".join(v.load_window(k)[0].tobytes() for k in range(plan.n_windows))
+        finally:
+            if own:
+                v.close()
     monkeypatch.setattr(view, "MAP_RUN", 1 << 40 if how == "mapped" else 0)
     monkeypatch.setattr(view, "CACHED", 0.0 if how == "mapped" else 2.0)
     v = view.View(path, index, plan, source=source, frame=(b"", b"") if source is not None else None, check=check)
@@ -170,21 +197,143 @@ def _split(data: bytes, index: RecordIndex, sample: int) -> int:
 
 @pytest.mark.parametrize("how", PATHS)
 @pytest.mark.parametrize("name", ["e.tar", "f.tar"])
-def test_a_tar_sample_cut_in_two_fails(tmp_path, monkeypatch, name, how):
-    """Both halves are whole members with one key each: the check sees the next record's key.
-    Holds: SEMANTICS.md#changes-framing"""
+def test_a_tar_sample_cut_in_two_fails_whichever_half_a_window_holds(tmp_path, monkeypatch, name, how):
+    """Both halves are whole members with one key each: each is checked against its neighbour in
+    the file, read from the file whatever window (if any) holds it.
+    Holds: SEMANTICS.md#changes-framing, SEMANTICS.md#changes-framing-tar"""
     path, fmt, index = _file(tmp_path, name)
     data = Path(path).read_bytes()
-    cut = _split(data, index, 9)
+    for sample in (9, 10):  # 10 of e.tar: long names, each member behind a pax header
+        cut = _split(data, index, sample)
+        bad = _with(index, np.sort(np.append(index.bounds, cut)))
+        first = int(np.searchsorted(bad.bounds, cut)) - 1  # the first half's record
+        with pytest.raises(FramingError, match="same sample key") as e:  # both halves in one window
+            load(path, fmt, bad, how, np.random.default_rng(0).permutation(bad.n), [], monkeypatch)
+        assert e.value.offset in (cut, bad.bounds[first])
+        others = np.setdiff1d(np.arange(bad.n), [first, first + 1])
+        for alone in ([first], [first + 1], [first + 1, first]):  # every half in a window of its own
+            order = np.concatenate((others[:5], alone, others[5:]))
+            with pytest.raises(FramingError, match="same sample key") as e:
+                load(path, fmt, bad, how, order, [5, 6, 7], monkeypatch)
+            assert e.value.offset in (cut, bad.bounds[first]) and e.value.path == path
+        load(path, fmt, index, how, np.array([first, first + 1]), [1], monkeypatch)  # the real samples pass
+
+
+def _dir_between(data: bytes, index: RecordIndex) -> tuple[int, int]:
+    """A sample that starts with a directory (no key: it travels with the sample after it), and
+    the offset of its first keyed member."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        members = t.getmembers()
+    for a, b in zip(members, members[1:]):
+        if a.isdir() and a.offset in index.bounds[1:-1].tolist():
+            return int(np.searchsorted(index.bounds, a.offset)), b.offset
+    raise AssertionError("no directory between samples")
+
+
+@pytest.mark.parametrize("how", PATHS)
+def test_a_member_of_no_key_moved_to_the_sample_before_fails(tmp_path, monkeypatch, how):
+    """A directory between two samples is the later one's: a bound after it (the directory with
+    the sample before, as many records, each of one key) is wrong, as is a file's first sample
+    starting with the directory that opens the file (the header's).
+    Holds: SEMANTICS.md#changes-framing-tar"""
+    path, fmt, index = _file(tmp_path, "e.tar")
+    data = Path(path).read_bytes()
+    rid, keyed = _dir_between(data, index)
+    moved = index.bounds.copy()
+    moved[rid] = keyed
+    bad = _with(index, moved)
+    assert bad.n == index.n
+    for order in (np.arange(bad.n), [rid], [rid - 1], [rid, rid - 1]):
+        with pytest.raises(FramingError, match="members of no sample key"):
+            load(path, fmt, bad, how, np.asarray(order), [], monkeypatch)
+    assert index.header_end == BLOCK  # "train/": the header
+    head = _with(index, np.concatenate(([0], index.bounds[1:])))
+    head = RecordIndex(head.size, head.bounds, False, index.stamp)
+    with pytest.raises(FramingError, match="first sample starts with members of no sample key"):
+        load(path, fmt, head, how, np.array([0]), [], monkeypatch)
+    load(path, fmt, index, how, np.array([rid, rid - 1, 0]), [1, 2], monkeypatch)
+
+
+@pytest.mark.parametrize("how", PATHS)
+def test_a_cut_sample_at_the_end_of_a_stretch_of_its_file_fails(tmp_path, monkeypatch, how):
+    """A mixture's stretch (a segment) of a file that ends with the first half of a cut sample,
+    the second half in no stretch of the epoch: the half is checked against the file.
+    Holds: SEMANTICS.md#changes-framing-tar"""
+    path, fmt, index = _file(tmp_path, "e.tar")
+    cut = _split(Path(path).read_bytes(), index, 9)
     bad = _with(index, np.sort(np.append(index.bounds, cut)))
-    first = int(np.searchsorted(bad.bounds, cut)) - 1  # the first half's record
-    with pytest.raises(FramingError, match="same sample key") as e:  # both halves in one window
-        load(path, fmt, bad, how, np.random.default_rng(0).permutation(bad.n), [], monkeypatch)
-    assert e.value.offset == cut
-    if how in ("runs", "mapped"):  # the first half alone: the gather reads the next record's header
-        with pytest.raises(FramingError, match="same sample key"):
-            load(path, fmt, bad, how, np.array([first]), [], monkeypatch)
-        load(path, fmt, index, how, np.array([first]), [], monkeypatch)  # the real sample alone passes
+    first = int(np.searchsorted(bad.bounds, cut)) - 1
+    for forged, ends in ((bad, first + 1), (index, first)):
+        base = PooledIndex([forged])
+        seg = SegmentIndex(base, np.array([ends - 6, 20]), np.array([6, 5]))  # the stretch ends at the half
+        source = PoolSource([path], seg, Undescribed if how in ("window", "numpy") else SourceFile)
+        try:
+            if forged is bad:
+                with pytest.raises(FramingError, match="same sample key"):
+                    load(path, fmt, seg, how, np.arange(seg.n)[::-1], [], monkeypatch, source)
+            else:
+                load(path, fmt, seg, how, np.arange(seg.n)[::-1], [], monkeypatch, source)
+        finally:
+            source.close()
+
+
+def test_a_window_from_object_storage_fetches_the_neighbours_with_its_records(tmp_path, monkeypatch):
+    """One `read_runs` per window (ranges the store coalesces) while the samples before runs are
+    small; samples over `edges.PRED_WHOLE` are walked header by header, in more rounds.
+    Holds: SEMANTICS.md#changes-framing-tar"""
+    path, fmt, index = _file(tmp_path, "e.tar")
+    calls = Undescribed.calls = []
+    order = np.random.default_rng(3).permutation(index.n)
+    load(path, fmt, index, "window", order, [10, 20, 30], monkeypatch)
+    assert len(calls) == 4
+    big = b"".join(_member_bytes(f"b{i:03d}.{ext}", bytes([i]) * size) for i in range(8)
+                   for ext, size in (("bin", 300_000), ("cls", 3))) + bytes(2 * BLOCK)
+    FILES["g.tar"] = ("tar", big)
+    try:
+        path, fmt, index = _file(tmp_path, "g.tar")
+    finally:
+        del FILES["g.tar"]
+    assert np.diff(index.bounds).min() > edges.PRED_WHOLE
+    bad = _with(index, np.sort(np.append(index.bounds, _split(big, index, 4))))  # sample 4's cls alone
+    calls = Undescribed.calls = []
+    with pytest.raises(FramingError, match="same sample key"):
+        load(path, fmt, bad, "window", np.array([5]), [], monkeypatch)
+    assert len(calls) > 1
+    load(path, fmt, index, "window", np.array([5, 2]), [1], monkeypatch)
+
+
+@pytest.mark.parametrize("kind", [SourceFile, Undescribed])
+def test_a_stage_holding_half_of_a_cut_sample_fails(tmp_path, kind):
+    """A stage (``--stage-dir``) holds its records away from their neighbours: the half it holds
+    is checked against its source file, local or (`Undescribed`) fetched as from object storage.
+    Holds: SEMANTICS.md#changes-framing-tar"""
+    path, fmt, index = _file(tmp_path, "e.tar")
+    cut = _split(Path(path).read_bytes(), index, 9)
+    bad = _with(index, np.sort(np.append(index.bounds, cut)))
+    first = int(np.searchsorted(bad.bounds, cut)) - 1
+    for forged, held in ((bad, np.setdiff1d(np.arange(bad.n), [first + 1])), (bad, np.arange(first + 1, bad.n)),
+                         (index, np.setdiff1d(np.arange(index.n), [first + 1]))):
+        source = kind(path, forged.stamp)
+        stage = write_stage(str(tmp_path / "s.stage"), "e.tar", 0, forged, held, source)
+        staged = StagedSource(source, stage, stage.drop)
+        order = np.random.default_rng(1).permutation(held)
+        v = view.View(path, forged, FixedOrderPlan(forged, order, [len(order) // 2]), source=staged,
+                      frame=(b"", b""), check=gather_check(fmt, "index"))
+        try:
+            if forged is bad:
+                with pytest.raises(FramingError, match="same sample key"):
+                    for k in range(2):
+                        v.load_window(k)
+            else:
+                assert sum(len(v.load_window(k)[0]) for k in range(2)) == int(index.record_lengths(held).sum())
+        finally:
+            v.close()
+
+
+def _member_bytes(name: str, data: bytes) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    return info.tobuf(tarfile.USTAR_FORMAT) + data + bytes(-len(data) % BLOCK)
 
 
 def test_csv_rows_cut_at_a_quoted_newline_fail(tmp_path, monkeypatch):
@@ -218,7 +367,8 @@ def test_pool_members_are_separate_files_for_the_key_check(tmp_path, monkeypatch
     finally:
         del FILES["p0.tar"], FILES["p1.tar"]
     pool = PooledIndex(members)
-    source = PoolSource([str(tmp_path / n) for n in ("p0.tar", "p1.tar")], pool, SourceFile)
+    source = PoolSource([str(tmp_path / n) for n in ("p0.tar", "p1.tar")], pool,
+                        Undescribed if how == "window" else SourceFile)
     try:
         got = load(str(tmp_path), make_format("tar", {}), pool, how, np.arange(pool.n), [], monkeypatch, source)
     finally:
@@ -232,3 +382,4 @@ def test_reasons_and_kinds_of_the_compiled_module():
     assert _gather.FRAMING_KINDS == ("", "lines", "rows", "tar", "tfrecord")
     assert _gather.FRAMING_REASONS[0] == "" and all(_gather.FRAMING_REASONS[1:])
     assert "same sample key" in _gather.FRAMING_REASONS[_gather.FRAMING_SPLIT]
+    assert set(tar_walk.REASONS.values()) <= set(_gather.FRAMING_REASONS)  # the fallback's words too
