@@ -41,6 +41,7 @@ __all__ = [
     "TFRecordFormat",
     "load_or_build_index",
     "check_file_index",
+    "format_suffix",
     "gather_check",
     "make_format",
     "parse_format_option",
@@ -56,6 +57,7 @@ MODULES = (
     "npy",
     "tfrecord",
     "tar",
+    "compressed",
 )
 """The format registry: modules of this package, each listing its formats in ``FORMATS``.  A new
 format is one module and one line here."""
@@ -149,14 +151,39 @@ def resolve_format(relpath: str, rules: Sequence[FormatRule], defaults: Mapping[
             if rule.format in PASSTHROUGH:
                 return None
             return make_format(rule.format, _with_defaults(rule.format, rule.params, defaults))
-    hit = _BY_EXTENSION.get(os.path.splitext(relpath)[1].lower())
+    hit = _BY_EXTENSION.get(format_suffix(relpath))
     if hit is None:
         return None
     name, params = hit
+    if _lacking(name):
+        return None  # its codec's library is missing: served as it is
     params = _with_defaults(name, params, defaults)
     if any(p.default is p.empty and k not in params for k, p in _accepted(FORMATS[name]).items()):
         return None  # e.g. ``.bin`` without a record size: nothing says where records end
     return make_format(name, params)
+
+
+def format_suffix(relpath: str) -> str:
+    """The suffix that decides a file's format by extension: its last two (``.jsonl.gz``) where
+    a format claims them, else its last (``.jsonl``), lower case."""
+    name = os.path.basename(relpath).lower()
+    stem, last = os.path.splitext(name)
+    both = os.path.splitext(stem)[1] + last
+    return both if both != last and both in _BY_EXTENSION else last
+
+
+_LACKING_LOGGED: set[str] = set()
+
+
+def _lacking(name: str) -> bool:
+    """Whether format ``name`` needs a library that is missing (logged once per format)."""
+    available = getattr(FORMATS[name], "available", None)
+    lacking = available() if available is not None else None
+    if lacking is not None and name not in _LACKING_LOGGED:
+        _LACKING_LOGGED.add(name)
+        log.warning("%s files pass through unchanged: %s is not installed (pip install 'shufflefs[compressed]')",
+                    name, lacking)
+    return lacking is not None
 
 
 def _parse_value(text: str) -> object:
@@ -244,9 +271,9 @@ def scan_file(path: str | os.PathLike, fmt: Format, progress: Progress | None = 
         os.close(fd)
     if SourceStamp.of(after) != SourceStamp.of(before):
         raise StaleSourceError(path, None, "file changed while it was being indexed")
-    if index.size != size:
+    if index.size != size and fmt.codec is None:  # a compressed file's index is of its decoded bytes
         raise ValueError(f"{fmt!r} indexed {index.size} bytes of a {size}-byte file")
-    return RecordIndex(index.size, index.bounds, index.add_newline, SourceStamp.of(before))
+    return index.stamped(SourceStamp.of(before))
 
 
 def check_file_index(path: str | os.PathLike, fmt: Format, index: RecordIndex) -> None:
@@ -259,9 +286,16 @@ def check_file_index(path: str | os.PathLike, fmt: Format, index: RecordIndex) -
             fd.append(resolve.open_path(path))
         return os.pread(fd[0], max(end - start, 0), start)
 
+    decoded = None
+    if fmt.codec is not None:  # the index is of the decoded bytes
+        from .codecs import DecodedReader
+
+        decoded = DecodedReader(index.restarts, read, index.stamp.size, path)
     try:
-        fmt.check_index(index, read, path)
+        fmt.check_index(index, decoded or read, path)
     finally:
+        if decoded is not None:
+            decoded.close()
         if fd:
             os.close(fd[0])
 

@@ -42,6 +42,13 @@ class Format(ABC):
     """File suffixes (lower case, with the dot) this format claims, each with the parameters it
     implies; a suffix whose format lacks a required parameter (``.bin`` without a
     ``record_size``) passes through unchanged."""
+    codec: ClassVar[str | None] = None
+    """The compression of the file (``gzip``, ``zstd``): its records are in its decoded bytes
+    (`index.decoded`) and its views are served in a container of that codec
+    (`windows.container`); None for a file read as it is."""
+    planned_size: ClassVar[bool] = False
+    """The view's size follows from the index, not from the file's size: views are sized when
+    they are planned, as a rank's share is."""
 
     def params(self) -> dict:
         """Everything that changes the index; part of the index cache key."""

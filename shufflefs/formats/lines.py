@@ -37,16 +37,17 @@ def _check_header_lines(header_lines: int) -> int:
 
 
 def record_ends(
-    data: np.ndarray, progress: Progress | None = None, quote_aware: bool = False, chunk: int = SCAN_CHUNK
+    data: np.ndarray, progress: Progress | None = None, quote_aware: bool = False, chunk: int = SCAN_CHUNK,
+    quotes: int = 0,
 ) -> tuple[np.ndarray, int]:
     """Offsets just past every record-ending newline, and the number of quote bytes seen.
 
     With ``quote_aware`` a newline ends a record only when an even number of ``"`` bytes precede
     it (RFC 4180: quoted fields may hold newlines; an escaped quote ``""`` counts twice).
+    ``quotes``: the quotes seen before ``data`` (a stream scanned piece by piece), counted in.
     """
     buf = np.empty(min(chunk, len(data)), dtype=bool)
     parts = []
-    quotes = 0
     for start, piece in iter_chunks(data, progress, chunk):
         mask = buf[: len(piece)]
         np.equal(piece, NEWLINE, out=mask)

@@ -18,7 +18,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, ClassVar
 
 import numpy as np
 
@@ -64,6 +64,11 @@ class RecordIndex:
     add_newline: bool = False
     stamp: SourceStamp | None = None
     _lengths: list = field(default_factory=list, repr=False, compare=False)
+    block_floor: ClassVar[int] = 0
+    """The smallest block its source reads at near full speed, for automatic block sizes: 0 for
+    a file read in place; a compressed file's multiple of its restart spacing (`decoded`)."""
+    cache_kind: ClassVar[str | None] = None
+    """A subclass whose cache entries keep more than the bounds (`decoded.DecodedIndex`)."""
 
     def __post_init__(self) -> None:
         b = self.bounds
@@ -77,6 +82,10 @@ class RecordIndex:
     @property
     def n(self) -> int:
         return len(self.bounds) - 1
+
+    def stamped(self, stamp: SourceStamp) -> "RecordIndex":
+        """This index of the file's version ``stamp`` (a scan's result, stamped by its caller)."""
+        return RecordIndex(self.size, self.bounds, self.add_newline, stamp)
 
     @property
     def header_end(self) -> int:
@@ -220,12 +229,25 @@ def cache_key(path: str | os.PathLike, stamp: SourceStamp, fmt_name: str, fmt_pa
     return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
-def _digest(bounds: np.ndarray, meta: dict) -> str:
-    """Checksum of an entry's content: its bounds' bytes and its other fields."""
+def _digest(bounds: np.ndarray, meta: dict, extra: dict[str, np.ndarray] | None = None) -> str:
+    """Checksum of an entry's content: its bounds' bytes, its other fields and arrays."""
     h = hashlib.blake2b(digest_size=16)
     h.update(json.dumps(meta, sort_keys=True).encode())
     h.update(np.ascontiguousarray(bounds, "<i8").tobytes())
+    for name in sorted(extra or ()):
+        h.update(name.encode() + np.ascontiguousarray(extra[name]).tobytes())
     return h.hexdigest()
+
+
+INDEX_KINDS = {"decoded": ("shufflefs.index.decoded", "DecodedIndex")}
+"""Cache entries of subclasses (``cache_kind``): where the class is that reads them back."""
+
+
+def _kind(name: str) -> type:
+    import importlib
+
+    module, cls = INDEX_KINDS[name]
+    return getattr(importlib.import_module(module), cls)
 
 
 def _stamp_fields(stamp: SourceStamp | None) -> dict | None:
@@ -255,16 +277,20 @@ class IndexCache:
             with np.load(f, allow_pickle=False) as z:
                 meta = json.loads(bytes(z["meta"]).decode())
                 bounds = z["bounds"]
+                extra = {name: z[name] for name in meta.get("extra", ())} if isinstance(meta, dict) else {}
             if not isinstance(meta, dict) or bounds.dtype != np.dtype("<i8") or bounds.ndim != 1:
                 return None
             digest = meta.pop("sum", None)
-            if meta.get("v") != INDEX_VERSION or digest != _digest(bounds, meta):
+            if meta.get("v") != INDEX_VERSION or digest != _digest(bounds, meta, extra):
                 return None
-            if meta.get("stamp") != _stamp_fields(stamp) or meta.get("size") != stamp.size:
+            kind = meta.get("kind")  # a decoded file's size is its decoded bytes', not the file's
+            if meta.get("stamp") != _stamp_fields(stamp) or (kind is None and meta.get("size") != stamp.size):
                 return None
             if len(bounds) > 1 and not (bounds[1:] > bounds[:-1]).all():
                 return None  # every format's records hold at least one byte
-            return RecordIndex(stamp.size, bounds.astype(np.int64, copy=False), bool(meta["add_newline"]), stamp)
+            size = stamp.size if kind is None else int(meta["size"])
+            index = RecordIndex(size, bounds.astype(np.int64, copy=False), bool(meta["add_newline"]), stamp)
+            return index if kind is None else _kind(kind).from_cache(index, extra)
         except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
             return None  # missing, empty or damaged: rebuilt and rewritten by the caller
 
@@ -295,10 +321,13 @@ class IndexCache:
         f.parent.mkdir(parents=True, exist_ok=True)
         fields = {"v": INDEX_VERSION, "size": index.size, "add_newline": index.add_newline,
                   "stamp": _stamp_fields(index.stamp)}
+        extra = index.cache_arrays() if index.cache_kind is not None else {}
+        if extra:
+            fields.update(kind=index.cache_kind, extra=sorted(extra))
         bounds = np.ascontiguousarray(index.bounds, "<i8")
-        meta = json.dumps({**fields, "sum": _digest(bounds, fields)})
-        write_atomically(f, lambda out: np.savez(out, bounds=bounds, meta=np.frombuffer(meta.encode(), dtype=np.uint8)),
-                         prefix=f"{os.getpid()}-")  # see scratch.py
+        meta = json.dumps({**fields, "sum": _digest(bounds, fields, extra)})
+        write_atomically(f, lambda out: np.savez(out, bounds=bounds, meta=np.frombuffer(meta.encode(), dtype=np.uint8),
+                                                 **extra), prefix=f"{os.getpid()}-")  # see scratch.py
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], object], prefix: str, mode: int | None = None) -> None:

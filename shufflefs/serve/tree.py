@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from .. import resolve
 from ..config import MountConfig
 from ..errors import DESCRIPTOR_ERRNOS
-from ..formats import Format, resolve_format
+from ..formats import Format, format_suffix, resolve_format
 from ..index.table import SourceStamp
 from ..pools.lookup import PoolTable
 from ..pools.shards import shard_key
@@ -120,7 +120,7 @@ class Tree:
         """The file's format.  Without rules it follows from the extension alone: one `Format`
         per extension, shared by every file that has it."""
         if not self.config.rules:
-            ext = os.path.splitext(relpath)[1].lower()
+            ext = format_suffix(relpath)  # ``.jsonl.gz`` is not ``.csv.gz``
             if ext not in self._by_ext:
                 self._by_ext[ext] = resolve_format(relpath, (), self.config.format_defaults)
             return self._by_ext[ext]

@@ -563,8 +563,10 @@ def test_rules_first_match_wins() -> None:
 
 
 def test_make_format_errors() -> None:
-    # every registered format has its scan tested here or in test_tar_scan.py: a new one must be added
-    assert set(FORMATS) == {"lines", "csv", "fixed", "npy", "tfrecord", "tar"}
+    # every registered format has its scan tested here, in test_tar_scan.py or (compressed text) in
+    # test_compressed_scan.py: a new one must be added
+    assert set(FORMATS) == {"lines", "csv", "fixed", "npy", "tfrecord", "tar",
+                            "lines-gzip", "csv-gzip", "lines-zstd", "csv-zstd"}
     with pytest.raises(ValueError, match="unknown format 'parquet'"):
         make_format("parquet", {})
     with pytest.raises(ValueError, match="no parameter 'record_size'"):

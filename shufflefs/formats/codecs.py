@@ -1,0 +1,372 @@
+"""Decoding compressed sources, whole (to index them) and from restart points (to read runs).
+
+A compressed file's records live in its decoded bytes.  Reading a run of them at random means
+starting to decode somewhere before it: at a *restart point*, a decoded offset from which the
+stream can be decoded on its own.
+
+* gzip: rapidgzip (ISA-L inflate, ~2.5x zlib here) decodes the file once and records a restart
+  point about every `GZIP_SPACING` decoded bytes, each with the 32 KiB of history it needs; that
+  index is kept (gztool format, history compressed: about 0.5% of the decoded bytes) and
+  imported into a decoder that seeks to any offset.  Measured against indexed_gzip on 1.06 GiB of
+  JSON lines (`tools/compressed_bench.py`): see docs/benchmark.md.
+* zstd: every frame is a restart point (a file of several frames, or of the seekable format,
+  whose seek table is a skippable frame this walk passes over).  Frames are found by walking
+  their headers and block headers (RFC 8878), decoded with zstandard.  A file of one frame has
+  none but its start: it is decoded once into a node-local copy instead (`sources.decoded`).
+
+Both libraries are optional (the ``compressed`` extra): `missing` names what a codec lacks, and
+files of a codec whose library is missing pass through unchanged.  Every decode error becomes a
+`FormatError` naming the file and the offset, never bytes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import io
+import weakref
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..errors import FormatError, ShuffleError
+from ..index.decoded import Restarts
+
+GZIP, ZSTD = "gzip", "zstd"
+LIBRARIES = {GZIP: "rapidgzip", ZSTD: "zstandard"}
+GZIP_SPACING = 1 << 20
+"""rapidgzip's chunk size: a restart point about every MiB of decoded bytes (1,051 points for
+1.06 GiB; its index 4.9 MB).  Blocks of 4 MiB then decode 1.25x their bytes (`block_floor`)."""
+DECODE_STEP = 4 << 20
+"""Decoded bytes handed on at a time while a whole file is decoded (the memory a scan holds)."""
+ZSTD_MAGIC = 0xFD2FB528
+SKIPPABLE = 0x184D2A50  # to 0x184D2A5F
+Read = Callable[[int, int], bytes]
+
+
+def missing(codec: str) -> str | None:
+    """The module ``codec`` needs that cannot be imported, or None if it can."""
+    name = LIBRARIES[codec]
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return name
+    return None
+
+
+class RangeFile(io.RawIOBase):
+    """A read-only seekable file of ``size`` bytes read through ``read(start, end)`` (a source's
+    `read_range`, which checks the source's version on every read; a mapped file's slices)."""
+
+    def __init__(self, read: Read, size: int, progress: Callable[[int], None] | None = None) -> None:
+        self._read, self.size, self.pos, self.progress = read, size, 0, progress
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, out: object) -> int:
+        out = memoryview(out).cast("B")
+        end = min(self.size, self.pos + len(out))
+        if end <= self.pos:
+            return 0
+        got = self._read(self.pos, end)
+        out[: len(got)] = got
+        self.pos += len(got)
+        if self.progress is not None:
+            self.progress(self.pos)
+        return len(got)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+
+# --------------------------------------------------------------------------- whole decodes
+
+
+def decode_all(codec: str, read: Read, size: int, path: str, progress: Callable[[int], None] | None = None
+               ) -> tuple[Iterator[memoryview], Callable[[], Restarts]]:
+    """Decode a whole compressed file of ``size`` bytes, read by ``read(start, end)``, in steps
+    of about `DECODE_STEP` bytes: an iterator of the decoded steps (each valid until the next),
+    and a function giving the restart points once it is exhausted.  Checksums and sizes are
+    verified as the library does (every gzip member's CRC-32 and length; zstd content checksums
+    and sizes); a damaged stream raises `FormatError` at its compressed offset."""
+    if size == 0:  # an empty file: read as empty (as gzip.open and zstd readers do)
+        none = np.zeros(0, np.int64)
+        return iter(()), lambda: Restarts(codec, np.zeros(1, np.int64), none, none, np.zeros(0, np.uint8))
+    if codec == GZIP:
+        return _gzip_all(read, size, path, progress)
+    return _zstd_all(read, size, path, progress)
+
+
+def buffer_read(data: object) -> tuple[Read, int]:
+    """``read(start, end)`` over a buffer (a file mapped to scan it), and its size."""
+    view = memoryview(data).cast("B")
+    return (lambda a, b: view[a:b]), len(view)
+
+
+def _gzip_all(read: Read, size: int, path: str, progress: Callable[[int], None] | None
+              ) -> tuple[Iterator[memoryview], Callable[[], Restarts]]:
+    import rapidgzip
+
+    got: list[Restarts] = []
+
+    def steps() -> Iterator[memoryview]:
+        raw = RangeFile(read, size, progress)
+        with rapidgzip.RapidgzipFile(raw, parallelization=1, chunk_size=GZIP_SPACING) as f:
+            buf = bytearray(DECODE_STEP)
+            while True:
+                try:
+                    n = f.readinto(buf)
+                except (ValueError, RuntimeError, OSError) as e:
+                    raise FormatError(path, raw.tell(), f"corrupt gzip stream (decoded up to byte {f.tell()}): "
+                                      f"{e}") from None
+                if not n:
+                    break
+                yield memoryview(buf)[:n]
+            offsets = f.block_offsets()
+            plain = sorted(set(offsets.values()) | {0})
+            out = io.BytesIO()
+            f.export_index(out, rapidgzip.IndexFormat.GZTOOL)
+            decoded = f.tell()
+        plain = np.array([p for p in plain if p < decoded] + [decoded], np.int64)
+        none = np.zeros(0, np.int64)
+        got.append(Restarts(GZIP, plain, none, none, np.frombuffer(out.getvalue(), np.uint8)))
+
+    return steps(), lambda: got[0]
+
+
+def zstd_frames(read: Read, size: int, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every frame of a zstd file: ``(start, end, content size or -1)`` of its data frames
+    (skippable frames, such as the seekable format's seek table, are passed over), by walking
+    frame and block headers: O(blocks), no decoding."""
+    pos = 0
+    starts, ends, sizes = [], [], []
+
+    def bad(at: int, what: str) -> FormatError:
+        return FormatError(path, at, f"not a zstd stream: {what}")
+
+    while pos < size:
+        if size - pos < 8:
+            raise bad(pos, "a frame is cut short")
+        data = bytes(read(pos, min(size, pos + 18)))  # the longest frame header
+        magic = int.from_bytes(data[0:4], "little")
+        if magic & 0xFFFFFFF0 == SKIPPABLE:
+            pos += 8 + int.from_bytes(data[4:8], "little")
+            if pos > size:
+                raise bad(size, "a skippable frame is cut short")
+            continue
+        if magic != ZSTD_MAGIC:
+            raise bad(pos, f"unknown magic number 0x{magic:08x}")
+        start, fhd = pos, data[4]
+        fcs_flag, single, checksum, dict_flag = fhd >> 6, (fhd >> 5) & 1, (fhd >> 2) & 1, fhd & 3
+        if fhd & 0x08:
+            raise bad(pos + 4, "reserved bit set in the frame header")
+        at = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
+        fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
+        content = int.from_bytes(data[at: at + fcs_len], "little") + (256 if fcs_len == 2 else 0) if fcs_len else -1
+        pos += at + fcs_len
+        while True:
+            if pos + 3 > size:
+                raise bad(pos, "a block header is cut short")
+            head = int.from_bytes(read(pos, pos + 3), "little")
+            kind, length = (head >> 1) & 3, head >> 3
+            if kind == 3:
+                raise bad(pos, "reserved block type")
+            pos += 3 + (1 if kind == 1 else length)
+            if head & 1:
+                break
+        pos += 4 * checksum
+        if pos > size:
+            raise bad(size, "the last frame is cut short")
+        starts.append(start)
+        ends.append(pos)
+        sizes.append(content)
+    return np.array(starts, np.int64), np.array(ends, np.int64), np.array(sizes, np.int64)
+
+
+def _zstd_all(read: Read, size: int, path: str, progress: Callable[[int], None] | None
+              ) -> tuple[Iterator[memoryview], Callable[[], Restarts]]:
+    import zstandard
+
+    starts, ends, sizes = zstd_frames(read, size, path)
+    got: list[Restarts] = []
+
+    def steps() -> Iterator[memoryview]:
+        plain = [0]
+        dctx = zstandard.ZstdDecompressor()
+        for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
+            done = 0
+            try:
+                frame = RangeFile(lambda s, e, a=a: read(a + s, a + e), b - a)
+                with dctx.stream_reader(frame, read_across_frames=False, closefd=False) as r:
+                    while chunk := r.read(DECODE_STEP):
+                        done += len(chunk)
+                        yield memoryview(chunk)
+            except zstandard.ZstdError as e:
+                raise FormatError(path, a, f"corrupt zstd frame {i} (decoded {done} of its bytes): {e}") from None
+            if sizes[i] >= 0 and done != sizes[i]:
+                raise FormatError(path, a, f"zstd frame {i} decodes to {done} bytes, its header says {sizes[i]}")
+            plain.append(plain[-1] + done)
+            if progress is not None:
+                progress(b)
+        got.append(Restarts(ZSTD, np.array(plain, np.int64), starts, ends, np.zeros(0, np.uint8)))
+
+    return steps(), lambda: got[0]
+
+
+# --------------------------------------------------------------------------- random access
+
+FRAME_KEEP = 8 << 20
+"""zstd frames of up to this many decoded bytes are decoded whole when a read starts in one, and
+the last one is kept (the next read usually continues in it); longer ones are decoded as a
+stream from their start (a file of one frame: only ever read whole, into a copy, or its first
+bytes)."""
+
+_open: "weakref.WeakSet[GzipDecoder]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    """rapidgzip aborts the interpreter at exit if one of its files is still open."""
+    for d in list(_open):
+        d.close()
+
+
+class GzipDecoder:
+    """Reads decoded bytes of a gzip file from anywhere, by rapidgzip with the file's index.
+    One thread at a time (the caller locks)."""
+
+    def __init__(self, raw: io.RawIOBase, restarts: Restarts) -> None:
+        import rapidgzip
+
+        self._f = rapidgzip.RapidgzipFile(raw, parallelization=1, chunk_size=GZIP_SPACING)
+        _open.add(self)
+        try:
+            self._f.import_index(io.BytesIO(restarts.blob.tobytes()))
+        except BaseException:
+            self.close()
+            raise
+
+    def read_into(self, start: int, out: memoryview) -> None:
+        """Fill ``out`` with the decoded bytes from ``start``; EOFError if the stream ends first."""
+        self._f.seek(start)
+        pos = 0
+        while pos < len(out):
+            n = self._f.readinto(out[pos:])
+            if not n:
+                raise EOFError(f"the decoded stream ended at {start + pos}")
+            pos += n
+
+    def close(self) -> None:
+        f, self._f = getattr(self, "_f", None), None
+        _open.discard(self)
+        if f is not None:
+            f.close()
+
+
+class ZstdDecoder:
+    """Reads decoded bytes of a zstd file from any frame start (`FRAME_KEEP`)."""
+
+    def __init__(self, read: Read, restarts: Restarts) -> None:
+        import zstandard
+
+        self._read, self.r = read, restarts
+        self._dctx = zstandard.ZstdDecompressor()
+        self._frame: tuple[int, bytes] = (-1, b"")
+        self._stream: tuple[int, int, object] | None = None  # (frame, decoded position, reader)
+
+    def _whole(self, i: int) -> bytes:
+        if self._frame[0] != i:
+            a, b = int(self.r.packed[i]), int(self.r.packed_end[i])
+            want = int(self.r.plain[i + 1] - self.r.plain[i])
+            got = self._dctx.decompressobj().decompress(self._read(a, b))
+            if len(got) != want:
+                raise ValueError(f"frame {i} decodes to {len(got)} bytes, the index says {want}")
+            self._frame = (i, got)
+        return self._frame[1]
+
+    def _streamed(self, i: int, at: int, out: memoryview) -> None:
+        """``out`` from decoded byte ``at`` of frame ``i``, decoding it as a stream (continued
+        from the last read where it ended at or before ``at``)."""
+        got = self._stream
+        if got is None or got[0] != i or got[1] > at:
+            a, b = int(self.r.packed[i]), int(self.r.packed_end[i])
+            reader = self._dctx.stream_reader(RangeFile(lambda s, e: self._read(a + s, a + e), b - a),
+                                              read_across_frames=False, closefd=False)
+            got = (i, 0, reader)
+        _, pos, reader = got
+        while pos < at:
+            skipped = len(reader.read(min(DECODE_STEP, at - pos)))
+            if not skipped:
+                raise EOFError(f"frame {i} ended at decoded byte {pos}")
+            pos += skipped
+        done = 0
+        while done < len(out):
+            n = reader.readinto(out[done:])
+            if not n:
+                raise EOFError(f"frame {i} ended at decoded byte {pos + done}")
+            done += n
+        self._stream = (i, pos + done, reader)
+
+    def read_into(self, start: int, out: memoryview) -> None:
+        pos, plain = 0, self.r.plain
+        while pos < len(out):
+            at = start + pos
+            i = int(np.searchsorted(plain, at, side="right")) - 1
+            if i >= len(plain) - 1:
+                raise EOFError(f"the decoded stream ended at {at}")
+            f0, f1 = int(plain[i]), int(plain[i + 1])
+            n = min(len(out) - pos, f1 - at)
+            if f1 - f0 <= FRAME_KEEP:
+                out[pos: pos + n] = self._whole(i)[at - f0: at - f0 + n]
+            else:
+                self._streamed(i, at - f0, out[pos: pos + n])
+            pos += n
+
+    def close(self) -> None:
+        self._frame, self._stream = (-1, b""), None
+
+
+class DecodedReader:
+    """``read(start, end)`` of a compressed file's decoded bytes, given ``raw(start, end)`` of its
+    compressed bytes (``raw_size`` of them) and its restart points; the decoder is made on first
+    use and kept until `close`.  A decode error is the file's change if ``verify`` says so (it
+    raises `StaleSourceError`), else a `FormatError` naming ``path``: never bytes."""
+
+    def __init__(self, restarts: Restarts, raw: Read, raw_size: int, path: str,
+                 verify: Callable[[], None] | None = None) -> None:
+        self.restarts, self.raw, self.raw_size, self.path, self.verify = restarts, raw, raw_size, path, verify
+        self.decoder: GzipDecoder | ZstdDecoder | None = None
+
+    def into(self, start: int, out: memoryview) -> None:
+        """Fill ``out`` with decoded bytes from ``start``."""
+        try:
+            if self.decoder is None:
+                self.decoder = (GzipDecoder(RangeFile(self.raw, self.raw_size), self.restarts)
+                                if self.restarts.codec == GZIP else ZstdDecoder(self.raw, self.restarts))
+            self.decoder.read_into(start, out)
+        except Exception as e:  # noqa: BLE001 -- the libraries' errors: ValueError, RuntimeError, ZstdError...
+            self.close()  # a decoder that failed is not trusted with the next read
+            if self.verify is not None:
+                self.verify()  # the file changed under the decoder: that is the error
+            if isinstance(e, (ShuffleError, OSError)):
+                raise
+            raise FormatError(self.path, None, f"corrupt {self.restarts.codec} stream reading decoded bytes "
+                              f"{start}-{start + len(out)}: {e}") from None
+
+    def __call__(self, start: int, end: int) -> bytes:
+        out = bytearray(max(0, end - start))
+        self.into(start, memoryview(out))
+        return bytes(out)
+
+    def close(self) -> None:
+        d, self.decoder = self.decoder, None
+        if d is not None:
+            d.close()

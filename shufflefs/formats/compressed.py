@@ -1,0 +1,154 @@
+"""Compressed text: JSON lines, text, CSV and TSV in gzip (``.jsonl.gz``, ``.json.gz``, ``.csv.gz``,
+``.txt.gz``, ...) or zstd (``.jsonl.zst``, ...) files, shuffled record by record.
+
+A compressed file's records are the lines (or CSV rows) of its decoded bytes, with every rule of
+the plain line formats (header lines kept first, a last line without its newline kept last).
+Its index (`index.decoded.DecodedIndex`) is built by decoding the file once, a few MiB at a time
+(`codecs.decode_all`), and scanning the decoded steps for record ends as a plain file is scanned;
+it keeps the file's restart points.  Its view is the plain view of those records served in a
+container of the same codec that compresses nothing (`windows.container`, by `Format.codec`): a
+valid ``.gz`` or ``.zst`` at the same path, whose size follows from the decoded size, so the view
+is sized when it is planned (`planned_size`).  Window checks are the plain line formats' (on
+decoded bytes).
+
+The codecs' libraries are optional: a file of a codec whose library is missing passes through
+unchanged (`available`), with a log line once.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import FormatError
+from ..index.decoded import DecodedIndex
+from ..index.table import RecordIndex
+from . import codecs
+from .base import Progress, Read
+from .lines import CsvFormat, LinesFormat, lines_index, record_ends
+
+TEXT = (".jsonl", ".ndjson", ".json", ".txt")
+"""Text suffixes whose compressed files are JSON lines or text (``.json.gz``: C4's and the Pile's
+JSON lines)."""
+
+
+def scan_decoded(codec: str, data: np.ndarray, path: str, header_lines: int, quoted: bool,
+                 progress: Progress | None = None) -> DecodedIndex:
+    """The index of a compressed file from its bytes (mapped): record ends found step by step
+    in its decoded bytes (a CSV's quote parity carried across steps), with its restart points."""
+    steps, restarts = codecs.decode_all(codec, *codecs.buffer_read(data), path, progress)
+    parts, base, quotes = [], 0, 0
+    last = None
+    for step in steps:
+        arr = np.frombuffer(step, np.uint8)
+        ends, quotes = record_ends(arr, quote_aware=quoted, quotes=quotes)
+        ends += base
+        parts.append(ends)
+        base += len(arr)
+        last = int(arr[-1]) if len(arr) else last
+    if quoted and quotes & 1:
+        start = int(parts[-1][-1]) if parts and len(np.concatenate(parts)) else 0
+        raise FormatError(path, None, f"unterminated quoted field in the record starting at decoded byte {start}")
+    ends = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    index = lines_index(ends, base, header_lines)
+    return DecodedIndex(index.size, index.bounds, index.add_newline, None, restarts())
+
+
+class Decoded:
+    """What the compressed formats share (mixed into the plain line formats)."""
+
+    codec: ClassVar[str]
+    planned_size: ClassVar[bool] = True
+    header_lines: int
+
+    @classmethod
+    def available(cls) -> str | None:
+        """None if this codec's library can be imported, else what is missing."""
+        return codecs.missing(cls.codec)
+
+    @property
+    def plain_name(self) -> str:
+        """The line format of the decoded bytes (``lines``, ``csv``)."""
+        return CsvFormat.name if isinstance(self, CsvFormat) else LinesFormat.name
+
+    def scan(self, data: np.ndarray, path: str, progress: Progress | None = None) -> RecordIndex:
+        return scan_decoded(self.codec, data, path, self.header_lines, isinstance(self, CsvFormat), progress)
+
+    def check_index(self, index: RecordIndex, read: Read, path: str) -> None:
+        """The line formats' check, on decoded bytes.  A file without restart points worth using
+        (one zstd frame) is only checked at its start: its last byte would need the whole file
+        decoded, and every record's end is checked as its window is gathered anyway."""
+        if not isinstance(index, DecodedIndex):
+            raise FormatError(path, None, "the index of a compressed file lacks its restart points")
+        if index.staged:
+            head = index.header_end
+            data = np.frombuffer(read(0, head), np.uint8)
+            if len(data) and data[-1] != 0x0A:
+                raise FormatError(path, head, "the header does not end a line: the index does not fit the file")
+            return
+        super().check_index(index, read, path)  # type: ignore[misc]
+
+    def _require(self) -> None:
+        lacking = self.available()
+        if lacking is not None:
+            raise ValueError(f"{self.codec} files need {lacking}: pip install 'shufflefs[compressed]'")
+
+
+def _extensions(codec_suffix: str, csv: bool) -> dict[str, dict]:
+    if csv:
+        return {".csv" + codec_suffix: {}}
+    return {**{t + codec_suffix: {} for t in TEXT}, ".tsv" + codec_suffix: {"header_lines": 1}}
+
+
+class GzipLinesFormat(Decoded, LinesFormat):
+    """JSON lines or text in a gzip file (``.jsonl.gz``, ``.json.gz``, ``.ndjson.gz``, ``.txt.gz``,
+    ``.tsv.gz``)."""
+
+    name = "lines-gzip"
+    codec = codecs.GZIP
+    extensions = _extensions(".gz", False)
+
+    def __init__(self, header_lines: int = 0) -> None:
+        super().__init__(header_lines)
+        self._require()
+
+
+class GzipCsvFormat(Decoded, CsvFormat):
+    """CSV in a gzip file (``.csv.gz``)."""
+
+    name = "csv-gzip"
+    codec = codecs.GZIP
+    extensions = _extensions(".gz", True)
+
+    def __init__(self, header_lines: int = 1) -> None:
+        super().__init__(header_lines)
+        self._require()
+
+
+class ZstdLinesFormat(Decoded, LinesFormat):
+    """JSON lines or text in a zstd file (``.jsonl.zst``, ``.json.zst``, ...)."""
+
+    name = "lines-zstd"
+    codec = codecs.ZSTD
+    extensions = _extensions(".zst", False)
+
+    def __init__(self, header_lines: int = 0) -> None:
+        super().__init__(header_lines)
+        self._require()
+
+
+class ZstdCsvFormat(Decoded, CsvFormat):
+    """CSV in a zstd file (``.csv.zst``)."""
+
+    name = "csv-zstd"
+    codec = codecs.ZSTD
+    extensions = _extensions(".zst", True)
+
+    def __init__(self, header_lines: int = 1) -> None:
+        super().__init__(header_lines)
+        self._require()
+
+
+FORMATS = (GzipLinesFormat, GzipCsvFormat, ZstdLinesFormat, ZstdCsvFormat)
+"""The formats this module adds to the registry (`shufflefs.formats.MODULES`)."""

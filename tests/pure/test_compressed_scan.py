@@ -1,0 +1,202 @@
+"""Level: pure (no mount, no daemon).
+
+Compressed text (`formats.compressed`, `formats.codecs`, `index.decoded`): a gzip or zstd file's
+index is the index of its decoded bytes, exactly as the plain line formats find it (header lines,
+CSV quotes across decode steps, a last line without its newline), with restart points from
+which any decoded range reads back the right bytes; it is cached keyed by the compressed file's
+version with its restart points; a damaged stream is a `FormatError` naming the file, never
+bytes; a codec whose library is missing leaves its files to pass through."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zstandard
+
+from shufflefs.errors import FormatError
+from shufflefs.formats import check_file_index, load_or_build_index, make_format, resolve_format, scan_file
+from shufflefs.formats import codecs
+from shufflefs.formats.codecs import DecodedReader
+from shufflefs.index.decoded import DecodedIndex
+from shufflefs.index.table import IndexCache
+
+
+def jsonl(n: int, seed: int = 0, torn: bool = False) -> bytes:
+    """``n`` JSON lines of 30-930 bytes of random letters (about 1.7x compressible)."""
+    rnd = random.Random(seed)
+    text = rnd.randbytes(n * 1000).translate(bytes(97 + i % 26 for i in range(256)))
+    lines = b"".join(b'{"id": %d, "text": "%s"}\n' % (i, text[i * 1000: i * 1000 + rnd.randrange(0, 900)])
+                     for i in range(n))
+    return lines + (b'{"id": "torn"' if torn else b"")
+
+
+def csv_rows(n: int) -> bytes:
+    rows = [b"id,text\n"] + [b'%d,"a ""quoted""\nfield %d"\n' % (i, i) if i % 3 == 0 else b"%d,plain\n" % i
+                              for i in range(n)]
+    return b"".join(rows)
+
+
+def zstd_frames(data: bytes, frame: int, skippable: bool = False) -> bytes:
+    """Frames of ``frame`` decoded bytes each (as pzstd or the seekable format write them),
+    then a skippable frame (a seek table's place) if asked."""
+    c = zstandard.ZstdCompressor(level=3, write_checksum=True)
+    out = b"".join(c.compress(data[i: i + frame]) for i in range(0, len(data), frame))
+    return out + (b"\x5e\x2a\x4d\x18" + (9).to_bytes(4, "little") + bytes(9) if skippable else b"")
+
+
+def write(tmp_path: Path, name: str, data: bytes) -> Path:
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+def encodings(plain: bytes) -> dict[str, bytes]:
+    return {
+        "gz": gzip.compress(plain, 6),
+        "gz-members": b"".join(gzip.compress(plain[i: i + 3_000_000]) for i in range(0, len(plain), 3_000_000)),
+        "zst-one": zstandard.ZstdCompressor(write_checksum=True).compress(plain),  # as the zstd CLI writes
+        "zst-frames": zstd_frames(plain, 1 << 18, skippable=True),
+    }
+
+
+@pytest.mark.parametrize("kind", ["gz", "gz-members", "zst-one", "zst-frames"])
+@pytest.mark.parametrize("torn", [False, True])
+def test_the_index_is_the_decoded_files_and_its_restarts_read_back(tmp_path: Path, kind: str, torn: bool,
+                                                                   monkeypatch) -> None:
+    monkeypatch.setattr(codecs, "DECODE_STEP", 100_003)  # many steps, cut anywhere
+    plain = jsonl(12_000, torn=torn)  # 5.6 MB: one zstd frame of it is more than MAX_SPACING
+    ext = "gz" if kind.startswith("gz") else "zst"
+    src = write(tmp_path, f"a.jsonl.{ext}", encodings(plain)[kind])
+    fmt = resolve_format(src.name, ())
+    index = scan_file(src, fmt)
+    want = scan_file(write(tmp_path, "a.jsonl", plain), resolve_format("a.jsonl", ()))
+    assert isinstance(index, DecodedIndex) and index.stamp.size == src.stat().st_size
+    assert index.size == len(plain) and np.array_equal(index.bounds, want.bounds)
+    assert index.add_newline == torn
+    assert index.staged == (kind == "zst-one")
+    fd = os.open(src, os.O_RDONLY)
+    reader = DecodedReader(index.restarts, lambda a, b: os.pread(fd, b - a, a), index.stamp.size, str(src))
+    try:
+        rnd = random.Random(1)
+        for _ in range(40):
+            a = rnd.randrange(len(plain))
+            b = min(len(plain), a + rnd.choice([1, 1000, 300_000, 2_000_000]))
+            assert reader(a, b) == plain[a:b]
+    finally:
+        reader.close()
+        os.close(fd)
+
+
+def test_csv_quotes_are_carried_across_decode_steps(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(codecs, "DECODE_STEP", 4099)
+    plain = csv_rows(5000)
+    want = scan_file(write(tmp_path, "a.csv", plain), make_format("csv"))
+    for name, data in (("a.csv.gz", gzip.compress(plain)), ("a.csv.zst", zstd_frames(plain, 10_000))):
+        got = scan_file(write(tmp_path, name, data), resolve_format(name, ()))
+        assert got.header_end == want.header_end and np.array_equal(got.bounds, want.bounds), name
+
+
+@pytest.mark.parametrize("name", ["a.csv.gz", "a.csv.zst"])
+def test_a_csv_quote_left_open_is_refused(tmp_path: Path, name: str) -> None:
+    plain = b'id,text\n1,"open\n2,x\n'
+    data = gzip.compress(plain) if name.endswith("gz") else zstandard.ZstdCompressor().compress(plain)
+    with pytest.raises(FormatError, match="unterminated quoted field"):
+        scan_file(write(tmp_path, name, data), resolve_format(name, ()))
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst-frames", "zst-one"])
+def test_a_damaged_stream_is_a_format_error_naming_the_file(tmp_path: Path, kind: str) -> None:
+    data = bytearray(encodings(jsonl(3000))[kind])
+    tail = 17 if kind == "zst-frames" else 0  # after the last frame: a skippable frame
+    for at in (len(data) // 3, len(data) - tail - 3):  # a byte of the data, a byte of a checksum
+        bad = bytearray(data)
+        bad[at] ^= 0x55
+        src = write(tmp_path, f"bad.jsonl.{'gz' if kind == 'gz' else 'zst'}", bytes(bad))
+        with pytest.raises(FormatError) as e:
+            scan_file(src, resolve_format(src.name, ()))
+        assert str(src) in str(e.value)
+
+
+def test_zstd_garbage_after_the_frames_is_refused(tmp_path: Path) -> None:
+    src = write(tmp_path, "a.jsonl.zst", zstd_frames(jsonl(100), 4096) + b"trailing")
+    with pytest.raises(FormatError, match="zstd"):
+        scan_file(src, resolve_format(src.name, ()))
+
+
+def test_cached_with_its_restart_points_and_checked_against_the_file(tmp_path: Path) -> None:
+    plain = jsonl(4000)
+    cache = IndexCache(tmp_path / "cache")
+    for name, data in (("a.jsonl.gz", gzip.compress(plain)), ("b.jsonl.zst", zstd_frames(plain, 1 << 18))):
+        src = write(tmp_path, name, data)
+        fmt = resolve_format(name, ())
+        built = load_or_build_index(src, fmt, cache)
+        again = load_or_build_index(src, fmt, cache)
+        assert isinstance(again, DecodedIndex) and again is not built
+        assert np.array_equal(again.bounds, built.bounds) and again.size == len(plain)
+        assert np.array_equal(again.restarts.plain, built.restarts.plain)
+        assert np.array_equal(again.restarts.blob, built.restarts.blob)
+        assert again.block_floor == built.block_floor > 0
+        check_file_index(src, fmt, again)  # read through the decoded bytes
+
+
+def test_a_changed_file_finds_no_cache_entry(tmp_path: Path) -> None:
+    cache = IndexCache(tmp_path / "cache")
+    src = write(tmp_path, "a.jsonl.gz", gzip.compress(jsonl(100)))
+    fmt = resolve_format(src.name, ())
+    first = load_or_build_index(src, fmt, cache)
+    src.write_bytes(gzip.compress(jsonl(200)))
+    second = load_or_build_index(src, fmt, cache)
+    assert first.n == 100 and second.n == 200
+
+
+def test_block_floor_spans_restart_intervals() -> None:
+    from shufflefs.index.decoded import MAX_SPACING, Restarts
+
+    none = np.zeros(0, np.int64)
+    one = Restarts("zstd", np.array([0, 10 << 20], np.int64), none, none, np.zeros(0, np.uint8))
+    assert not one.usable
+    mib = Restarts("gzip", np.arange(0, 65, dtype=np.int64) << 20, none, none, np.zeros(0, np.uint8))
+    assert mib.usable and mib.spacing == 1 << 20
+    index = DecodedIndex(64 << 20, np.array([0, 64 << 20], np.int64), False, None, mib)
+    assert index.block_floor == 4 << 20 and not index.staged
+    far = Restarts("zstd", np.array([0, MAX_SPACING + 1, 2 * MAX_SPACING + 2], np.int64), none, none,
+                   np.zeros(0, np.uint8))
+    assert not far.usable
+
+
+@pytest.mark.parametrize("relpath, name, params", [
+    ("c4/en.00001-of-01024.json.gz", "lines-gzip", {"header_lines": 0}),
+    ("x.JSONL.GZ", "lines-gzip", {"header_lines": 0}),
+    ("x.txt.gz", "lines-gzip", {"header_lines": 0}),
+    ("x.tsv.gz", "lines-gzip", {"header_lines": 1}),
+    ("x.csv.gz", "csv-gzip", {"header_lines": 1}),
+    ("pile/00.jsonl.zst", "lines-zstd", {"header_lines": 0}),
+    ("x.json.zst", "lines-zstd", {"header_lines": 0}),
+    ("x.csv.zst", "csv-zstd", {"header_lines": 1}),
+    ("x.tar.gz", None, None),
+    ("x.gz", None, None),
+    ("x.json", None, None),
+])
+def test_resolved_by_their_last_two_suffixes(relpath: str, name, params) -> None:
+    fmt = resolve_format(relpath, (), {})
+    assert (fmt.name, fmt.params()) == (name, params) if name else fmt is None
+
+
+def test_without_the_codecs_library_such_files_pass_through() -> None:
+    code = ("import sys; sys.modules['rapidgzip'] = None\n"
+            "from shufflefs.formats import resolve_format, parse_format_option\n"
+            "assert resolve_format('a.jsonl.gz', ()) is None\n"
+            "assert resolve_format('a.jsonl.zst', ()).name == 'lines-zstd'\n"
+            "assert resolve_format('a.jsonl', ()).name == 'lines'\n"
+            "try:\n    parse_format_option('*.dat=lines-gzip')\nexcept ValueError as e:\n    print(e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "pass through unchanged: rapidgzip is not installed" in r.stderr
+    assert "need rapidgzip" in r.stdout
