@@ -241,5 +241,7 @@ def plain(table):
             return pa.large_list(t.value_field.with_type(undict(t.value_type)))
         return t
 
-    fields = [f.with_type(undict(f.type)) for f in table.schema]
-    return table.cast(pa.schema(fields, metadata=table.schema.metadata))
+    for i, f in enumerate(table.schema):
+        if undict(f.type) != f.type:
+            table = table.set_column(i, f.with_type(undict(f.type)), table.column(i).cast(undict(f.type)))
+    return table
