@@ -131,6 +131,8 @@ def test_declared_lengths_past_the_end_are_refused_before_allocating():
         Reader(bytes([0x18]) + b"\xff\xff\xff\xff\x0f").struct()  # binary field of 4 GiB
     with pytest.raises(ThriftError, match="longer than the bytes left"):
         Reader(bytes([0x19, 0xF5]) + b"\xff\xff\xff\xff\x0f").struct()  # list of 4 G elements
+    with pytest.raises(ThriftError, match="keyed by structs"):
+        Reader(bytes([0x1B, 0x01, 0xC5, 0x00, 0x02])).struct()  # a map whose key is a struct
     deep = bytes([0x1C]) * 100  # structs in structs
     with pytest.raises(ThriftError, match="nested deeper"):
         Reader(deep).struct()

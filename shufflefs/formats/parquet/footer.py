@@ -104,7 +104,8 @@ class Leaf:
         if n.logical is not None:
             for member in (LOGICAL_TIME, LOGICAL_TIMESTAMP):
                 if member in n.logical:
-                    unit = n.logical.fields[member].get(2)
+                    spec = n.logical.fields[member]
+                    unit = spec.get(2) if isinstance(spec, Struct) else None
                     if isinstance(unit, Struct) and unit.fields:
                         return UNIT_NS.get(min(unit.fields), None)
         return {CONVERTED_TIME_MILLIS: 1_000_000, CONVERTED_TIME_MICROS: 1_000,
@@ -134,6 +135,18 @@ class SourceFooter:
         return self.schema_raw + b"\0" + (self.kv_raw or b"")
 
 
+def _int(s: Struct, fid: int, path: str, what: str, default: int | None = 0, lo: int = 0,
+         hi: int = 1 << 62) -> int | None:
+    """Field ``fid`` of ``s`` as an int in ``[lo, hi]`` (``default`` when absent); a value of
+    another type or range is a damaged footer."""
+    v = s.get(fid)
+    if v is None:
+        return default
+    if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+        raise FormatError(path, None, f"the footer's {what} is {v!r}")
+    return v
+
+
 def _node_tree(elems: list, path: str) -> tuple[tuple[Node, ...], int]:
     """The schema's top-level nodes from the flattened depth-first element list."""
     pos = 0
@@ -146,14 +159,19 @@ def _node_tree(elems: list, path: str) -> tuple[tuple[Node, ...], int]:
         pos += 1
         if not isinstance(e, Struct) or not isinstance(e.get(4), bytes):
             raise FormatError(path, None, "the footer's schema has an element without a name")
-        nkids = e.get(5) or 0
-        kids = tuple(build(depth + 1) for _ in range(nkids)) if nkids > 0 else ()
-        physical = e.get(1) if nkids <= 0 else None
-        if nkids <= 0 and physical not in range(8):
-            raise FormatError(path, None, f"schema leaf {e.get(4)!r} has no physical type")
+        name = e.get(4).decode("utf-8", "replace")
+        nkids = _int(e, 5, path, f"child count of {name!r}", 0, -1, len(elems))
+        kids = tuple(build(depth + 1) for _ in range(nkids)) if nkids > 0 else ()  # type: ignore[operator]
+        physical = _int(e, 1, path, f"type of {name!r}", None, 0, 7) if not kids else None
+        if not kids and physical is None:
+            raise FormatError(path, None, f"schema leaf {name!r} has no physical type")
+        length = _int(e, 2, path, f"type length of {name!r}", 0, 0, 1 << 30)
+        if physical == FIXED_LEN_BYTE_ARRAY and not length:
+            raise FormatError(path, None, f"schema leaf {name!r} is a FIXED_LEN_BYTE_ARRAY of no length")
         logical = e.get(10) if isinstance(e.get(10), Struct) else None
-        return Node(e.get(4).decode("utf-8", "replace"), e.get(3, REQUIRED) or 0, kids, physical,
-                    e.get(2) or 0, e.get(6), logical, e.get(7) or 0, e.get(8) or 0)
+        return Node(name, _int(e, 3, path, f"repetition of {name!r}", REQUIRED, 0, 2), kids,  # type: ignore[arg-type]
+                    physical, length, _int(e, 6, path, f"converted type of {name!r}", None, -(1 << 31)),  # type: ignore[arg-type]
+                    logical, _int(e, 7, path, "scale", 0, -(1 << 31)), _int(e, 8, path, "precision", 0))  # type: ignore[arg-type]
 
     root = build(0)
     if pos != len(elems):
@@ -207,15 +225,16 @@ def parse_footer(tail: bytes, file_size: int, path: str) -> SourceFooter:
     top, _ = _node_tree(schema, path)
     rows, offsets = [], []
     for g in groups:
-        nr = g.get(3) if isinstance(g, Struct) else None
-        if not isinstance(nr, int) or nr < 0:
+        if not isinstance(g, Struct) or 3 not in g:
             raise FormatError(path, start, "a row group of the footer has no row count")
-        rows.append(nr)
-        cols = g.get(1) or []
-        md = cols[0].get(3) if cols and isinstance(cols[0], Struct) else None
-        offsets.append(int(md.get(11) or md.get(9) or 0) if isinstance(md, Struct) else 0)
-    num_rows = meta.get(3)
-    if not isinstance(num_rows, int) or num_rows != sum(rows):
+        rows.append(_int(g, 3, path, "row count of a row group"))
+        cols = g.get(1)
+        md = cols[0].get(3) if isinstance(cols, list) and cols and isinstance(cols[0], Struct) else None
+        offset = (_int(md, 11, path, "dictionary page offset") or _int(md, 9, path, "data page offset")
+                  if isinstance(md, Struct) else 0)
+        offsets.append(offset)
+    num_rows = _int(meta, 3, path, "row count", None)
+    if num_rows != sum(rows):  # type: ignore[arg-type]
         raise FormatError(path, start, f"the footer says {num_rows} rows, its row groups {sum(rows)}")
 
     def span(fid: int) -> bytes | None:
@@ -224,7 +243,8 @@ def parse_footer(tail: bytes, file_size: int, path: str) -> SourceFooter:
         a, b = meta.raw[fid]
         return bytes(buf[a:b])
 
-    return SourceFooter(int(meta.get(1) or 1), num_rows, tuple(rows), tuple(offsets), top, _leaves(top),
+    version = _int(meta, 1, path, "version", 1, -(1 << 31), 1 << 31)
+    return SourceFooter(version, num_rows, tuple(rows), tuple(offsets), top, _leaves(top),  # type: ignore[arg-type]
                         span(2) or b"", span(5), span(7), hashlib.sha256(buf).hexdigest())
 
 

@@ -113,14 +113,24 @@ class Reader:
             kv = self._byte()
             if 2 * n > self.end - self.pos:
                 raise ThriftError(f"map of {n} entries at byte {self.pos} longer than the bytes left")
-            return {self._key(self.value(kv >> 4, depth + 1)): self.value(kv & 0x0F, depth + 1) for _ in range(n)}
+            out: dict = {}
+            for _ in range(n):
+                key = self._key(self.value(kv >> 4, depth + 1))
+                if isinstance(key, (Struct, dict)):
+                    raise ThriftError(f"a map keyed by structs or maps at byte {self.pos}")
+                out[key] = self.value(kv & 0x0F, depth + 1)
+            return out
         if ttype == STRUCT:
             return self.struct(depth + 1)
         raise ThriftError(f"unknown type {ttype} at byte {self.pos}")
 
     @staticmethod
     def _key(k: Any) -> Any:
-        return tuple(k) if isinstance(k, list) else k
+        if isinstance(k, list):
+            if any(isinstance(x, (Struct, dict, list)) for x in k):
+                raise ThriftError("a map keyed by a list of structs, maps or lists")
+            return tuple(k)
+        return k
 
     def struct(self, depth: int = 0) -> Struct:
         """A struct from the current position up to and including its STOP byte."""
