@@ -325,7 +325,7 @@ def _pooled_data(got: _Inspected) -> Any:
 
     parts = []
     for path, (size, head, tail) in zip(got.members or [], got.index.member_frames):
-        data = read_source(path)
+        data = read_source(path, got.fmt)
         if len(data) != size:
             raise CliError(f"{path}: the file changed while it was being inspected; run again")
         parts.append(data[head:tail])
@@ -363,6 +363,10 @@ def _verify_view(path: str, got: _Inspected) -> None:
     finally:
         os.close(fd)
     view = b"".join(chunks)
+    if got.fmt.codec is not None:  # a compressed view: its decoded bytes are the order's
+        from ..formats.codecs import decode_bytes
+
+        view = decode_bytes(got.fmt.codec, view)
     if int(info["epoch"]) != got.epoch:
         raise CliError(f"{path}: the epoch changed to {info['epoch']} while inspecting epoch {got.epoch}; run again")
     (plan,) = got.plans.values()
@@ -416,10 +420,11 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         if (label_source is not None or args.verify) and got.members is not None:
             got.data = _pooled_data(got)
         elif label_source is not None or args.verify:
-            got.data = read_source(got.source)
+            got.data = read_source(got.source, got.fmt)
             _check_stamp(got.source, got.index)
         if label_source is not None:
-            labels = extract_labels(got.index, got.fmt.name, got.data, label_source, str(got.source))
+            labels = extract_labels(got.index, getattr(got.fmt, "plain_name", got.fmt.name), got.data, label_source,
+                                    str(got.source))
         elif got.source_labels is not None:
             labels = got.source_labels
         if args.verify:

@@ -103,6 +103,13 @@ def format_stats(stats: dict) -> str:
         for st in staging.get("stages", []):
             lines.append(("stage", f"{st['name']} epoch {st['epoch']}: {st['records']} records, "
                                    f"{_human(st['bytes'])}, {st['readers']} readers"))
+    decoded = take("decoded", None)
+    if isinstance(decoded, dict):
+        lines.append(("decoded", f"{decoded.get('files')} compressed file(s) read from decoded copies in "
+                                 f"{decoded.get('dir')} ({_human(decoded.get('bytes', 0))})"))
+    for path, got in (take("decoded_copies", None) or {}).items():
+        lines.append(("decoded copy", f"{path}: {_human(got.get('bytes', 0))}, decoded in {got.get('seconds')} s, "
+                                      f"read by {got.get('views')} view(s)"))
     overrides = take("epoch_overrides", None)
     epoch = str(take("epoch", "?"))
     if overrides:

@@ -105,6 +105,12 @@ def decode_all(codec: str, read: Read, size: int, path: str, progress: Callable[
     return _zstd_all(read, size, path, progress)
 
 
+def decode_bytes(codec: str, data: bytes) -> bytes:
+    """A whole compressed file's decoded bytes (a view read back, to compare with its order)."""
+    steps, _ = decode_all(codec, *buffer_read(data), "<bytes>")
+    return b"".join(bytes(step) for step in steps)
+
+
 def buffer_read(data: object) -> tuple[Read, int]:
     """``read(start, end)`` over a buffer (a file mapped to scan it), and its size."""
     view = memoryview(data).cast("B")
@@ -120,15 +126,16 @@ def _gzip_all(read: Read, size: int, path: str, progress: Callable[[int], None] 
     def steps() -> Iterator[memoryview]:
         raw = RangeFile(read, size, progress)
         with rapidgzip.RapidgzipFile(raw, parallelization=1, chunk_size=GZIP_SPACING) as f:
-            buf = bytearray(DECODE_STEP)
+            buf, done = bytearray(DECODE_STEP), 0
             while True:
                 try:
                     n = f.readinto(buf)
                 except (ValueError, RuntimeError, OSError) as e:
-                    raise FormatError(path, raw.tell(), f"corrupt gzip stream (decoded up to byte {f.tell()}): "
-                                      f"{e}") from None
+                    raise FormatError(path, raw.tell(), f"corrupt gzip stream (its first {done} decoded bytes were "
+                                      f"whole): {e}") from None
                 if not n:
                     break
+                done += n
                 yield memoryview(buf)[:n]
             offsets = f.block_offsets()
             plain = sorted(set(offsets.values()) | {0})
@@ -210,7 +217,8 @@ def _zstd_all(read: Read, size: int, path: str, progress: Callable[[int], None] 
                         done += len(chunk)
                         yield memoryview(chunk)
             except zstandard.ZstdError as e:
-                raise FormatError(path, a, f"corrupt zstd frame {i} (decoded {done} of its bytes): {e}") from None
+                raise FormatError(path, a, f"corrupt zstd frame {i}, at decoded byte {plain[-1] + done} or before: "
+                                  f"{e}") from None
             if sizes[i] >= 0 and done != sizes[i]:
                 raise FormatError(path, a, f"zstd frame {i} decodes to {done} bytes, its header says {sizes[i]}")
             plain.append(plain[-1] + done)

@@ -17,6 +17,7 @@ unchanged (`available`), with a log line once.
 
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 import numpy as np
@@ -25,7 +26,7 @@ from ..errors import FormatError
 from ..index.decoded import DecodedIndex
 from ..index.table import RecordIndex
 from . import codecs
-from .base import Progress, Read
+from .base import Format, Progress, Read
 from .lines import CsvFormat, LinesFormat, lines_index, record_ends
 
 TEXT = (".jsonl", ".ndjson", ".json", ".txt")
@@ -53,6 +54,13 @@ def scan_decoded(codec: str, data: np.ndarray, path: str, header_lines: int, quo
     ends = np.concatenate(parts) if parts else np.zeros(0, np.int64)
     index = lines_index(ends, base, header_lines)
     return DecodedIndex(index.size, index.bounds, index.add_newline, None, restarts())
+
+
+def decoded_bytes(path: str | os.PathLike, fmt: Format) -> np.ndarray:
+    """A compressed file's decoded bytes, whole, in memory (for ``shufflefs inspect``)."""
+    data = np.fromfile(os.fspath(path), dtype=np.uint8)
+    steps, _ = codecs.decode_all(fmt.codec, *codecs.buffer_read(data), os.fspath(path))
+    return np.frombuffer(b"".join(bytes(step) for step in steps), np.uint8)
 
 
 class Decoded:

@@ -66,6 +66,7 @@ class PooledIndex(RecordIndex):
         put(self, "member_stamps", tuple(m.stamp for m in members))
         put(self, "member_file", np.arange(len(members), dtype=I64))
         put(self, "_torn", firsts[1:][torn] - 1)
+        put(self, "block_floor", max(m.block_floor for m in members))  # compressed members: their restart spacing
 
     @property
     def members(self) -> int:
@@ -211,6 +212,7 @@ class SegmentIndex(PooledIndex):
         put(self, "member_frames", base.member_frames)  # per file, not per segment
         put(self, "member_stamps", base.member_stamps)
         put(self, "_torn", np.arange(n - torn, n, dtype=I64))
+        put(self, "block_floor", base.block_floor)
 
     @property
     def files(self) -> int:

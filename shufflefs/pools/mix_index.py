@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..strategies.base import ShuffleSpec, effective_block_size
+from ..strategies.base import ShuffleSpec, effective_block_size, floored
 from ..strategies.mixture import epoch_segments, quotas
 from .joined_index import PooledIndex, SegmentIndex
 
@@ -85,7 +85,7 @@ def epoch_index(base: PooledIndex, firsts: Sequence[int], weights: Sequence[floa
     if spec.strategy in RECORD_ORDERS:
         runs: list = [1] * len(counts)
     else:
-        blocks = base.unit_firsts(effective_block_size(spec, base.data_bytes))
+        blocks = base.unit_firsts(effective_block_size(floored(spec, base), base.data_bytes))
         runs = [np.concatenate((blocks[(blocks >= a) & (blocks < b)], [b])) - a if b > a else 1
                 for a, b in zip(starts[:-1].tolist(), starts[1:].tolist())]
     grouped = spec.strategy in GROUPED_ORDERS or spec.strategy in RECORD_ORDERS

@@ -249,6 +249,10 @@ def extract_labels(index: RecordIndex, fmt_name: str, data: np.ndarray, source: 
     return encode_labels(values)
 
 
-def read_source(path: str | os.PathLike) -> np.ndarray:
-    """The whole file as a uint8 array."""
+def read_source(path: str | os.PathLike, fmt: Any = None) -> np.ndarray:
+    """The whole file as a uint8 array; a compressed file's (``fmt.codec``) decoded bytes."""
+    if fmt is not None and getattr(fmt, "codec", None) is not None:
+        from ..formats.compressed import decoded_bytes
+
+        return decoded_bytes(path, fmt)
     return np.fromfile(os.fspath(path), dtype=np.uint8)

@@ -19,7 +19,7 @@ from typing import Any
 import trio
 
 from ..config import MIX_DIR, PARTS_DIR, MountConfig
-from ..errors import DESCRIPTOR_ERRNOS, ResumeMismatch, ShuffleError, StaleSourceError, descriptors_note
+from ..errors import DESCRIPTOR_ERRNOS, FormatError, ResumeMismatch, ShuffleError, StaleSourceError, descriptors_note
 from ..index.table import SourceStamp
 from ..pools.lookup import PoolTable
 from ..pools.mixes import MixTable
@@ -120,6 +120,7 @@ class Catalog:
         self.windows.clear()
         if self.views.stages is not None:
             self.views.stages.close()
+        self.planner.decoding.close()
         self.store.close()
 
     def fail(self, what: str, relpath: str, epoch: int, offset: int | None, e: BaseException) -> Reply:
@@ -203,15 +204,20 @@ class Catalog:
         return node
 
     async def _size(self, node: Node, probe: Probe) -> None:
-        """Set a view's size: a rank's share, a shard or a resumed view from its plan, else from
-        the file's size and (text) its last byte."""
-        if self.config.world > 1 or node.parts > 1 or node.pool is not None or node.resume:
+        """Set a view's size: a rank's share, a shard, a resumed view or a compressed file's view
+        from its plan, else from the file's size and (text) its last byte."""
+        if self.config.world > 1 or node.parts > 1 or node.pool is not None or node.resume or node.fmt.planned_size:
             try:
                 await self.planner.plan(node)  # sizes it
             except ResumeMismatch as e:  # the name stands (size 0), so that its user.shufflefs.error is
                 self.fail("lookup", node.relpath, node.epoch, None, e)  # readable; every open is EINVAL
                 node.resume_problem = e.message.removeprefix(RESUME_MISFIT)
                 node.size = 0
+            except FormatError as e:  # a compressed file that does not decode: the same, and opens get EIO
+                if not node.fmt.planned_size:
+                    raise
+                self.fail("lookup", node.relpath, node.epoch, None, e)
+                node.broken, node.size = e, 0
             return
         if probe.last_byte == UNREAD:
             await self.workers.run(self.tree.read_last_byte, node.relpath, probe)

@@ -21,6 +21,7 @@ from ..strategies.base import (
     Plan,
     ShuffleSpec,
     buffer_label_mix,
+    floored,
     order_label_mix,
 )
 from .catalog import Catalog
@@ -30,11 +31,13 @@ _MIXES: "weakref.WeakKeyDictionary[Plan, dict]" = weakref.WeakKeyDictionary()
 """Label mixes measured, by plan (getfattr asks twice: for the size, then the value)."""
 
 
-def block_size_from(spec: ShuffleSpec, source: str) -> str:
-    """Where the effective block size comes from, in words a user can compare across nodes."""
+def block_size_from(spec: ShuffleSpec, source: str, index_floor: int = 0) -> str:
+    """Where the effective block size comes from, in words a user can compare across nodes
+    (``index_floor``: the file's own floor, a compressed file's)."""
     if spec.block_size is None:
-        floor = spec.block_floor or AUTO_BLOCK_FLOOR
-        origin = "as 'shufflefs advise' measured this device" if spec.block_floor else "the default floor"
+        floor = max(spec.block_floor or AUTO_BLOCK_FLOOR, index_floor)
+        origin = ("four restart intervals of the compressed file" if index_floor > (spec.block_floor or AUTO_BLOCK_FLOOR)
+                  else "as 'shufflefs advise' measured this device" if spec.block_floor else "the default floor")
         return (f"auto: the buffer / {AUTO_BUFFER_BLOCKS} as a power of two, at least {floor >> 10} KiB ({origin}), "
                 f"at most {AUTO_BLOCK_MAX >> 20} MiB and 1/{AUTO_BLOCKS} of the record bytes, at least a page")
     if "://" in source and spec.block_size == OBJECT_BLOCK:
@@ -58,11 +61,11 @@ async def fields(cat: Catalog, node: Node, plan: Plan) -> dict[str, Any]:
     data_bytes = int(plan.index.data_bytes)
     out: dict[str, Any] = {
         "block_size": plan.spec.block_size,
-        "block_size_from": block_size_from(spec, str(cat.source)),
+        "block_size_from": block_size_from(spec, str(cat.source), getattr(plan.index, "block_floor", 0)),
         "buffer_bytes": spec.buffer_bytes(max(1, data_bytes)),
     }
     if spec.strategy in BLOCK_STRATEGIES and data_bytes > 0:
-        blocks, mix = buffer_label_mix(spec, data_bytes, node.parts)
+        blocks, mix = buffer_label_mix(floored(spec, plan.index), data_bytes, node.parts)
         out.update(blocks_per_buffer=blocks, buffer_label_mix=round(mix, 3), buffer_label_mix_for=MIX_ASSUMPTION)
     got = await cat.workers.run(_measure, plan, spec.strategy == "stratified", limiter=cat.workers.plan)
     out.update(expected_label_mix=round(got["sorted"]["mix"], 3), expected_label_mix_for=ORDER_MIX_FOR,

@@ -21,6 +21,7 @@ from ..strategies.base import (
     ShuffleSpec,
     buffer_label_mix,
     effective_block_size,
+    floored,
 )
 
 log = logging.getLogger("shufflefs")
@@ -43,7 +44,8 @@ class PlanNotes:
         self._few_blocks(name, index)
         self._small_buffer(name, index, parts)
         if self.spec.strategy in BUFFER_ORDERS and name not in self.effective and len(self.effective) < EFFECTIVE_NAMES:
-            block = effective_block_size(self.spec, index.data_bytes) if self.spec.strategy in BLOCK_ORDERS else None
+            spec = floored(self.spec, index)
+            block = effective_block_size(spec, index.data_bytes) if self.spec.strategy in BLOCK_ORDERS else None
             self.effective[name] = (block, self.spec.buffer_bytes(max(1, index.data_bytes)))
 
     def effective_counts(self) -> list[dict]:
@@ -59,7 +61,7 @@ class PlanNotes:
         whose floor of a page leaves every file under 8 pages few blocks)."""
         if self.spec.strategy not in (*BLOCK_STRATEGIES, "pls") or index.data_bytes <= 0:
             return
-        size = effective_block_size(self.spec, index.data_bytes)
+        size = effective_block_size(floored(self.spec, index), index.data_bytes)
         blocks = -(-index.data_bytes // size)
         if blocks >= FEW_BLOCKS or name in self.few_blocks:
             return
@@ -76,7 +78,7 @@ class PlanNotes:
         block and corgipile mix few runs of one label: warn once, with the expected label mix."""
         if self.spec.strategy not in BLOCK_STRATEGIES or index.data_bytes <= 0 or name in self.small_buffers:
             return
-        blocks, mix = buffer_label_mix(self.spec, index.data_bytes, parts)
+        blocks, mix = buffer_label_mix(floored(self.spec, index), index.data_bytes, parts)
         if blocks >= BUFFER_BLOCKS or mix == 0.0:
             return
         if len(self.small_buffers) < 1000:

@@ -29,6 +29,7 @@ from ..strategies import Plan, make_plan
 from ..strategies.costs import record_costs
 from ..strategies.resume import LengthOf, PlanOf, ResumeError, resumed_plan, share_length
 from ..strategies.slices import SlicePlan, slice_edges
+from ..stages.decoded import Decoding, served_size
 from ..windows.layout import Layout
 from .nodes import Node, frame_file
 from .plan_notes import PlanNotes, check_headers, check_npy_pool
@@ -60,6 +61,7 @@ class Planner:
         self.config, self.spec, self.store = config, config.spec, store
         self.workers, self.tasks = workers, tasks
         self.index_cache = IndexCache(config.cache_dir)
+        self.decoding = Decoding(store, self.index_cache.dir, config.stage_dir or self.index_cache.dir, config.spec.strategy)
         self.memory = PlanMemory()
         self._drop_a_plan, self._landed = drop_a_plan, landed
         self._indexes: OrderedDict[tuple, RecordIndex] = OrderedDict()
@@ -218,7 +220,7 @@ class Planner:
             if end <= start:
                 return b""
             if not opened:
-                opened.append(self.store.open(relpath, index.stamp))
+                opened.append(self.decoding.open(relpath, index.stamp, fmt, index, light=True))
             return opened[0].read_range(start, end)
 
         try:
@@ -312,13 +314,14 @@ class Planner:
                 self.memory.release(node.ino)
                 raise
             self.notes.note(node.pool.pool.key if node.pool is not None else node.relpath, index, node.parts)
+            size = served_size(node.fmt, layout.size)  # a compressed view: its container's
             if node.size < 0:  # a rank's share or a shard: sized by its plan (a negative size
-                node.size = layout.size  # reaching the kernel would make the inode bad: EIO)
-            elif layout.size != node.size:
+                node.size = size  # reaching the kernel would make the inode bad: EIO)
+            elif size != node.size:
                 self.memory.release(node.ino)
                 raise FormatError(
                     self.store.path(node.relpath), None,
-                    f"view has {layout.size} bytes but {node.size} were announced; refusing to serve it",
+                    f"view has {size} bytes but {node.size} were announced; refusing to serve it",
                 )
             node.index, node.layout = index, layout
             node.plan = plan
@@ -483,7 +486,7 @@ class Planner:
         header end and trailer start), its own file's, an ``.npy`` header rewritten for the rows
         it shows (``numpy.load`` refuses a count that is wrong)."""
         size, head, trail = frame
-        src = self.store.open(*frame_file(node))
+        src = self.decoding.open(*frame_file(node), node.fmt, light=True)
         try:
             header, trailer = src.read_range(0, head), src.read_range(trail, size)
         finally:

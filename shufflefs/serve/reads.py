@@ -12,6 +12,7 @@ from typing import Any
 import trio
 
 from ..windows.cache import Slot, WindowCache
+from ..windows.container import Container, container_of
 from ..windows.layout import HEADER, TRAILER
 from .nodes import Handle, Node
 from .views import Views
@@ -35,15 +36,34 @@ class Reads:
     async def read(self, h: Handle, off: int, size: int) -> Any:
         """The view bytes ``[off, off+size)`` for handle ``h`` (a buffer, not a copy when it
         can be a slice of one window)."""
+        container = container_of(h.node.fmt)
+        if container is not None:
+            return await self._read_packed(h, container, off, size)
+        return await self._read_plain(h, off, size)
+
+    async def _read_packed(self, h: Handle, container: Container, off: int, size: int) -> bytearray:
+        """A compressed file's view: the bytes of its plain view that ``[off, off+size)`` shows
+        (or checksums), in their container (`windows.container`); the plain view's windows are
+        loaded, held and read ahead as for any view."""
+        plain = h.node.layout.size
+        lo, hi = container.plain_range(off, size, plain)
+        data: Any = b""
+        if hi > lo:
+            data = await self._read_plain(h, lo, hi - lo, off == h.last_end)
+        return container.render(off, size, plain, lo, data)
+
+    async def _read_plain(self, h: Handle, off: int, size: int, sequential: bool | None = None) -> Any:
+        """Bytes ``[off, off+size)`` of the plain view; ``sequential``: the read continues the
+        handle's last one (default: it starts where that ended)."""
         if h.lo <= off and off + size <= h.hi and h.slot.data is not None:
             # inside the window this handle is reading (held: loaded, and its bytes are only
             # taken away by a read that needed the memory, which also clears ``data``)
             at = off - h.lo + h.shift
             h.slot.used = trio.current_time()  # still read: not idle (see WindowCache.room)
             return memoryview(h.slot.data)[at: at + size]
-        return await self._read_windows(h, off, size)
+        return await self._read_windows(h, off, size, sequential)
 
-    async def _read_windows(self, h: Handle, off: int, size: int) -> Any:
+    async def _read_windows(self, h: Handle, off: int, size: int, sequential: bool | None = None) -> Any:
         """The bytes of ``[off, off+size)``, when they are not all in the handle's window.
 
         A read takes its windows one at a time, and a handle lets go of its window before it
@@ -55,7 +75,7 @@ class Reads:
         if not pieces:
             return b""
         view = node.view.view
-        sequential = off == h.last_end
+        sequential = off == h.last_end if sequential is None else sequential
         out: bytearray | None = None
         pos, entered, data = 0, False, None
         for p in pieces:

@@ -135,8 +135,9 @@ class Views:
     def _source(self, node: Node) -> Source:
         """Blocking: the node's file, or for a shard its pool's files, opened once for all the
         pool's shards (one more user)."""
+        decoding = self.planner.decoding  # a compressed file's decoded bytes
         if node.pool is None:
-            return self.store.open(node.relpath, node.index.stamp)
+            return decoding.open(node.relpath, node.index.stamp, node.fmt, node.index)
         entry = node.pool
         key = (entry.pool.key, entry.pool.members, entry.stamps)
         if entry.mix is not None:
@@ -149,7 +150,7 @@ class Views:
         if src is None:
             for k in [k for k, v in self._pool_sources.items() if v.closed]:
                 del self._pool_sources[k]
-            src = self._pool_sources[key] = PoolSource(list(entry.pool.members), node.index, self.store.open)
+            src = self._pool_sources[key] = PoolSource(list(entry.pool.members), node.index, decoding.opener(node.fmt))
         return src
 
     def _new_view(self, node: Node, plan: Plan, stage: Stage | None) -> View:
@@ -205,12 +206,13 @@ class Views:
             file, name = ("pool", e.pool.key), e.pool.key
             key = ("pool", e.pool.key, e.pool.members, e.stamps, self.planner.generation(file))
             members = list(e.pool.members)
-            open_source: Callable[[], Source] = lambda: PoolSource(members, index, self.store.open)
+            opener = self.planner.decoding.opener(node.fmt)
+            open_source: Callable[[], Source] = lambda: PoolSource(members, index, opener)
         else:
             file, name = ("file", node.relpath), node.relpath
             key = ("file", node.relpath, node.stamp, self.planner.generation(file))
-            relpath = node.relpath
-            open_source = lambda: self.store.open(relpath, index.stamp)
+            relpath, fmt = node.relpath, node.fmt
+            open_source = lambda: self.planner.decoding.open(relpath, index.stamp, fmt, index)
         target = self._stage_targets.get(key)
         if target is None:
             exchange = await self.workers.run(pls_exchange, index.body(), self.config.spec, self.config.world,

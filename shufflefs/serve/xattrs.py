@@ -117,6 +117,9 @@ async def get(cat: Catalog, node: Node, name: bytes, caller: Caller = OWNER) -> 
         "view_size": node.size,
     }
     info.update(await order_info.fields(cat, node, plan))  # effective block size and buffer, label mix
+    if node.fmt.codec is not None:  # how a compressed file's records are read: restart points or a copy
+        info["compressed"] = {"served_as": f"{node.fmt.codec} container of uncompressed blocks",
+                              **cat.planner.decoding.describe_view(node.index)}
     if node.pool is not None:
         info.update(pool=node.pool.pool.key, pool_shards=node.pool.shards, pool_declared=node.pool.pool.declared)
         if node.pool.mix is not None:
@@ -232,7 +235,8 @@ def _exchange_counts(cat: Catalog) -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
-DETAILS = ("few_blocks", "small_buffers", "pls_exchange", "epoch_overrides", "last_errors", "staging")
+DETAILS = ("few_blocks", "small_buffers", "pls_exchange", "epoch_overrides", "last_errors", "staging",
+           "decoded_copies")
 """Fields of the stats that name files: shown to the mount's owner and root only (`access`)."""
 
 
@@ -298,4 +302,14 @@ def _describe(cat: Catalog) -> dict[str, Any]:
         read_bytes=views.read_bytes.snapshot(),
         **({"store_requests": cat.store.requests()} if hasattr(cat.store, "requests") else {}),
         **({"staging": views.stages.describe()} if views.stages is not None else {}),
+        **_decoded(cat),
     )
+
+
+def _decoded(cat: Catalog) -> dict[str, Any]:
+    """The decoded copies of compressed files (`stages.decoded`): where, how many bytes, which."""
+    got = cat.planner.decoding.describe()
+    if not got["copies"]:
+        return {}
+    return {"decoded": {"dir": got["dir"], "files": len(got["copies"]), "bytes": got["bytes"]},
+            "decoded_copies": got["copies"]}

@@ -195,11 +195,22 @@ def _buffer_and_file_blocks(spec: ShuffleSpec, data_bytes: int, parts: int) -> t
             -(-int(data_bytes) // effective_block_size(spec, data_bytes)))
 
 
+def floored(spec: ShuffleSpec, index: RecordIndex) -> ShuffleSpec:
+    """``spec`` with the floor of automatic blocks raised to the index's own
+    (`RecordIndex.block_floor`: a compressed file's blocks span several of its restart points, so
+    that reading one decodes little more than its bytes); a pure function of the file, so every
+    rank takes the same."""
+    floor = getattr(index, "block_floor", 0)
+    if spec.block_size is not None or floor <= (spec.block_floor or AUTO_BLOCK_FLOOR):
+        return spec
+    return replace(spec, block_floor=floor)
+
+
 def resolve_spec(spec: ShuffleSpec, index: RecordIndex) -> ShuffleSpec:
     """``spec`` with its block size fixed for ``index`` (unchanged if the user set one)."""
     if spec.block_size is not None:
         return spec
-    return replace(spec, block_size=effective_block_size(spec, index.data_bytes))
+    return replace(spec, block_size=effective_block_size(floored(spec, index), index.data_bytes))
 
 
 def rng(*key: int) -> np.random.Generator:

@@ -1,0 +1,112 @@
+"""A compressed file's decoded bytes as a `Source`: what views of ``.jsonl.gz``, ``.csv.zst``, ...
+read their records from, in the offsets of the file's `index.decoded.DecodedIndex`.
+
+Runs are decoded from the file's restart points (`formats.codecs.DecodedReader`), one run after
+another in ascending order, so the runs of a window that lie in one restart interval decode it
+once; the source has no descriptors (`place` is None), so windows are built from `read_runs`.  A
+file without restart points worth using is read from a decoded ``copy`` on node-local disk
+instead (a `SourceFile` of it, made by `stages.decoded`): then the compiled gather reads the copy
+as it reads any file.  Either way the compressed file is held to the version its index was built
+from, as a plain source is: a change is `StaleSourceError`, a damaged stream `FormatError`, never
+bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import numpy as np
+
+from ..formats.codecs import DecodedReader
+from ..index.decoded import Restarts
+from ..index.table import RecordIndex
+from .base import Members, Reader, Runs, Source
+
+
+class DecodedSource:
+    """The decoded bytes of the compressed file ``raw`` (its open `Source`, ``raw_size`` bytes)
+    by its ``restarts``, with their decoded ``copy`` in front when there is one (``release`` is
+    called when it is no longer read)."""
+
+    local_fd = -1
+
+    def __init__(self, raw: Source, restarts: Restarts, raw_size: int, path: str, copy: Source | None = None,
+                 release: Callable[[], None] | None = None) -> None:
+        self.raw, self.restarts, self.path, self.copy, self._release = raw, restarts, path, copy, release
+        self._lock = threading.Lock()  # a decoder reads for one window at a time
+        self._reader = None if copy is not None else DecodedReader(
+            restarts, raw.read_range, raw_size, path, raw.verify_open)
+        self._closed = False
+
+    @property
+    def fd(self) -> int:
+        """The copy's descriptor (a pool's placed member), -1 without one."""
+        return getattr(self.copy, "fd", -1)
+
+    @property
+    def staged(self) -> bool:
+        return self.copy is not None
+
+    def check(self) -> None:
+        self.raw.check()
+        if self.copy is not None:
+            self.copy.check()
+
+    def verify_open(self) -> None:
+        self.raw.verify_open()
+        if self.copy is not None:
+            self.copy.verify_open()
+
+    def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> Runs | None:
+        return None if self.copy is None else self.copy.place(index, first, count)
+
+    def file_of(self, fd: int) -> Reader:
+        return self.copy.file_of(fd)
+
+    def mapping(self) -> object | None:
+        ask = getattr(self.copy, "mapping", None)
+        return ask() if ask is not None else None
+
+    def mapped_members(self) -> Members | None:
+        ask = getattr(self.copy, "mapped_members", None)
+        return ask() if ask is not None else None
+
+    def advise(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> None:
+        if self.copy is not None:
+            self.copy.advise(index, first, count)
+
+    def read_range(self, start: int, end: int) -> bytes:
+        return self.read_runs(np.array([start], np.int64), np.array([end], np.int64)).tobytes()
+
+    def read_runs(self, starts: np.ndarray, ends: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """The decoded ranges (ascending), concatenated; the compressed file is verified after."""
+        if self.copy is not None:
+            return self.copy.read_runs(starts, ends, out)
+        total = int((np.asarray(ends) - np.asarray(starts)).sum())
+        buf = out[:total] if out is not None and len(out) >= total else np.empty(total, np.uint8)
+        view, pos = memoryview(buf), 0
+        with self._lock:
+            if self._reader is None:
+                raise OSError(9, "decoded source closed")
+            for s, e in zip(np.asarray(starts).tolist(), np.asarray(ends).tolist()):
+                self._reader.into(s, view[pos: pos + e - s])
+                pos += e - s
+        self.raw.verify_open()  # decoded from the version the index describes, still in place
+        return buf
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            reader, self._reader = self._reader, None
+        try:
+            if reader is not None:
+                reader.close()
+            self.raw.close()
+            if self.copy is not None:
+                self.copy.close()
+        finally:
+            if self._release is not None:
+                self._release()

@@ -1,0 +1,236 @@
+"""Opening the sources of compressed files, and their decoded copies on node-local disk.
+
+`Decoding.open` is how the mount opens any file it serves a view of: a plain file is its store's
+`Source`; a compressed one (`Format.codec`) is a `sources.decoded.DecodedSource` over it, which
+decodes runs from the file's restart points, or reads a decoded *copy* of it when it has none
+worth using (one zstd frame: `index.decoded.DecodedIndex.staged`) or when the mount's order reads
+record by record (`RESTART_ORDERS`: a record-level order would decode a restart interval per
+record).  A copy is made once per file version, on first open, by decoding the whole file (its
+checksums verified) into a directory of its own under ``--stage-dir``, else under the cache
+directory (node-local disk, where indexes are; the temporary directory is often memory), held
+like a stage directory (`scratch.held`: a killed mount's is removed by the next one there).
+Copies stay while the mount runs, one per file: a new version's copy replaces the old one once
+no view reads it.  Blocking (worker threads), no FUSE.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from typing import Any, Callable
+
+from .. import scratch
+from ..errors import StageError, StaleSourceError
+from ..formats import Format
+from ..formats.codecs import decode_all
+from ..index.decoded import DecodedIndex, Restarts
+from ..index.table import SourceStamp
+from ..sources.base import Source, Store
+from ..sources.decoded import DecodedSource
+from ..sources.local import SourceFile
+from ..windows.container import served_size
+
+__all__ = ["Decoding", "RESTART_ORDERS", "served_size"]  # served_size: a compressed view's size
+
+log = logging.getLogger("shufflefs")
+
+COPY_PREFIX = "decoded-"
+RESTART_ORDERS = frozenset({"none", "block", "corgipile", "stratified"})
+"""Orders that read whole blocks, which are decoded from restart points; any other reads a
+compressed file's records from a decoded copy."""
+RESTARTS_KEPT = 32 << 20
+"""Bytes of restart points (mostly gzip's index: ~5 MB per GiB decoded) kept for the next opens
+of their files (a pool's members, every epoch)."""
+
+
+class Copy:
+    """One file version's decoded copy and the views reading it."""
+
+    def __init__(self, path: str, stamp: SourceStamp, seconds: float) -> None:
+        self.path, self.stamp, self.seconds, self.users = path, stamp, seconds, 0
+
+
+class Decoding:
+    """The mount's opener of view sources (module docstring); ``root``: where copies go,
+    ``strategy``: the mount's order."""
+
+    def __init__(self, store: Store, cache_dir: str | os.PathLike, root: str | os.PathLike, strategy: str) -> None:
+        self.store, self.cache_dir, self.root = store, cache_dir, os.fspath(root)
+        self.copy_all = strategy not in RESTART_ORDERS
+        self._lock = threading.Lock()
+        self._building: dict[str, threading.Lock] = {}
+        self._copies: dict[str, Copy] = {}  # by source path
+        self._restarts: dict[tuple, Restarts] = {}
+        self._dir: str | None = None
+        self._hold = -1
+
+    def open(self, relpath: str, stamp: SourceStamp, fmt: Format | None, index: Any = None,
+             light: bool = False) -> Source:
+        """The source of a view of ``relpath`` at version ``stamp``.  ``index``: the file's index if
+        at hand (else the cached one is loaded); ``light``: only a few reads near restart points
+        follow (a header, the last byte), so no copy is made for them."""
+        if fmt is None or fmt.codec is None:
+            return self.store.open(relpath, stamp)
+        restarts = self._restarts_of(relpath, stamp, fmt, index)
+        raw = self.store.open(relpath, stamp)
+        path = self.store.path(relpath)
+        try:
+            if (not restarts.usable or self.copy_all) and not light:
+                copy, release = self._copy(path, stamp, restarts, raw)
+                return DecodedSource(raw, restarts, stamp.size, path, copy, release)
+            return DecodedSource(raw, restarts, stamp.size, path)
+        except BaseException:
+            raw.close()
+            raise
+
+    def opener(self, fmt: Format | None) -> Callable[[str, SourceStamp], Source]:
+        """``open`` of a pool's members (`sources.pool.PoolSource`)."""
+        return lambda relpath, stamp: self.open(relpath, stamp, fmt)
+
+    def _restarts_of(self, relpath: str, stamp: SourceStamp, fmt: Format, index: Any) -> Restarts:
+        key = (relpath, stamp, fmt.name)
+        if isinstance(index, DecodedIndex) and index.stamp == stamp:
+            restarts = index.restarts
+        else:
+            with self._lock:
+                restarts = self._restarts.get(key)
+            if restarts is None:
+                index = self.store.index(relpath, fmt, self.cache_dir)  # the cached index, or a scan
+                if index.stamp != stamp or not isinstance(index, DecodedIndex):
+                    raise StaleSourceError(self.store.path(relpath), None, "source changed since it was looked up")
+                restarts = index.restarts
+        with self._lock:
+            self._restarts.pop(key, None)
+            self._restarts[key] = restarts  # the most recent last
+            while len(self._restarts) > 1 and sum(len(r.blob) + 24 * len(r.plain)
+                                                  for r in self._restarts.values()) > RESTARTS_KEPT:
+                self._restarts.pop(next(iter(self._restarts)))
+        return restarts
+
+    def describe_view(self, index: Any) -> dict[str, Any]:
+        """What ``user.shufflefs.info`` says of a compressed view whose (file's) index is ``index``."""
+        restarts = getattr(index, "restarts", None)
+        if restarts is None:  # a pool's: its members' points are their own
+            return {"read_from": "decoded copies" if self.copy_all else "restart points or decoded copies"}
+        copied = self.copy_all or not restarts.usable
+        why = ("its order reads record by record" if self.copy_all else
+               "it has no restart points worth decoding from (one zstd frame)") if copied else ""
+        return {"codec": restarts.codec, "restart_points": restarts.points, "decoded_bytes": int(restarts.plain[-1]),
+                "read_from": "a decoded copy" if copied else "restart points", **({"copied_because": why} if why else {}),
+                **({"copy_dir": self._dir or self.root} if copied else {})}
+
+    # ------------------------------------------------------------------ copies
+
+    def _copy(self, path: str, stamp: SourceStamp, restarts: Restarts, raw: Source
+              ) -> tuple[Source, Callable[[], None]]:
+        """The decoded copy of ``path`` at version ``stamp`` (made now if there is none) as a
+        source, and its release."""
+        with self._lock:
+            building = self._building.setdefault(path, threading.Lock())
+        with building:  # one build per file at a time; opens of it wait for it
+            with self._lock:
+                got = self._copies.get(path)
+            size = int(restarts.plain[-1])
+            if got is None or got.stamp != stamp:
+                if got is not None and got.users == 0:
+                    self._drop(path, got)
+                got = self._build(path, stamp, restarts, raw)
+            try:
+                source = SourceFile(got.path, SourceStamp.of(os.stat(got.path)))
+                if source.stamp.size != size:
+                    source.close()
+                    raise StageError(got.path, None, f"decoded copy of {path} holds {source.stamp.size} bytes, "
+                                     f"not {size}: changed by something else")
+            except (OSError, StaleSourceError, StageError):
+                with self._lock:
+                    if self._copies.get(path) is got:
+                        del self._copies[path]
+                raise
+            with self._lock:
+                got.users += 1
+
+        def release() -> None:
+            with self._lock:
+                got.users -= 1
+                stale = got.users == 0 and self._copies.get(path) is not got
+            if stale:
+                self._remove(got)
+
+        return source, release
+
+    def _build(self, path: str, stamp: SourceStamp, restarts: Restarts, raw: Source) -> Copy:
+        """Decode the whole file into a new copy (checksums verified, size checked)."""
+        directory = self._directory()
+        target = os.path.join(directory, f"{len(self._copies)}-{stamp.ino}-{stamp.mtime_ns}")
+        tmp = target + ".part"
+        size = int(restarts.plain[-1])
+        t0 = time.monotonic()
+        steps, _ = decode_all(restarts.codec, raw.read_range, stamp.size, path)
+        written = 0
+        try:
+            with open(tmp, "wb") as out:
+                for step in steps:
+                    out.write(step)
+                    written += len(step)
+            if written != size:
+                raise StaleSourceError(path, None, f"decodes to {written} bytes now, {size} when indexed")
+            raw.verify_open()  # decoded from the indexed version to its end
+            os.replace(tmp, target)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        seconds = time.monotonic() - t0
+        log.info("%s: %s: decoded copy of %d bytes in %s (%.1f s)", path,
+                 "no restart points worth decoding from" if not restarts.usable else "read record by record",
+                 written, target, seconds)
+        got = Copy(target, stamp, seconds)
+        with self._lock:
+            old = self._copies.get(path)
+            self._copies[path] = got
+        if old is not None and old.users == 0:
+            self._remove(old)
+        return got
+
+    def _directory(self) -> str:
+        with self._lock:
+            if self._dir is None:
+                os.makedirs(self.root, exist_ok=True)
+                self._dir, self._hold = scratch.held(self.root, COPY_PREFIX)
+            return self._dir
+
+    def _drop(self, path: str, got: Copy) -> None:
+        with self._lock:
+            if self._copies.get(path) is got:
+                del self._copies[path]
+        self._remove(got)
+
+    @staticmethod
+    def _remove(got: Copy) -> None:
+        try:
+            os.unlink(got.path)
+        except FileNotFoundError:
+            pass
+
+    def describe(self) -> dict[str, Any]:
+        """For ``shufflefs stat``: the decoded copies and where they are."""
+        with self._lock:
+            copies = {p: {"bytes": os.path.getsize(c.path) if os.path.exists(c.path) else 0, "views": c.users,
+                          "seconds": round(c.seconds, 2)} for p, c in self._copies.items()}
+        return {"dir": self._dir or self.root, "copies": copies, "bytes": sum(c["bytes"] for c in copies.values()),
+                "orders_from_copies": self.copy_all}
+
+    def close(self) -> None:
+        """Remove every copy (at unmount)."""
+        with self._lock:
+            directory, hold = self._dir, self._hold
+            self._dir, self._hold, self._copies = None, -1, {}
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        if hold >= 0:
+            os.close(hold)
