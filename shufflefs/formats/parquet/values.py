@@ -53,6 +53,13 @@ def _buffer(buf: Any, dtype: Any, count: int) -> np.ndarray:
     return np.frombuffer(buf, dtype=dtype, count=count)
 
 
+def sliced(buf: Any, dtype: Any, offset: int, n: int) -> np.ndarray:
+    """Elements ``[offset, offset + n)`` of an Arrow buffer (zero copy; zeros if it is absent)."""
+    if buf is None:
+        return np.zeros(n, dtype)
+    return np.frombuffer(buf, dtype=dtype, count=offset + n)[offset:]
+
+
 def primitive(arr: Any, dtype: Any) -> np.ndarray:
     """The values buffer of a fixed-width Arrow array, sliced to the array (zero copy)."""
     return _buffer(arr.buffers()[1], dtype, arr.offset + len(arr))[arr.offset :]
