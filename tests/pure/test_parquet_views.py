@@ -101,7 +101,7 @@ def test_pandas_reads_the_same_frame(cases, name):
     else:
         assert view.index.name == "key"
     # the categories are the same set; their order is the view's first appearance (values are
-    # PLAIN, not dictionary pages), see the module docstring of shufflefs.formats.parquet.values
+    # PLAIN, not dictionary pages), as the docstring of shufflefs.formats.parquet says
     pd.testing.assert_frame_equal(view, want, check_categorical=False)
 
 

@@ -7,6 +7,9 @@ kept in an index (`sizes`), a view's footer and offsets are known when it is ope
 numpy only), and its row groups are encoded on demand from the source row groups holding their
 rows, decoded by pyarrow (`decode`, `encode`).  The schema and key-value metadata are copied from
 the source's footer byte for byte (`footer`, `thrift`), so readers restore the same types.
+Dictionary-encoded columns are written as their values, and a reader that restores the
+dictionary type builds each dictionary anew in the order values first appear in the view: the
+values are the source's, the dictionary's order (pandas category codes) is not.
 
 Modules, in the order a byte travels: `thrift` (compact protocol), `footer` (the source's
 footer, the view's), `levels` and `values` (Arrow arrays to levels and PLAIN values), `decode`
