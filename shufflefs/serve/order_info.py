@@ -36,7 +36,7 @@ def block_size_from(spec: ShuffleSpec, source: str, index_floor: int = 0) -> str
     (``index_floor``: the file's own floor, a compressed file's)."""
     if spec.block_size is None:
         floor = max(spec.block_floor or AUTO_BLOCK_FLOOR, index_floor)
-        origin = ("four restart intervals of the compressed file" if index_floor > (spec.block_floor or AUTO_BLOCK_FLOOR)
+        origin = ("a restart interval of the compressed file" if index_floor > (spec.block_floor or AUTO_BLOCK_FLOOR)
                   else "as 'shufflefs advise' measured this device" if spec.block_floor else "the default floor")
         return (f"auto: the buffer / {AUTO_BUFFER_BLOCKS} as a power of two, at least {floor >> 10} KiB ({origin}), "
                 f"at most {AUTO_BLOCK_MAX >> 20} MiB and 1/{AUTO_BLOCKS} of the record bytes, at least a page")

@@ -165,7 +165,7 @@ def test_block_floor_spans_restart_intervals() -> None:
     mib = Restarts("gzip", np.arange(0, 65, dtype=np.int64) << 20, none, none, np.zeros(0, np.uint8))
     assert mib.usable and mib.spacing == 1 << 20
     index = DecodedIndex(64 << 20, np.array([0, 64 << 20], np.int64), False, None, mib)
-    assert index.block_floor == 4 << 20 and not index.staged
+    assert index.block_floor == 1 << 20 and not index.staged
     far = Restarts("zstd", np.array([0, MAX_SPACING + 1, 2 * MAX_SPACING + 2], np.int64), none, none,
                    np.zeros(0, np.uint8))
     assert not far.usable
