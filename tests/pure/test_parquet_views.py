@@ -250,3 +250,13 @@ def test_the_index_is_compact_and_round_trips(cases):
     lengths = s.record_lengths()
     assert len(lengths) == s.n_rows and lengths.min() >= 1
     assert footer_of_file(str(cases["pyarrow"].src)).digest == s.digest
+
+
+def test_the_numpy_fallback_encodes_the_same_bytes(cases, monkeypatch):
+    from shufflefs.formats.parquet import encode
+
+    case = cases["pandas"]
+    groups = SourceGroups(str(case.src), case.footer, "x", keep=64)
+    compiled = encode_group(case.layout, 1, groups).tobytes()
+    monkeypatch.setattr(encode, "_gather", None)
+    assert encode_group(case.layout, 1, groups).tobytes() == compiled
