@@ -24,7 +24,9 @@ from __future__ import annotations
 import atexit
 import importlib
 import io
+import threading
 import weakref
+from collections import OrderedDict
 from typing import Callable, Iterator
 
 import numpy as np
@@ -235,12 +237,6 @@ def _zstd_all(read: Read, size: int, path: str, progress: Callable[[int], None] 
 
 # --------------------------------------------------------------------------- random access
 
-FRAME_KEEP = 8 << 20
-"""zstd frames of up to this many decoded bytes are decoded whole when a read starts in one, and
-the last one is kept (the next read usually continues in it); longer ones are decoded as a
-stream from their start (a file of one frame: only ever read whole, into a copy, or its first
-bytes)."""
-
 _open: "weakref.WeakSet[GzipDecoder]" = weakref.WeakSet()
 
 
@@ -284,25 +280,16 @@ class GzipDecoder:
 
 
 class ZstdDecoder:
-    """Reads decoded bytes of a zstd file from any frame start (`FRAME_KEEP`)."""
+    """Reads decoded bytes of a zstd file: a read decodes the frame it starts in from the frame's
+    start (skipping what comes before it) up to where it ends, no further; the next read goes on
+    from there when it starts at or after that point in the same frame."""
 
     def __init__(self, read: Read, restarts: Restarts) -> None:
         import zstandard
 
         self._read, self.r = read, restarts
         self._dctx = zstandard.ZstdDecompressor()
-        self._frame: tuple[int, bytes] = (-1, b"")
         self._stream: tuple[int, int, object] | None = None  # (frame, decoded position, reader)
-
-    def _whole(self, i: int) -> bytes:
-        if self._frame[0] != i:
-            a, b = int(self.r.packed[i]), int(self.r.packed_end[i])
-            want = int(self.r.plain[i + 1] - self.r.plain[i])
-            got = self._dctx.decompressobj().decompress(self._read(a, b))
-            if len(got) != want:
-                raise ValueError(f"frame {i} decodes to {len(got)} bytes, the index says {want}")
-            self._frame = (i, got)
-        return self._frame[1]
 
     def _streamed(self, i: int, at: int, out: memoryview) -> None:
         """``out`` from decoded byte ``at`` of frame ``i``, decoding it as a stream (continued
@@ -336,14 +323,11 @@ class ZstdDecoder:
                 raise EOFError(f"the decoded stream ended at {at}")
             f0, f1 = int(plain[i]), int(plain[i + 1])
             n = min(len(out) - pos, f1 - at)
-            if f1 - f0 <= FRAME_KEEP:
-                out[pos: pos + n] = self._whole(i)[at - f0: at - f0 + n]
-            else:
-                self._streamed(i, at - f0, out[pos: pos + n])
+            self._streamed(i, at - f0, out[pos: pos + n])
             pos += n
 
     def close(self) -> None:
-        self._frame, self._stream = (-1, b""), None
+        self._stream = None
 
 
 class DecodedReader:
@@ -356,9 +340,15 @@ class DecodedReader:
                  verify: Callable[[], None] | None = None) -> None:
         self.restarts, self.raw, self.raw_size, self.path, self.verify = restarts, raw, raw_size, path, verify
         self.decoder: GzipDecoder | ZstdDecoder | None = None
+        self._busy = threading.Lock()  # held while decoding: `_recent` closes idle decoders only
 
     def into(self, start: int, out: memoryview) -> None:
-        """Fill ``out`` with decoded bytes from ``start``."""
+        """Fill ``out`` with decoded bytes from ``start`` (one thread at a time)."""
+        with self._busy:
+            self._into(start, out)
+        _recent(self)
+
+    def _into(self, start: int, out: memoryview) -> None:
         try:
             if self.decoder is None:
                 self.decoder = (GzipDecoder(RangeFile(self.raw, self.raw_size), self.restarts)
@@ -382,3 +372,32 @@ class DecodedReader:
         d, self.decoder = self.decoder, None
         if d is not None:
             d.close()
+
+    def idle_close(self) -> None:
+        """Close the decoder unless it is decoding now (it is made again when next needed)."""
+        if self._busy.acquire(blocking=False):
+            try:
+                self.close()
+            finally:
+                self._busy.release()
+
+
+DECODERS_KEPT = 32
+"""Decoders kept open across the daemon (each holds its file's restart points, about 4 MB per GiB
+decoded for gzip, and a few decoded chunks): a pool of many compressed shards keeps the ones read
+last, and the others make theirs again when read (the index of a GiB imports in about 70 ms)."""
+_readers: "OrderedDict[int, weakref.ref[DecodedReader]]" = OrderedDict()
+_readers_lock = threading.Lock()
+
+
+def _recent(reader: DecodedReader) -> None:
+    """``reader`` was used last; close the decoders of the least recently used beyond the bound."""
+    with _readers_lock:
+        _readers.pop(id(reader), None)
+        _readers[id(reader)] = weakref.ref(reader)
+        older = [ref() for ref in list(_readers.values())[:-DECODERS_KEPT]]
+        for key in list(_readers)[:-DECODERS_KEPT]:
+            del _readers[key]
+    for r in older:
+        if r is not None:
+            r.idle_close()

@@ -23,7 +23,7 @@ import numpy as np
 from .table import RecordIndex, SourceStamp
 
 RESTART_BLOCKS = 1
-"""An automatic block spans at least this many restart intervals (a power of two at most that),
+"""An automatic block spans at least this many restart intervals (the nearest power of two),
 decoding about twice its bytes: 1 MiB for gzip.  More would decode less per block but leave a
 buffer fewer blocks, whose labels mix worse (a 64 MiB buffer of 4 MiB blocks: 0.16 from the file's
 mix, 16 blocks; of 1 MiB blocks, 64); a random 1 MiB gzip block still decodes at about 215 MB/s
@@ -71,7 +71,7 @@ class DecodedIndex(RecordIndex):
         object.__setattr__(self, "restarts", restarts)
         floor = 0
         if restarts.usable:
-            floor = 1 << max(0, int(np.log2(RESTART_BLOCKS * restarts.spacing)))
+            floor = 1 << max(0, int(np.round(np.log2(RESTART_BLOCKS * restarts.spacing))))
         object.__setattr__(self, "block_floor", floor)
 
     @property

@@ -13,6 +13,7 @@ bytes.
 
 from __future__ import annotations
 
+import errno
 import threading
 from typing import Callable
 
@@ -34,8 +35,9 @@ class DecodedSource:
     def __init__(self, raw: Source, restarts: Restarts, raw_size: int, path: str, copy: Source | None = None,
                  release: Callable[[], None] | None = None) -> None:
         self.raw, self.restarts, self.path, self.copy, self._release = raw, restarts, path, copy, release
-        self._lock = threading.Lock()  # a decoder reads for one window at a time
-        self._reader = None if copy is not None else DecodedReader(
+        self._lock = threading.Lock()
+        self._free: list[DecodedReader] = []  # decoders not decoding now, one per window load at most
+        self._reader = None if copy is not None else lambda: DecodedReader(
             restarts, raw.read_range, raw_size, path, raw.verify_open)
         self._closed = False
 
@@ -86,23 +88,41 @@ class DecodedSource:
         total = int((np.asarray(ends) - np.asarray(starts)).sum())
         buf = out[:total] if out is not None and len(out) >= total else np.empty(total, np.uint8)
         view, pos = memoryview(buf), 0
-        with self._lock:
-            if self._reader is None:
-                raise OSError(9, "decoded source closed")
+        reader = self._take()
+        try:
             for s, e in zip(np.asarray(starts).tolist(), np.asarray(ends).tolist()):
-                self._reader.into(s, view[pos: pos + e - s])
+                reader.into(s, view[pos: pos + e - s])
                 pos += e - s
+        finally:
+            self._give(reader)
         self.raw.verify_open()  # decoded from the version the index describes, still in place
         return buf
+
+    def _take(self) -> DecodedReader:
+        """A decoder no other load uses (windows loaded side by side decode on their own cores)."""
+        with self._lock:
+            if self._closed or self._reader is None:
+                raise OSError(errno.EBADF, "decoded source closed")
+            if self._free:
+                return self._free.pop()
+            made = self._reader()
+            return made
+
+    def _give(self, reader: DecodedReader) -> None:
+        with self._lock:
+            if self._closed:
+                reader.close()
+            else:
+                self._free.append(reader)
 
     def close(self) -> None:
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            reader, self._reader = self._reader, None
+            idle, self._free = self._free, []
         try:
-            if reader is not None:
+            for reader in idle:  # one still decoding is closed when it is given back
                 reader.close()
             self.raw.close()
             if self.copy is not None:

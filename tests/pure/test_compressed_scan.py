@@ -200,3 +200,20 @@ def test_without_the_codecs_library_such_files_pass_through() -> None:
     assert r.returncode == 0, r.stderr
     assert "pass through unchanged: rapidgzip is not installed" in r.stderr
     assert "need rapidgzip" in r.stdout
+
+
+def test_decoders_beyond_the_bound_are_closed_and_made_again(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(codecs, "DECODERS_KEPT", 2)
+    plain = jsonl(3000)
+    src = write(tmp_path, "a.jsonl.gz", gzip.compress(plain))
+    index = scan_file(src, resolve_format(src.name, ()))
+    data = src.read_bytes()
+    readers = [DecodedReader(index.restarts, lambda a, b: data[a:b], len(data), str(src)) for _ in range(4)]
+    try:
+        for r in readers:
+            assert r(1000, 5000) == plain[1000:5000]
+        assert [r.decoder is not None for r in readers] == [False, False, True, True]
+        assert readers[0](7, 70_000) == plain[7:70_000]  # made again
+    finally:
+        for r in readers:
+            r.close()
