@@ -15,7 +15,10 @@
        (``whole``: every sample, each against the one before it) and its edges.  The first
        failure goes to ``report`` (int64[2]: record id, reason); a run whose bytes are not all at
        hand is left for later: need[3r:3r+3] = (file, offset, length) of the first bytes missing
-       (file -1: the run is done).  Returns the number of runs left.  Without GIL. */
+       (file -1: the run is done).  Returns the number of runs left.  Without GIL.  ``seen`` (optional:
+       pred_id, next_id, key, flags): the records before and after each run in its file (-1: not
+       in the index), and what earlier walks found of every record (`seen_samples`): a neighbour
+       walked before is not read again, and every sample walked is added. */
 #include "_gather.h"
 
 #include <errno.h>
@@ -90,16 +93,25 @@ void sf_fd_reader_free(sf_fd_reader *r) {
 
 int sf_tar_run_edges(sf_fd_reader *r, int fd, int64_t pred, int64_t start, const tar_sample *first, int64_t end,
                      int64_t recend, const tar_sample *last, int *side) {
+    static const sf_seen none = {NULL, NULL};
+    return sf_tar_run_edges_seen(r, &none, -1, -1, fd, pred, start, first, end, recend, last, side);
+}
+
+int sf_tar_run_edges_seen(sf_fd_reader *r, const sf_seen *seen, int64_t pred_id, int64_t next_id, int fd,
+                          int64_t pred, int64_t start, const tar_sample *first, int64_t end, int64_t recend,
+                          const tar_sample *last, int *side) {
     fd_src *f = (fd_src *)r;
     if (f->fd != fd) {
         f->fd = fd;
         f->len = 0;
     }
+    tar_sample near;
     *side = 0;
-    int why = tar_left(&f->s, pred, start, first);
+    int why = pred >= 0 && sf_seen_get(seen, pred_id, &near) ? tar_pair(&near, first) : tar_left(&f->s, pred, start, first);
     if (!why) {
         *side = 1;
-        why = tar_right(&f->s, end, recend, last);
+        if (end != recend && sf_seen_get(seen, next_id, &near)) why = tar_pair(last, &near);
+        else why = tar_right(&f->s, end, recend, last);
     }
     if (why == FRAME_UNREAD) return f->s.state == SRC_ERROR ? -(f->s.err ? f->s.err : EIO) : frame_eof();
     return why;
@@ -137,34 +149,86 @@ static const unsigned char *piece_read(tar_src *s, int64_t off, int64_t n) {
     return NULL;
 }
 
-/* one run: 0 (done), FRAME_UNREAD (bytes missing: in s), or a reason with *bad */
+/* check_pieces' ``seen``: the records before and after every run, and the samples walked */
+typedef struct {
+    const int64_t *pred_id, *next_id;
+    sf_seen m;
+} seen_samples;
+
+int sf_seen_of(Py_buffer *key, Py_buffer *flags, Py_ssize_t nrec, sf_seen *m) {
+    m->key = NULL;
+    m->flags = NULL;
+    if (!key->buf || (key->len == 0 && flags->len == 0)) return 0;
+    if (key->len != nrec * 8 || flags->len != nrec || key->readonly || flags->readonly) {
+        PyErr_SetString(PyExc_ValueError, "seen keys and flags need one per record, writable");
+        return -1;
+    }
+    m->key = key->buf;
+    m->flags = flags->buf;
+    return 0;
+}
+
+static void seen_put(seen_samples *m, int64_t x, const tar_sample *t) {
+    if (m) sf_seen_put(&m->m, x, t);
+}
+
+static int seen_get(const seen_samples *m, int64_t x, tar_sample *t) {
+    return m ? sf_seen_get(&m->m, x, t) : 0;
+}
+
+/* run r: 0 (done), FRAME_UNREAD (bytes missing: in s), or a reason with *bad */
 static int piece_run(piece_src *src, const int64_t *b, int64_t x0, int64_t x1, int64_t sh, int64_t pred,
-                     int64_t recend, int whole, int64_t *bad) {
+                     int64_t recend, int whole, seen_samples *seen, Py_ssize_t r, int64_t *bad) {
     tar_src *s = &src->s;
-    tar_sample first, last, t;
+    tar_sample first, last, t, near;
     for (int64_t x = x0; x <= x1; x = (whole || x == x1) ? x + 1 : x1) {
         *bad = x;
         int why = tar_sample_at(s, b[x] + sh, b[x + 1] + sh, &t);
         if (why) return why == FRAME_UNREAD && s->state == SRC_EOF ? frame_eof() : why;
+        seen_put(seen, x, &t);  /* what [b[x], b[x+1]) is, whatever its neighbours */
         if (whole && x > x0 && (why = tar_pair(&last, &t))) return why;
         if (x == x0) first = t;
         last = t;
     }
     *bad = x0;
-    int why = tar_left(s, pred, b[x0] + sh, &first);
+    int why = pred >= 0 && seen_get(seen, seen ? seen->pred_id[r] : -1, &near) ? tar_pair(&near, &first)
+                                                                                : tar_left(s, pred, b[x0] + sh, &first);
     if (why) return why;
     *bad = x1;
-    return tar_right(s, b[x1 + 1] + sh, recend, &last);
+    if (b[x1 + 1] + sh != recend && seen_get(seen, seen ? seen->next_id[r] : -1, &near)) why = tar_pair(&last, &near);
+    else why = tar_right(s, b[x1 + 1] + sh, recend, &last);
+    return why;
+}
+
+/* ``seen`` (None, or pred_id, next_id: int64[R], key: uint64[nrec], flags: uint8[nrec]) parsed */
+static int seen_parse(PyObject *o, Py_buffer *bufs, Py_ssize_t R, Py_ssize_t nrec, seen_samples *m, int *parsed) {
+    *parsed = 0;
+    if (o == Py_None) return 0;
+    if (!PyArg_ParseTuple(o, "y*y*w*w*", &bufs[0], &bufs[1], &bufs[2], &bufs[3])) return -1;
+    *parsed = 1;
+    if (sf_check_i64(&bufs[0], R, "pred_id") || sf_check_i64(&bufs[1], R, "next_id")
+        || sf_seen_of(&bufs[2], &bufs[3], nrec, &m->m) < 0)
+        return -1;
+    const int64_t *p = bufs[0].buf, *q = bufs[1].buf;
+    for (Py_ssize_t r = 0; r < R; r++)
+        if (p[r] < -1 || p[r] >= nrec || q[r] < -1 || q[r] >= nrec) {
+            PyErr_Format(PyExc_IndexError, "seen record of run %zd out of bounds", r);
+            return -1;
+        }
+    m->pred_id = p;
+    m->next_id = q;
+    return 0;
 }
 
 PyObject *sf_check_pieces(PyObject *self, PyObject *args) {
-    PyObject *bufs;
-    Py_buffer pbb, pfb, psb, peb, ppb, szb, bb, fb, cb, flb, shb, prb, reb, rep, needb;
-    int kind, whole;
-    if (!PyArg_ParseTuple(args, "iO!y*y*y*y*y*y*y*y*y*y*y*y*y*iw*w*", &kind, &PyTuple_Type, &bufs, &pbb, &pfb, &psb,
-                          &peb, &ppb, &szb, &bb, &fb, &cb, &flb, &shb, &prb, &reb, &whole, &rep, &needb))
+    PyObject *bufs, *seen_arg = Py_None;
+    Py_buffer pbb, pfb, psb, peb, ppb, szb, bb, fb, cb, flb, shb, prb, reb, rep, needb, seenb[4];
+    int kind, whole, seen_parsed = 0;
+    if (!PyArg_ParseTuple(args, "iO!y*y*y*y*y*y*y*y*y*y*y*y*y*iw*w*|O", &kind, &PyTuple_Type, &bufs, &pbb, &pfb, &psb,
+                          &peb, &ppb, &szb, &bb, &fb, &cb, &flb, &shb, &prb, &reb, &whole, &rep, &needb, &seen_arg))
         return NULL;
     PyObject *ret = NULL;
+    seen_samples seen_m = {NULL, NULL, {NULL, NULL}}, *seen = NULL;
     Py_ssize_t M = PyTuple_GET_SIZE(bufs), got = 0, P = pbb.len / 8, F = szb.len / 8, R = fb.len / 8,
                nrec = bb.len / 8 - 1;
     Py_buffer *mb = calloc((size_t)(M ? M : 1), sizeof(Py_buffer));
@@ -200,6 +264,8 @@ PyObject *sf_check_pieces(PyObject *self, PyObject *args) {
             goto done;
         }
     }
+    if (seen_parse(seen_arg, seenb, R, nrec, &seen_m, &seen_parsed) < 0) goto done;
+    if (seen_parsed) seen = &seen_m;
     int64_t *need = needb.buf, bad = -1;
     int why = 0;
     Py_ssize_t left = 0;
@@ -210,7 +276,8 @@ PyObject *sf_check_pieces(PyObject *self, PyObject *args) {
         if (why) continue;
         src.file = file[r];
         src.s.state = 0;
-        int got_why = piece_run(&src, b, first[r], first[r] + count[r] - 1, shift[r], pred[r], recend[r], whole, &bad);
+        int got_why = piece_run(&src, b, first[r], first[r] + count[r] - 1, shift[r], pred[r], recend[r], whole, seen,
+                                r, &bad);
         if (got_why == FRAME_UNREAD && src.s.state == SRC_MISSING) {
             need[3 * r] = file[r];
             need[3 * r + 1] = src.s.need_off;
@@ -233,5 +300,7 @@ done:
     PyBuffer_Release(&ppb); PyBuffer_Release(&szb); PyBuffer_Release(&bb); PyBuffer_Release(&fb);
     PyBuffer_Release(&cb); PyBuffer_Release(&flb); PyBuffer_Release(&shb); PyBuffer_Release(&prb);
     PyBuffer_Release(&reb); PyBuffer_Release(&rep); PyBuffer_Release(&needb);
+    if (seen_parsed)
+        for (int i = 0; i < 4; i++) PyBuffer_Release(&seenb[i]);
     return ret;
 }

@@ -110,13 +110,14 @@ static int header_ok(const unsigned char *h) {
     if (memcmp(h + 257, "ustar", 5)) return 0;
     int64_t stored;
     if (octal(h + 148, 8, &stored)) return 0;
-    int64_t u = 8 * ' ', s = 8 * ' ';
-    for (int i = 0; i < 512; i++) {
-        if (i >= 148 && i < 156) continue;
-        u += h[i];
-        s += (signed char)h[i];
-    }
-    return u == stored || s == stored;  /* some old writers summed signed bytes */
+    uint32_t u = 0;  /* the whole block (a loop the compiler vectorises), less the field */
+    for (int i = 0; i < 512; i++) u += h[i];
+    for (int i = 148; i < 156; i++) u -= h[i];
+    if ((int64_t)u + 8 * ' ' == stored) return 1;
+    int32_t s = 0;  /* some old writers summed signed bytes */
+    for (int i = 0; i < 512; i++) s += (signed char)h[i];
+    for (int i = 148; i < 156; i++) s -= (signed char)h[i];
+    return (int64_t)s + 8 * ' ' == stored;
 }
 
 static int member_size(const unsigned char *h, int64_t *size) {

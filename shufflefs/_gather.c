@@ -7,7 +7,7 @@
        out[out_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]] for all i.
 
    build_window(out, scratch, bounds, ids, run_first, run_count, run_fd, run_shift, newline_ids
-                [, kind, member_first, edges, report, unterminated])
+                [, kind, member_first, edges, report, unterminated, seen_key, seen_flags])
        Builds the window of records ``ids`` (in view order; record i is bytes
        [bounds[i], bounds[i+1]) of its file) in ``out`` by reading the files once, in ascending
        order.  ``run_first``/``run_count`` give the same records as ascending runs of consecutive
@@ -21,6 +21,8 @@
        (it shrank: the caller reports it).  With a framing ``kind`` (_framing.h) every record is
        checked whole while it is in the scratch (`frame_record`), and a tar sample against the
        one before it in its member (``member_first``: the first record of every member, sorted);
+       ``seen`` (seen_key, seen_flags after ``unterminated``: `sf_seen`) remembers every sample
+       walked and spares reading a neighbour walked before.
        ``edges`` (None, or six int64 arrays: first, count, fd, shift, pred, recend) are the
        window's runs of consecutive samples, each in one file, with the descriptor and shift of
        that file (a stage's runs are in their source file there) and where the sample before
@@ -31,7 +33,7 @@
        without their newline.
 
    gather_mapped(out, maps, bounds, ids, member_first, member_map, member_shift, newline_ids
-                 [, kind, report, unterminated, member_pred, member_recend])
+                 [, kind, report, unterminated, member_pred, member_recend, seen_key, seen_flags])
        Copies records ``ids`` in view order from mappings of their files to the front of
        ``out``, one after the other: record x lies in the member m whose ``member_first[m]`` is
        the last <= x (sorted, starting at 0), at offset ``bounds[x] + member_shift[m]`` of the
@@ -43,7 +45,8 @@
        written, which the caller discards.  ``kind`` and ``report`` as for build_window: each
        record is checked as it is copied, a tar sample against its neighbours in its file, read
        from the mapping (``member_pred``, ``member_recend``: where the sample before each
-       member's first starts in its file, -1 for none, and where the file's samples end).
+       member's first starts in its file, -1 for none, and where the file's samples end; ``seen``
+       as for build_window).
 
    check_window(window, kind, bounds, ids, newline_ids, report, unterminated[, keys])
        The same checks over a window built elsewhere (records ``ids`` one after the other, a
@@ -154,6 +157,7 @@ typedef struct {
     const int64_t *mf;
     Py_ssize_t NMF;
     int64_t nrec;
+    const sf_seen *seen;
 } run_frames;
 
 static int frame_next(run_frames *f, const unsigned char *r, int64_t len, int open, int64_t y) {
@@ -164,6 +168,7 @@ static int frame_next(run_frames *f, const unsigned char *r, int64_t len, int op
     tar_sample t;
     int why = frame_tar(r, len, &t);
     if (why) return why;
+    sf_seen_put(f->seen, y, &t);
     if (y >= f->edge) {
         f->have = 0;
         f->edge = member_end(f->mf, f->NMF, f->nrec, y);
@@ -216,7 +221,8 @@ static int edges_parse(PyObject *edges, edge_runs *e, const int64_t *rf, const i
 /* the edges of every run with a descriptor, its first and last sample walked in the window
    (``view_at``: the view position of a record); 0, a reason (*bad_id) or -errno */
 static int check_edges(const edge_runs *e, const int64_t *b, const char *ob, const int64_t *rf, Py_ssize_t R,
-                       const int64_t *rrank, const int64_t *dst, int64_t *bad_id) {
+                       const int64_t *rrank, const int64_t *dst, const int64_t *mf, Py_ssize_t NMF, int64_t nrec,
+                       const sf_seen *seen, int64_t *bad_id) {
     const int64_t *f = e->first.buf, *c = e->count.buf, *fd = e->fd.buf, *sh = e->shift.buf, *pred = e->pred.buf,
                   *recend = e->recend.buf;
     sf_fd_reader *rd = e->n ? sf_fd_reader_new() : NULL;
@@ -232,8 +238,11 @@ static int check_edges(const edge_runs *e, const int64_t *b, const char *ob, con
             *bad_id = x[k];
         }
         int side = 0;
-        if (!why) why = sf_tar_run_edges(rd, (int)fd[i], pred[i], b[x[0]] + sh[i], &t[0], b[x[1] + 1] + sh[i],
-                                         recend[i], &t[1], &side);
+        Py_ssize_t m = NMF ? sf_last_le(mf, NMF, x[0]) : -1;  /* the neighbours in the member: walked before? */
+        int64_t pred_id = m >= 0 && x[0] > mf[m] ? x[0] - 1 : -1;
+        int64_t next_id = x[1] + 1 < member_end(mf, NMF, nrec, x[1]) ? x[1] + 1 : -1;
+        if (!why) why = sf_tar_run_edges_seen(rd, seen, pred_id, next_id, (int)fd[i], pred[i], b[x[0]] + sh[i], &t[0],
+                                              b[x[1] + 1] + sh[i], recend[i], &t[1], &side);
         if (why > 0) *bad_id = x[side];
     }
     sf_fd_reader_free(rd);
@@ -257,12 +266,14 @@ int sf_framing_args(int kind, Py_buffer *report) {
 }
 
 static PyObject *build_window(PyObject *self, PyObject *args) {
-    Py_buffer out, scratch, bounds, idsb, rfirst, rcount, rfd, rshift, nlb, mfb = {0}, rep = {0}, utb = {0};
+    Py_buffer out, scratch, bounds, idsb, rfirst, rcount, rfd, rshift, nlb, mfb = {0}, rep = {0}, utb = {0},
+              seenk = {0}, seenf = {0};
     PyObject *edges = NULL;
     int kind = 0;
-    if (!PyArg_ParseTuple(args, "w*w*y*y*y*y*y*y*y*|iy*Ow*y*", &out, &scratch, &bounds, &idsb, &rfirst, &rcount, &rfd,
-                          &rshift, &nlb, &kind, &mfb, &edges, &rep, &utb))
+    if (!PyArg_ParseTuple(args, "w*w*y*y*y*y*y*y*y*|iy*Ow*y*w*w*", &out, &scratch, &bounds, &idsb, &rfirst, &rcount,
+                          &rfd, &rshift, &nlb, &kind, &mfb, &edges, &rep, &utb, &seenk, &seenf))
         return NULL;
+    sf_seen seen = {NULL, NULL};
     PyObject *ret = NULL;
     edge_runs er = {0};
     int64_t *dst = NULL, *rrank = NULL;
@@ -308,7 +319,9 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "runs and ids hold different numbers of records");
         goto done;
     }
-    if (edges_parse(kind == FRAME_TAR ? edges : NULL, &er, rf, rc, R, nrec) < 0) goto done;
+    if (edges_parse(kind == FRAME_TAR ? edges : NULL, &er, rf, rc, R, nrec) < 0
+        || (kind == FRAME_TAR && sf_seen_of(&seenk, &seenf, nrec, &seen) < 0))
+        goto done;
     /* view position of every record, stored by its rank in source order; each rank exactly once,
        so the ids are exactly the records of the runs */
     for (Py_ssize_t i = 0; i < n; i++) dst[i] = -1;
@@ -347,7 +360,7 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
         int64_t x = rf[r], end = rf[r] + rc[r], sh = shift[r];
         int fd = (int)fds[r];
         const int64_t *d = dst + rrank[r] - rf[r];  /* d[y] = view position of record y */
-        run_frames f = {kind, 0, {0, 0, 0}, member_end(mf, NMF, nrec, x), mf, NMF, nrec};
+        run_frames f = {kind, 0, {0, 0, 0}, member_end(mf, NMF, nrec, x), mf, NMF, nrec, &seen};
         short_run = r;
         while (x < end && !err && !bad) {
             int64_t a = x, size = 0;
@@ -376,7 +389,7 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
         }
     }
     if (!err && !bad && er.n) {  /* each run's first and last sample against their neighbours */
-        int why = check_edges(&er, b, ob, rf, R, rrank, dst, &bad_id);
+        int why = check_edges(&er, b, ob, rf, R, rrank, dst, mf, NMF, nrec, &seen, &bad_id);
         if (why < 0) err = -why; else bad = why;
     }
     for (Py_ssize_t j = 0; j < NL && !err && !bad; j++) {
@@ -402,6 +415,7 @@ done:
     PyBuffer_Release(&out); PyBuffer_Release(&scratch); PyBuffer_Release(&bounds); PyBuffer_Release(&idsb);
     PyBuffer_Release(&rfirst); PyBuffer_Release(&rcount); PyBuffer_Release(&rfd); PyBuffer_Release(&rshift);
     PyBuffer_Release(&nlb); PyBuffer_Release(&mfb); PyBuffer_Release(&rep); PyBuffer_Release(&utb);
+    PyBuffer_Release(&seenk); PyBuffer_Release(&seenf);
     return ret;
 }
 

@@ -22,6 +22,35 @@ PyObject *sf_gather_mapped(PyObject *self, PyObject *args);
 PyObject *sf_cached_pages(PyObject *self, PyObject *args);
 int sf_mapped_init(PyObject *module);
 
+/* What walks found of an index's tar samples, by record id (`windows.edges.seen_of`), so that a
+   neighbour walked once is not read again: flags bit 0 walked, 1 its first member keyed, 2 its
+   last.  The flags are written after the key and read before it: loads of other windows of the
+   same index run at once.  ``key`` NULL: nothing is remembered. */
+typedef struct {
+    uint64_t *key;
+    uint8_t *flags;
+} sf_seen;
+
+static inline void sf_seen_put(const sf_seen *m, int64_t x, const tar_sample *t) {
+    if (!m->key) return;
+    m->key[x] = t->key;
+    __atomic_store_n(&m->flags[x], (uint8_t)(1 | t->first_keyed << 1 | t->last_keyed << 2), __ATOMIC_RELEASE);
+}
+
+static inline int sf_seen_get(const sf_seen *m, int64_t x, tar_sample *t) {
+    if (!m->key || x < 0) return 0;
+    uint8_t f = __atomic_load_n(&m->flags[x], __ATOMIC_ACQUIRE);
+    if (!(f & 1)) return 0;
+    t->key = m->key[x];
+    t->first_keyed = f >> 1 & 1;
+    t->last_keyed = f >> 2 & 1;
+    return 1;
+}
+
+/* ``key`` (uint64) and ``flags`` (uint8) buffers of ``nrec`` records as an sf_seen (empty
+   buffers: none); -1 with ValueError if their sizes are wrong */
+int sf_seen_of(Py_buffer *key, Py_buffer *flags, Py_ssize_t nrec, sf_seen *m);
+
 /* _edges.c: tar samples against their neighbours in their files */
 typedef struct sf_fd_reader sf_fd_reader;  /* preads of a file's headers, 4 KiB at a time */
 sf_fd_reader *sf_fd_reader_new(void);
@@ -31,5 +60,10 @@ void sf_fd_reader_free(sf_fd_reader *r);
    where the file's samples end): 0, a reason (*side 0: the first's, 1: the last's) or -errno */
 int sf_tar_run_edges(sf_fd_reader *r, int fd, int64_t pred, int64_t start, const tar_sample *first, int64_t end,
                      int64_t recend, const tar_sample *last, int *side);
+/* the same, the neighbours taken from ``seen`` where walked before (``pred_id``, ``next_id``: the
+   records before and after the run in its member, -1 for none) */
+int sf_tar_run_edges_seen(sf_fd_reader *r, const sf_seen *seen, int64_t pred_id, int64_t next_id, int fd,
+                          int64_t pred, int64_t start, const tar_sample *first, int64_t end, int64_t recend,
+                          const tar_sample *last, int *side);
 PyObject *sf_check_pieces(PyObject *self, PyObject *args);
 #endif

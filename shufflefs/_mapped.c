@@ -35,12 +35,18 @@ static void on_bus(int sig, siginfo_t *info, void *ctx) {
 
 /* a tar sample (record x of member m, copied and walked: ``t``) against its neighbours in its
    file, read from the file's mapping: 0, or a reason (*bad_id: x) */
-static int edges_in_map(Py_buffer *mb, const int64_t *b, const int64_t *mf, const int64_t *mm, const int64_t *ms,
-                        const int64_t *mpred, const int64_t *mrecend, Py_ssize_t m, int64_t x, const tar_sample *t) {
+static int edges_in_map(Py_buffer *mb, const int64_t *b, Py_ssize_t nrec, const int64_t *mf, const int64_t *mm,
+                        const int64_t *ms, Py_ssize_t NM, const int64_t *mpred, const int64_t *mrecend,
+                        const sf_seen *seen, Py_ssize_t m, int64_t x, const tar_sample *t) {
     tar_src s = {mb[mm[m]].buf, mb[mm[m]].len, NULL, 0, 0, 0, 0};
-    int64_t pred = x > mf[m] ? b[x - 1] + ms[m] : mpred[m];
-    int why = tar_left(&s, pred, b[x] + ms[m], t);
-    if (!why) why = tar_right(&s, b[x + 1] + ms[m], mrecend[m], t);
+    tar_sample near;  /* a neighbour in the member walked before is not read again */
+    int64_t pred = x > mf[m] ? b[x - 1] + ms[m] : mpred[m], end = b[x + 1] + ms[m];
+    int why = x > mf[m] && sf_seen_get(seen, x - 1, &near) ? tar_pair(&near, t) : tar_left(&s, pred, b[x] + ms[m], t);
+    if (!why) {
+        int64_t after = m + 1 < NM ? mf[m + 1] : nrec;
+        if (end != mrecend[m] && x + 1 < after && sf_seen_get(seen, x + 1, &near)) why = tar_pair(t, &near);
+        else why = tar_right(&s, end, mrecend[m], t);
+    }
     return why == FRAME_UNREAD ? frame_eof() : why;
 }
 
@@ -51,7 +57,7 @@ static int copy_view_order(char *ob, Py_ssize_t olen, Py_buffer *mb, Py_ssize_t 
                            const int64_t *ids, Py_ssize_t n, const int64_t *mf, const int64_t *mm, const int64_t *ms,
                            Py_ssize_t NM, const int64_t *nl, Py_ssize_t NL, int64_t *written, Py_ssize_t *fault,
                            int kind, const int64_t *ut, Py_ssize_t NUT, const int64_t *mpred, const int64_t *mrecend,
-                           int *why, int64_t *bad_id) {
+                           const sf_seen *seen, int *why, int64_t *bad_id) {
     sigjmp_buf jb;
     volatile Py_ssize_t i = 0;
     volatile int64_t pos = 0;
@@ -90,7 +96,10 @@ static int copy_view_order(char *ob, Py_ssize_t olen, Py_buffer *mb, Py_ssize_t 
             if (kind == FRAME_TAR) {
                 tar_sample t;
                 *why = frame_tar((const unsigned char *)ob + pos, len, &t);
-                if (!*why) *why = edges_in_map(mb, b, mf, mm, ms, mpred, mrecend, m, x, &t);
+                if (!*why) {
+                    sf_seen_put(seen, x, &t);
+                    *why = edges_in_map(mb, b, nrec, mf, mm, ms, NM, mpred, mrecend, seen, m, x, &t);
+                }
             } else {
                 *why = frame_record(kind, (const unsigned char *)ob + pos, len, sf_gains_nl(ut, NUT, x), &key);
             }
@@ -114,12 +123,14 @@ static int copy_view_order(char *ob, Py_ssize_t olen, Py_buffer *mb, Py_ssize_t 
 }
 
 PyObject *sf_gather_mapped(PyObject *self, PyObject *args) {
-    Py_buffer out, bounds, idsb, mfirst, mmap_, mshift, nlb, rep = {0}, utb = {0}, mpred = {0}, mrecend = {0};
+    Py_buffer out, bounds, idsb, mfirst, mmap_, mshift, nlb, rep = {0}, utb = {0}, mpred = {0}, mrecend = {0},
+              seenk = {0}, seenf = {0};
     PyObject *maps;
     int kind = 0;
-    if (!PyArg_ParseTuple(args, "w*O!y*y*y*y*y*y*|iw*y*y*y*", &out, &PyTuple_Type, &maps, &bounds, &idsb, &mfirst,
-                          &mmap_, &mshift, &nlb, &kind, &rep, &utb, &mpred, &mrecend))
+    if (!PyArg_ParseTuple(args, "w*O!y*y*y*y*y*y*|iw*y*y*y*w*w*", &out, &PyTuple_Type, &maps, &bounds, &idsb, &mfirst,
+                          &mmap_, &mshift, &nlb, &kind, &rep, &utb, &mpred, &mrecend, &seenk, &seenf))
         return NULL;
+    sf_seen seen = {NULL, NULL};
     PyObject *ret = NULL;
     Py_ssize_t M = PyTuple_GET_SIZE(maps), got_maps = 0;
     Py_buffer *mb = calloc((size_t)(M ? M : 1), sizeof(Py_buffer));
@@ -133,7 +144,8 @@ PyObject *sf_gather_mapped(PyObject *self, PyObject *args) {
     if (sf_check_i64(&bounds, -1, "bounds") || sf_check_i64(&idsb, -1, "ids") || sf_check_i64(&mfirst, -1, "member_first")
         || sf_check_i64(&mmap_, NM, "member_map") || sf_check_i64(&mshift, NM, "member_shift")
         || sf_check_i64(&nlb, -1, "newline_ids") || sf_check_i64(&utb, -1, "unterminated") || sf_framing_args(kind, &rep)
-        || (kind == FRAME_TAR && (sf_check_i64(&mpred, NM, "member_pred") || sf_check_i64(&mrecend, NM, "member_recend"))))
+        || (kind == FRAME_TAR && (sf_check_i64(&mpred, NM, "member_pred") || sf_check_i64(&mrecend, NM, "member_recend")
+                                  || sf_seen_of(&seenk, &seenf, nrec, &seen) < 0)))
         goto done;
     const int64_t *mf = mfirst.buf, *nl = nlb.buf;
     if (nrec < 0 || NM < 1 || mf[0] != 0) {
@@ -155,7 +167,7 @@ PyObject *sf_gather_mapped(PyObject *self, PyObject *args) {
     int rc, why = 0;
     Py_BEGIN_ALLOW_THREADS
     rc = copy_view_order(out.buf, out.len, mb, M, bounds.buf, nrec, idsb.buf, n, mf, mmap_.buf, mshift.buf, NM, nl, NL,
-                         &written, &at, kind, utb.buf, utb.len / 8, mpred.buf, mrecend.buf, &why, &bad_id);
+                         &written, &at, kind, utb.buf, utb.len / 8, mpred.buf, mrecend.buf, &seen, &why, &bad_id);
     Py_END_ALLOW_THREADS
     if (rc == 2) {
         ((int64_t *)rep.buf)[0] = bad_id;
@@ -183,7 +195,8 @@ done:
     }
     PyBuffer_Release(&out); PyBuffer_Release(&bounds); PyBuffer_Release(&idsb); PyBuffer_Release(&mfirst);
     PyBuffer_Release(&mmap_); PyBuffer_Release(&mshift); PyBuffer_Release(&nlb); PyBuffer_Release(&rep);
-    PyBuffer_Release(&utb); PyBuffer_Release(&mpred); PyBuffer_Release(&mrecend);
+    PyBuffer_Release(&utb); PyBuffer_Release(&mpred); PyBuffer_Release(&mrecend); PyBuffer_Release(&seenk);
+    PyBuffer_Release(&seenf);
     return ret;
 }
 

@@ -118,12 +118,14 @@ TAR = _gather.FRAMING_KINDS.index("tar") if _gather is not None else -1
 
 
 def check_pieces(bufs: tuple, pieces: tuple[np.ndarray, ...], sizes: np.ndarray, bounds: np.ndarray,
-                 runs: tuple[np.ndarray, ...], whole: bool, need: np.ndarray) -> tuple[int, str] | None:
+                 runs: tuple[np.ndarray, ...], whole: bool, need: np.ndarray, seen: tuple | None = None
+                 ) -> tuple[int, str] | None:
     """Runs of tar samples and their neighbours in their files, read from ``pieces`` (buffer,
     file, start, end, position: int64 arrays sorted by file and start; file f has ``sizes[f]``
     bytes) of ``bufs``; ``runs``: first, count, file, shift, pred, recend (see ``check_pieces`` in
     ``_edges.c``).  The first failure as ``(record id, reason)``, else None; ``need`` (int64[runs,
-    3]) gets ``(file, offset, length)`` of what each run still misses (file -1: done)."""
+    3]) gets ``(file, offset, length)`` of what each run still misses (file -1: done).  ``seen``:
+    the samples walked before (``_edges.c``; the Python walk reads all from the pieces)."""
     if _gather is None:
         from .tar_walk import check_pieces as walk
 
@@ -131,7 +133,7 @@ def check_pieces(bufs: tuple, pieces: tuple[np.ndarray, ...], sizes: np.ndarray,
     report = np.empty(2, np.int64)
     c = np.ascontiguousarray
     _gather.check_pieces(TAR, bufs, *(c(a, np.int64) for a in (*pieces, sizes, bounds, *runs)), int(whole), report,
-                         need)
+                         need, seen)
     return (int(report[0]), _gather.FRAMING_REASONS[int(report[1])]) if report[1] else None
 
 

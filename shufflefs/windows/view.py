@@ -31,7 +31,7 @@ from ..formats.base import FramingError, WindowCheck
 from ..formats.framing import TAR, FramingCheck, raise_framing, unterminated
 from ..formats.npy import Columns
 from ..index.table import RecordIndex
-from .edges import check_detached, fd_edges, load_checked, member_edges, member_firsts
+from .edges import check_detached, fd_edges, load_checked, mapped_args, runs_args
 from .layout import Layout, assemble, id_runs
 from ..sources.base import Members, Reader, Runs, Source, take_requests
 
@@ -144,7 +144,7 @@ def build_runs(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, ids: np
     against their neighbours there (`edges.fd_edges`)."""
     c = np.ascontiguousarray
     fds = c(runs.fd, np.int64)
-    extra = (framing, member_firsts(index), edges, report, unterminated(index)) if framing else ()
+    extra = runs_args(index, framing, edges, report) if framing else ()
     got = _build_window(out, scratch, index.bounds, c(ids, np.int64), c(runs.first, np.int64),
                         c(runs.count, np.int64), fds, c(runs.shift, np.int64), newline_ids, *extra)
     if isinstance(got, tuple):  # (run, file offset): that file ended early
@@ -189,7 +189,7 @@ def gather_members(out: np.ndarray, index: RecordIndex, ids: np.ndarray, members
     (`_gather.gather_mapped`); a file that shrank under its mapping is reported by the source
     (`Reader.ended`), and every file is verified afterwards, as after preads.  ``framing`` and
     ``report`` as for `build_runs`."""
-    extra = (framing, report, unterminated(index), *member_edges(index)) if framing else ()
+    extra = (framing, report, unterminated(index), *mapped_args(index, framing)) if framing else ()
     got = _gather_mapped(out, members.maps, index.bounds, np.ascontiguousarray(ids, np.int64), members.first,
                          members.slot, members.shift, index.newline_ids, *extra)
     if isinstance(got, tuple):  # (position in ids, file offset): that file ended early
@@ -417,9 +417,9 @@ class View:
             edges = fd_edges(self.index, placed, self.source) if framing == TAR else None
             built = len(build_runs(out, scratch, self.index, part, placed, newlines, self.source.file_of, framing,
                                    report, edges and edges[0]))
-            if edges is not None and not report[1]:  # runs whose files have no descriptor
+            if edges is not None:  # a stage's source files, and runs whose files have no descriptor
                 try:
-                    check_detached(out[:built], part, self.index, edges, self.source, self.path)
+                    check_detached(out[:built], part, self.index, edges, self.source, self.path, report)
                 except FramingError as e:
                     self._failed(e)
         if self.meter is None:

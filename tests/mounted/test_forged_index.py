@@ -8,7 +8,12 @@ of lines as one record), two tar samples merged or one cut in two, two TFRecord 
 The reader gets EIO naming the file and offset (in the log and ``user.shufflefs.error``), that
 published entry is never taken again by the mount, and the next open serves what a mount without
 it serves, byte for byte: for single files, a pool's shards, a mixture's and a resumed epoch.
-An entry that fails its check on load is not an EIO at all: the file is indexed here."""
+An entry that fails its check on load is not an EIO at all: the file is indexed here.
+
+A tar index that cuts a sample in two with the halves in different windows (or one in none: in
+another rank's partition, outside a stretch a mixture takes), or that moves a directory to the
+sample before it (as many records, each of one key), is EIO at the first window holding either
+record: every byte served before the EIO is whole samples of the file."""
 
 from __future__ import annotations
 
@@ -27,8 +32,12 @@ import pytest
 
 from conftest import write_tree
 from shufflefs.formats import resolve_format
+from shufflefs.formats.tar import TarFormat
 from shufflefs.formats.tfrecord import encode_frame
-from shufflefs.index.table import IndexCache, SourceStamp, _digest, cache_key
+from shufflefs.index.table import IndexCache, RecordIndex, SourceStamp, _digest, cache_key
+from shufflefs.strategies import ShuffleSpec, make_plan
+from shufflefs.strategies.partial_local import pls_exchange
+from shufflefs.windows.layout import render
 from test_mount import csv_text, jsonl, lines
 
 ARGS = ["--block-size", "8KiB", "--buffer", "64KiB", "--seed", "5"]
@@ -239,3 +248,215 @@ def test_a_published_entry_that_fails_its_load_check_is_indexed_here_at_once(mou
         assert m.path(rel).read_bytes() == plain.path(rel).read_bytes()
     assert m.stats()["errors"] == 0
     assert "may be its published one" in m.stderr()
+
+
+# --------------------------------------------------------------------------- samples across windows
+
+SPEC = ShuffleSpec(strategy="stratified", seed=5, block_size=8192, buffer=65536)
+"""The order of a mount with `ARGS`."""
+PLS = ["--strategy", "pls", "--exchange", "0.25", "--world-size", "2", "--rank", "1", "--pls-local", "uniform",
+       "--block-size", "4KiB", "--buffer", "64KiB", "--seed", "5"]
+PLS_SPEC = ShuffleSpec(strategy="pls", seed=5, block_size=4096, buffer=65536, exchange=0.25, pls_local="uniform")
+
+
+def wds_bytes(n: int, stem: str = "s") -> bytes:
+    """WebDataset samples of three members (jpg, cls, json), a directory before every 10th (no
+    key: it goes with the sample after it)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        for i in range(n):
+            if i % 10 == 4:
+                d = tarfile.TarInfo(f"{stem}-d{i:06d}")
+                d.type = tarfile.DIRTYPE
+                t.addfile(d)
+            for ext, data in (("jpg", b"image %d " % i * (i % 13 + 20)), ("cls", b"%d" % (i % 10)),
+                              ("json", b'{"i": %d}' % i)):
+                info = tarfile.TarInfo(f"{stem}-{i:06d}.{ext}")
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def scan(data: bytes) -> RecordIndex:
+    return TarFormat().scan(np.frombuffer(data, np.uint8), "x.tar")
+
+
+def cuts(data: bytes, block: int) -> list[int]:
+    """Offsets of the last member of every sample that ends in another block than it starts:
+    a bound there cuts the sample in two halves of different blocks."""
+    b, offsets = scan(data).bounds, members_of(data)
+    return [last for lo, hi in zip(b[:-1].tolist(), b[1:].tolist())
+            for last in [max(o for o in offsets if lo <= o < hi)] if last // block != lo // block]
+
+
+def cut_at(offset: int) -> Callable[[np.ndarray, bytes], np.ndarray]:
+    return lambda bounds, data: np.sort(np.append(bounds, offset))
+
+
+def dirs_moved(bounds: np.ndarray, data: bytes) -> np.ndarray:
+    """Every directory that starts a sample moved to the sample before it (as many samples)."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as t:
+        members = t.getmembers()
+    out = bounds.copy()
+    for a, nxt in zip(members, members[1:]):
+        at = np.flatnonzero(out == a.offset)
+        if a.isdir() and len(at) and 0 < at[0] < len(out) - 1:
+            out[at[0]] = nxt.offset
+    return out
+
+
+def read_until_eio(path: Path) -> tuple[bytes, bool]:
+    """The bytes read front to back until EIO (then True) or the end."""
+    got = bytearray()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            try:
+                chunk = f.read(1 << 16)
+            except OSError as e:
+                assert e.errno == errno.EIO, e
+                return bytes(got), True
+            if not chunk:
+                return bytes(got), False
+            got += chunk
+
+
+def samples_of(data: bytes, whole: bool = True) -> list[list[str]]:
+    """The keyed members' names of every sample in tar bytes, as a reader groups them
+    (consecutive members of one key; a name seen again starts another sample: a repeat); of a
+    cut stream (``whole`` false), those before its last sample."""
+    out: list[list[str]] = []
+    key, at = None, 0
+    while at + 512 <= len(data) and any(data[at: at + 512]):
+        h = data[at: at + 512]
+        name, size = h[:100].split(b"\0")[0].decode(), int(h[124:136].split(b"\0")[0] or b"0", 8)
+        end = at + 512 + (0 if h[156:157] == b"5" else -(-size // 512) * 512)
+        if end > len(data):
+            break
+        base = name.rsplit("/", 1)[-1]
+        if h[156:157] in (b"0", b"\0") and "." in base[1:]:
+            k = name[: len(name) - len(base) + base.index(".", 1)]
+            if k != key or name in out[-1]:
+                out.append([])
+            out[-1].append(name)
+            key = k
+        at = end
+    return out if whole else out[:-1]
+
+
+def served_whole(m, rels: list[str], source: dict[str, bytes], reason: str) -> tuple[str, bytes]:
+    """Reading ``rels`` in turn until one is EIO (naming ``reason``): every sample served before
+    (each read whole, and the part of the EIO's read) is a whole sample of a source file.
+    Returns the file that was EIO and what it served before."""
+    truth = {tuple(s) for data in source.values() for s in samples_of(data)}
+    for rel in rels:
+        got, eio = read_until_eio(m.path(rel))
+        served = samples_of(got, whole=not eio)
+        assert all(tuple(s) in truth for s in served), [s for s in served if tuple(s) not in truth][:3]
+        if eio:
+            why = os.getxattr(m.path(rel), ERROR).decode()
+            assert "EIO" in why and reason in why, why
+            return rel, got
+    raise AssertionError(f"no EIO from {rels}: served without a check")
+
+
+def window_of(plan, rid: int) -> int:
+    return next(k for k in range(plan.n_windows) if rid in set(plan.window(k).tolist()))
+
+
+def forged_halves(data: bytes, block: int, fits: Callable[[RecordIndex, int], bool]) -> int:
+    """The first cut (`cuts`) for which ``fits(forged index, first half's id)``."""
+    for cut in cuts(data, block):
+        bounds = cut_at(cut)(scan(data).bounds, data)
+        if fits(RecordIndex(len(data), bounds), int(np.searchsorted(bounds, cut)) - 1):
+            return cut
+    raise AssertionError("no cut fits")
+
+
+FORGED_TAR = {"cut": (None, "same sample key"), "moved": (dirs_moved, "members of no sample key")}
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGED_TAR))
+def test_a_forged_tar_index_is_eio_before_any_wrong_sample_is_served(mount, tmp_path, forgery):
+    """The halves in different windows, the second served first: the first window holding either
+    is EIO; a directory moved to the sample before it: EIO, the bytes before it those of the
+    mount without the forged entry.  Then the file's own index, as many records.
+    Holds: SEMANTICS.md#changes-framing-tar, SEMANTICS.md#changes-published"""
+    files = {"w.tar": wds_bytes(300)}
+    change, reason = FORGED_TAR[forgery]
+    if change is None:
+        def later(index: RecordIndex, first: int) -> bool:  # the second half's window comes first
+            plan = make_plan(index, SPEC, 0)
+            return window_of(plan, first + 1) < window_of(plan, first)
+        change = cut_at(forged_halves(files["w.tar"], 8192, later))
+    src = write_tree(tmp_path / "src", files)
+    shared = tmp_path / "shared"
+    publish(src, shared)
+    forged = forge(entry_of(shared, src, "w.tar"), files["w.tar"], change)
+    m = mount(None, *ARGS, "--index-dir", str(shared), src=src, name="published")
+    plain = mount(None, *ARGS, src=src, name="plain")
+    want = plain.path("w.tar").read_bytes()
+    index = scan(files["w.tar"])
+    assert want == render(index, make_plan(index, SPEC, 0), files["w.tar"])  # SPEC is the mount's order
+    assert (forged != index.n) == (forgery == "cut")
+    _, got = served_whole(m, ["w.tar"], files, reason)
+    if forgery == "moved":  # the same order: the bytes before the EIO are the plain view's
+        assert got == want[: len(got)]
+    assert m.path("w.tar").read_bytes() == want
+    assert int(m.xattr("records", "w.tar")) == index.n
+    assert "may be its published one" in m.stderr()
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGED_TAR))
+def test_a_forged_tar_index_under_a_stage(mount, tmp_path, forgery):
+    """``--stage-dir``: the rank's stage holds one half of a cut sample, the other half being
+    another rank's (or a moved directory's sample): EIO, then the file's own index.
+    Holds: SEMANTICS.md#changes-framing-tar, SEMANTICS.md#changes-published"""
+    files = {"w.tar": wds_bytes(300)}
+    change, reason = FORGED_TAR[forgery]
+    if change is None:
+        def apart(index: RecordIndex, first: int) -> bool:  # one half in the rank's partition
+            held = set(pls_exchange(index.body(), PLS_SPEC, 2).partition(1, 0).tolist())
+            return (first in held) != (first + 1 in held)
+        change = cut_at(forged_halves(files["w.tar"], 4096, apart))
+    src = write_tree(tmp_path / "src", files)
+    shared = tmp_path / "shared"
+    publish(src, shared)
+    forge(entry_of(shared, src, "w.tar"), files["w.tar"], change)
+    m = mount(None, *PLS, "--index-dir", str(shared), "--stage-dir", str(tmp_path / "stage"), src=src,
+              name="published")
+    plain = mount(None, *PLS, src=src, name="plain")
+    served_whole(m, ["w.tar"], files, reason)
+    for epoch in (0, 1):
+        m.set_epoch(epoch)
+        plain.set_epoch(epoch)
+        assert m.path("w.tar").read_bytes() == plain.path("w.tar").read_bytes()
+    assert m.stats()["staging"]["built"] >= 2
+
+
+@pytest.mark.parametrize("forgery", sorted(FORGED_TAR))
+@pytest.mark.parametrize("strategy", ["full", "stratified"])
+def test_a_forged_tar_index_in_a_mixture(mount, tmp_path, forgery, strategy):
+    """A mixture of tar files, one file's index forged: its halves are taken in stretches of
+    their own (``full``: a record each) or end one (``stratified``: blocks): EIO, every sample
+    before it whole, then the shards of the mount without the forged entry.
+    Holds: SEMANTICS.md#changes-framing-tar, SEMANTICS.md#changes-published"""
+    files = {"web/w0.tar": wds_bytes(120, "w0"), "web/w1.tar": wds_bytes(150, "w1"),
+             "books/b.tar": wds_bytes(100, "b")}
+    change, reason = FORGED_TAR[forgery]
+    if change is None:
+        change = cut_at(cuts(files["web/w1.tar"], 8192)[5])
+    src = write_tree(tmp_path / "src", files)
+    (tmp_path / "mix.toml").write_text('[[mix]]\nname = "blend"\nsamples = 900\n'
+                                       '[[mix.source]]\nglob = "web/*.tar"\nweight = 3\n'
+                                       '[[mix.source]]\nglob = "books/*.tar"\nweight = 1\n')
+    args = [*ARGS, "--strategy", strategy, "--config", str(tmp_path / "mix.toml")]
+    shared = tmp_path / "shared"
+    publish(src, shared)
+    forge(entry_of(shared, src, "web/w1.tar"), files["web/w1.tar"], change)
+    m = mount(None, *args, "--index-dir", str(shared), src=src, name="published")
+    plain = mount(None, *args, src=src, name="plain")
+    blend = [f".mix/blend/{s}" for s in sorted(os.listdir(plain.path(".mix/blend")))]
+    served_whole(m, blend, files, reason)
+    got = [m.path(s).read_bytes() for s in blend]
+    assert got == [plain.path(s).read_bytes() for s in blend]
+    assert sum(len(samples_of(g)) for g in got) == 900

@@ -111,7 +111,7 @@ class Undescribed(SourceFile):
         return None
 
     def read_runs(self, starts, ends, out=None):
-        self.calls.append(len(starts))
+        self.calls.append(int((np.asarray(ends) - starts).sum()))
         return super().read_runs(starts, ends, out)
 
 
@@ -213,6 +213,7 @@ def test_a_tar_sample_cut_in_two_fails_whichever_half_a_window_holds(tmp_path, m
         others = np.setdiff1d(np.arange(bad.n), [first, first + 1])
         for alone in ([first], [first + 1], [first + 1, first]):  # every half in a window of its own
             order = np.concatenate((others[:5], alone, others[5:]))
+            bad = _with(index, bad.bounds)  # nothing of it seen before (`edges.seen_of`)
             with pytest.raises(FramingError, match="same sample key") as e:
                 load(path, fmt, bad, how, order, [5, 6, 7], monkeypatch)
             assert e.value.offset in (cut, bad.bounds[first]) and e.value.path == path
@@ -285,7 +286,19 @@ def test_a_window_from_object_storage_fetches_the_neighbours_with_its_records(tm
     calls = Undescribed.calls = []
     order = np.random.default_rng(3).permutation(index.n)
     load(path, fmt, index, "window", order, [10, 20, 30], monkeypatch)
-    assert len(calls) == 4
+    assert len(calls) == 4 and sum(calls) > index.data_bytes  # the neighbours came along
+    calls = Undescribed.calls = []  # a second epoch: every neighbour was walked in the first
+    load(path, fmt, index, "window", np.random.default_rng(4).permutation(index.n), [10, 20, 30], monkeypatch)
+    assert len(calls) == 4 and sum(calls) == index.data_bytes
+    cut = _split(Path(path).read_bytes(), index, 9)
+    bad = _with(index, np.sort(np.append(index.bounds, cut)))
+    first = int(np.searchsorted(bad.bounds, cut)) - 1
+    load(path, fmt, bad, "window", np.array([first - 1, first + 2]), [1], monkeypatch)  # the halves' neighbours
+    calls = Undescribed.calls = []
+    with pytest.raises(FramingError, match="same sample key"):  # found in what the first window walked
+        load(path, fmt, bad, "window", np.array([first]), [], monkeypatch)
+    lengths = bad.record_lengths(np.array([first, first + 1])).tolist()
+    assert calls == [lengths[0] + min(lengths[1], edges.HEAD)]  # the next header only
     big = b"".join(_member_bytes(f"b{i:03d}.{ext}", bytes([i]) * size) for i in range(8)
                    for ext, size in (("bin", 300_000), ("cls", 3))) + bytes(2 * BLOCK)
     FILES["g.tar"] = ("tar", big)
