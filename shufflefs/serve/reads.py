@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import weakref
 from typing import Any
 
 import trio
@@ -32,6 +33,8 @@ class MemoryWait(Timeout):
 class Reads:
     def __init__(self, views: Views, windows: WindowCache) -> None:
         self.views, self.windows = views, windows
+        # compressed views: the checksums of the container units reads left unfinished, per view
+        self._memos: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     async def read(self, h: Handle, off: int, size: int) -> Any:
         """The view bytes ``[off, off+size)`` for handle ``h`` (a buffer, not a copy when it
@@ -46,11 +49,15 @@ class Reads:
         (or checksums), in their container (`windows.container`); the plain view's windows are
         loaded, held and read ahead as for any view."""
         plain = h.node.layout.size
-        lo, hi = container.plain_range(off, size, plain)
-        data: Any = b""
-        if hi > lo:
-            data = await self._read_plain(h, lo, hi - lo, off == h.last_end)
-        return container.render(off, size, plain, lo, data)
+        memo = self._memos.setdefault(h.node.view, {})
+        for attempt in (memo, None):  # without the memo if what it planned from went meanwhile
+            lo, hi = container.plain_range(off, size, plain, attempt)
+            data: Any = await self._read_plain(h, lo, hi - lo, off == h.last_end) if hi > lo else b""
+            try:
+                return container.render(off, size, plain, lo, data, attempt)
+            except LookupError:
+                continue
+        raise AssertionError("a read planned without a memo needs none")
 
     async def _read_plain(self, h: Handle, off: int, size: int, sequential: bool | None = None) -> Any:
         """Bytes ``[off, off+size)`` of the plain view; ``sequential``: the read continues the

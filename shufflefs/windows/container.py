@@ -24,6 +24,8 @@ GZIP_UNIT = 65535
 """Plain bytes per gzip member: the most one stored deflate block holds."""
 GZIP_HEAD = bytes((0x1F, 0x8B, 8, 0, 0, 0, 0, 0, 0, 255))
 """A member's gzip header: deflate, no flags, no mtime, no extra flags, OS unknown."""
+MEMO_UNITS = 64
+"""Units whose partial checksums a memo keeps (about one per reader reading sequentially)."""
 ZSTD_UNIT = 128 << 10
 """Plain bytes per zstd raw block: the largest block any frame may hold."""
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -57,9 +59,11 @@ class Container:
         step = self.unit + self.head + self.tail
         return off, end, max(0, off - self.prefix) // step
 
-    def plain_range(self, off: int, size: int, plain: int) -> tuple[int, int]:
+    def plain_range(self, off: int, size: int, plain: int, memo: dict | None = None) -> tuple[int, int]:
         """The plain bytes ``[lo, hi)`` a read of ``[off, off+size)`` needs: those it shows, and
-        the whole of every unit whose trailer it shows (a gzip member's CRC)."""
+        the whole of every unit whose trailer it shows (a gzip member's CRC), but for the part of
+        it ``memo`` holds the checksum of (`render` keeps there the checksums of the units a read
+        leaves unfinished, so that a sequential reader never reads back)."""
         off, end, u = self._span(off, size, plain)
         step, n = self.unit + self.head + self.tail, self.units(plain)
         lo = hi = None
@@ -70,19 +74,29 @@ class Container:
             p0, length = u * self.unit, min(self.unit, plain - u * self.unit)
             d0 = start + self.head
             t0 = d0 + length
+            shown = p0 + min(max(off, d0), t0) - d0
             if self.tail and off < t0 + self.tail and end > t0:  # its trailer: the whole unit
-                a, b = p0, p0 + length
+                a, b = self._checked_from(memo, u, p0, shown), p0 + length
             else:
-                a, b = p0 + max(off, d0) - d0, p0 + min(end, t0) - d0
+                a, b = shown, p0 + min(end, t0) - d0
             if b > a:
                 lo = a if lo is None else min(lo, a)
                 hi = b if hi is None else max(hi, b)
             u += 1
         return (0, 0) if lo is None else (lo, hi)
 
-    def render(self, off: int, size: int, plain: int, lo: int, data: bytes | memoryview) -> bytearray:
+    @staticmethod
+    def _checked_from(memo: dict | None, u: int, p0: int, shown: int, lo: int = 0) -> int:
+        """Where unit ``u``'s checksum must be taken up from: its start, or the furthest point
+        ``memo`` holds its checksum at, no later than the first byte the read shows of it and no
+        earlier than the plain bytes at hand (from ``lo``)."""
+        got = memo.get(u) if memo is not None else None
+        return max((c for c in got if lo <= c <= shown), default=p0) if got else p0
+
+    def render(self, off: int, size: int, plain: int, lo: int, data: bytes | memoryview,
+               memo: dict | None = None) -> bytearray:
         """The view's bytes ``[off, off+size)`` (shorter at its end), from plain bytes ``data``
-        starting at plain offset ``lo`` (at least `plain_range`)."""
+        starting at plain offset ``lo`` (at least `plain_range` with the same ``memo``)."""
         off, end, u = self._span(off, size, plain)
         out = bytearray(max(0, end - off))
         if not out:
@@ -106,12 +120,31 @@ class Container:
             if off < t0 and end > d0:
                 a, b = max(off, d0), min(end, t0)
                 out[a - off: b - off] = data[p0 + a - d0 - lo: p0 + b - d0 - lo]
+                if self.tail and memo is not None and end < t0:  # left unfinished: keep its checksum
+                    self._remember(memo, u, p0, lo, p0 + b - d0, data)
             if self.tail and off < t0 + self.tail and end > t0:
-                t = self.unit_tail(data[p0 - lo: p0 + length - lo], length)
+                shown = p0 + min(max(off, d0), t0) - d0
+                since = self._checked_from(memo, u, p0, shown, lo)
+                if since < lo:  # the checksum it was planned from is gone (many readers): plan again
+                    raise LookupError(f"unit {u}: no checksum of its bytes before {lo}")
+                value = memo[u][since] if since > p0 else 0
+                t = self.unit_tail(self.running(data[since - lo: p0 + length - lo], value), length)
                 a, b = max(off, t0), min(end, t0 + self.tail)
                 out[a - off: b - off] = t[a - t0: b - t0]
             u += 1
         return out
+
+    def _remember(self, memo: dict, u: int, p0: int, lo: int, upto: int, data: memoryview) -> None:
+        """Keep unit ``u``'s checksum of plain bytes ``[p0, upto)`` (a pure function of them, so
+        readers share it), from the data at hand, or from a checksum ``memo`` holds within it."""
+        got = memo.setdefault(u, {})
+        since = p0 if lo <= p0 else max((c for c in got if lo <= c <= upto), default=None)
+        if since is not None and upto not in got:
+            got[upto] = self.running(data[since - lo: upto - lo], got[since] if since > p0 else 0)
+        if not got:
+            del memo[u]
+        while len(memo) > MEMO_UNITS:
+            memo.pop(next(iter(memo)))
 
     def file_head(self, plain: int) -> bytes:
         return b""
@@ -119,8 +152,12 @@ class Container:
     def unit_head(self, u: int, length: int, last: bool) -> bytes:
         raise NotImplementedError
 
-    def unit_tail(self, data: memoryview, length: int) -> bytes:
+    def unit_tail(self, value: int, length: int) -> bytes:
         return b""
+
+    def running(self, data: memoryview, value: int) -> int:
+        """A unit's checksum so far, ``value``, taken on over ``data``."""
+        return 0
 
 
 class GzipMembers(Container):
@@ -133,8 +170,11 @@ class GzipMembers(Container):
     def unit_head(self, u: int, length: int, last: bool) -> bytes:
         return GZIP_HEAD + struct.pack("<BHH", 1, length, length ^ 0xFFFF)
 
-    def unit_tail(self, data: memoryview, length: int) -> bytes:
-        return struct.pack("<II", zlib.crc32(data) & 0xFFFFFFFF, length & 0xFFFFFFFF)
+    def unit_tail(self, value: int, length: int) -> bytes:
+        return struct.pack("<II", value & 0xFFFFFFFF, length & 0xFFFFFFFF)
+
+    def running(self, data: memoryview, value: int) -> int:
+        return zlib.crc32(data, value)
 
 
 class ZstdRawFrame(Container):

@@ -69,3 +69,45 @@ def test_a_gzip_members_crc_covers_its_bytes() -> None:
     whole[30] ^= 1  # a data byte of the first member: its CRC no longer holds
     with pytest.raises(gzip.BadGzipFile, match="CRC"):
         gzip.decompress(bytes(whole))
+
+
+@pytest.mark.parametrize("step", [4096, 100_000, 131072, 1 << 20])
+def test_a_sequential_reader_never_needs_plain_bytes_before_its_read(step: int) -> None:
+    """With a memo of the checksums of the units reads leave unfinished, every read of a
+    sequential reader needs only plain bytes from where it starts (a window boundary is never
+    crossed backwards to finish a gzip member's CRC), and still gets the view's bytes."""
+    c = GzipMembers()
+    plain = random.Random(step).randbytes(700_001)
+    whole = _whole(c, plain)
+    memo: dict = {}
+    off = 0
+
+    def shown_before(at: int) -> int:  # plain bytes the view shows before byte ``at``
+        u, r = divmod(at, GZIP_UNIT + 23)
+        return u * GZIP_UNIT + min(max(r - 15, 0), GZIP_UNIT)
+
+    while off < len(whole):
+        lo, hi = c.plain_range(off, step, len(plain), memo)
+        assert lo >= min(shown_before(off), hi) or lo == hi
+        assert bytes(c.render(off, step, len(plain), lo, plain[lo:hi], memo)) == whole[off: off + step]
+        off += step
+    rnd = random.Random(2)
+    for _ in range(200):  # jumps: a memo of other places never gives other bytes
+        off = rnd.randrange(len(whole))
+        lo, hi = c.plain_range(off, step, len(plain), memo)
+        assert bytes(c.render(off, step, len(plain), lo, plain[lo:hi], memo)) == whole[off: off + step]
+
+
+def test_a_plan_whose_checksum_went_meanwhile_is_refused_not_served_wrong() -> None:
+    c = GzipMembers()
+    plain = random.Random(3).randbytes(200_000)
+    whole = _whole(c, plain)
+    memo: dict = {}
+    c.render(0, 40_000, len(plain), 0, plain[:40_000], memo)  # leaves member 0 unfinished
+    lo, hi = c.plain_range(40_000, 60_000, len(plain), memo)
+    assert lo > 0  # planned from the memo
+    memo.clear()  # other readers pushed it out meanwhile
+    with pytest.raises(LookupError):
+        c.render(40_000, 60_000, len(plain), lo, plain[lo:hi], memo)
+    lo, hi = c.plain_range(40_000, 60_000, len(plain))
+    assert bytes(c.render(40_000, 60_000, len(plain), lo, plain[lo:hi])) == whole[40_000:100_000]
