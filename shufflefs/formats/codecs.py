@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import importlib
 import io
+import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -249,12 +250,19 @@ def _close_all() -> None:
 
 class GzipDecoder:
     """Reads decoded bytes of a gzip file from anywhere, by rapidgzip with the file's index.
-    One thread at a time (the caller locks)."""
+    One thread at a time (the caller locks).  ``raw``: the file, or a descriptor of it that the
+    decoder owns (read by rapidgzip's own preads, without the GIL)."""
 
-    def __init__(self, raw: io.RawIOBase, restarts: Restarts) -> None:
+    def __init__(self, raw: io.RawIOBase | int, restarts: Restarts) -> None:
         import rapidgzip
 
-        self._f = rapidgzip.RapidgzipFile(raw, parallelization=1, chunk_size=GZIP_SPACING)
+        self._fd = raw if isinstance(raw, int) else -1
+        try:
+            self._f = rapidgzip.RapidgzipFile(raw, parallelization=1, chunk_size=GZIP_SPACING)
+        except BaseException:
+            self._f = None
+            self.close()
+            raise
         _open.add(self)
         try:
             self._f.import_index(io.BytesIO(restarts.blob.tobytes()))
@@ -277,6 +285,9 @@ class GzipDecoder:
         _open.discard(self)
         if f is not None:
             f.close()
+        fd, self._fd = getattr(self, "_fd", -1), -1
+        if fd >= 0:
+            os.close(fd)  # rapidgzip leaves a descriptor it was given open
 
 
 class ZstdDecoder:
@@ -284,10 +295,12 @@ class ZstdDecoder:
     start (skipping what comes before it) up to where it ends, no further; the next read goes on
     from there when it starts at or after that point in the same frame."""
 
-    def __init__(self, read: Read, restarts: Restarts) -> None:
+    def __init__(self, read: Read, restarts: Restarts, fd: int = -1) -> None:
+        """``fd``: a descriptor of the file the decoder owns (read without Python in between)."""
         import zstandard
 
         self._read, self.r = read, restarts
+        self._file = os.fdopen(fd, "rb", buffering=0) if fd >= 0 else None
         self._dctx = zstandard.ZstdDecompressor()
         self._stream: tuple[int, int, object] | None = None  # (frame, decoded position, reader)
 
@@ -297,8 +310,12 @@ class ZstdDecoder:
         got = self._stream
         if got is None or got[0] != i or got[1] > at:
             a, b = int(self.r.packed[i]), int(self.r.packed_end[i])
-            reader = self._dctx.stream_reader(RangeFile(lambda s, e: self._read(a + s, a + e), b - a),
-                                              read_size=READ_SIZE, read_across_frames=False, closefd=False)
+            if self._file is not None:
+                self._file.seek(a)
+                raw: object = self._file
+            else:
+                raw = RangeFile(lambda s, e: self._read(a + s, a + e), b - a)
+            reader = self._dctx.stream_reader(raw, read_size=READ_SIZE, read_across_frames=False, closefd=False)
             got = (i, 0, reader)
         _, pos, reader = got
         while pos < at:
@@ -328,6 +345,9 @@ class ZstdDecoder:
 
     def close(self) -> None:
         self._stream = None
+        f, self._file = self._file, None
+        if f is not None:
+            f.close()
 
 
 class DecodedReader:
@@ -337,8 +357,11 @@ class DecodedReader:
     raises `StaleSourceError`), else a `FormatError` naming ``path``: never bytes."""
 
     def __init__(self, restarts: Restarts, raw: Read, raw_size: int, path: str,
-                 verify: Callable[[], None] | None = None) -> None:
+                 verify: Callable[[], None] | None = None, fd: int = -1) -> None:
+        """``fd``: the file's descriptor, if it has one (each decoder reads a duplicate of it by
+        preads of its own; ``verify`` after the reads tells a changed file)."""
         self.restarts, self.raw, self.raw_size, self.path, self.verify = restarts, raw, raw_size, path, verify
+        self.fd = fd
         self.decoder: GzipDecoder | ZstdDecoder | None = None
         self._busy = threading.Lock()  # held while decoding: `_recent` closes idle decoders only
 
@@ -351,8 +374,11 @@ class DecodedReader:
     def _into(self, start: int, out: memoryview) -> None:
         try:
             if self.decoder is None:
-                self.decoder = (GzipDecoder(RangeFile(self.raw, self.raw_size), self.restarts)
-                                if self.restarts.codec == GZIP else ZstdDecoder(self.raw, self.restarts))
+                own = os.dup(self.fd) if self.fd >= 0 else -1
+                if self.restarts.codec == GZIP:
+                    self.decoder = GzipDecoder(own if own >= 0 else RangeFile(self.raw, self.raw_size), self.restarts)
+                else:
+                    self.decoder = ZstdDecoder(self.raw, self.restarts, own)
             self.decoder.read_into(start, out)
         except Exception as e:  # noqa: BLE001 -- the libraries' errors: ValueError, RuntimeError, ZstdError...
             self.close()  # a decoder that failed is not trusted with the next read

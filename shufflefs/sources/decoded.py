@@ -37,8 +37,9 @@ class DecodedSource:
         self.raw, self.restarts, self.path, self.copy, self._release = raw, restarts, path, copy, release
         self._lock = threading.Lock()
         self._free: list[DecodedReader] = []  # decoders not decoding now, one per window load at most
+        fd = getattr(raw, "fd", -1)  # a local file: decoders read it by preads of their own
         self._reader = None if copy is not None else lambda: DecodedReader(
-            restarts, raw.read_range, raw_size, path, raw.verify_open)
+            restarts, raw.read_range, raw_size, path, raw.verify_open, fd if isinstance(fd, int) else -1)
         self._closed = False
 
     @property
