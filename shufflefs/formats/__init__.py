@@ -58,6 +58,7 @@ MODULES = (
     "tfrecord",
     "tar",
     "compressed",
+    "parquet",
 )
 """The format registry: modules of this package, each listing its formats in ``FORMATS``.  A new
 format is one module and one line here."""
@@ -271,7 +272,7 @@ def scan_file(path: str | os.PathLike, fmt: Format, progress: Progress | None = 
         os.close(fd)
     if SourceStamp.of(after) != SourceStamp.of(before):
         raise StaleSourceError(path, None, "file changed while it was being indexed")
-    if index.size != size and fmt.codec is None:  # a compressed file's index is of its decoded bytes
+    if index.size != size and index.cache_kind is None:  # a compressed or Parquet file's is not of its bytes
         raise ValueError(f"{fmt!r} indexed {index.size} bytes of a {size}-byte file")
     return index.stamped(SourceStamp.of(before))
 

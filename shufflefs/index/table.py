@@ -239,7 +239,8 @@ def _digest(bounds: np.ndarray, meta: dict, extra: dict[str, np.ndarray] | None 
     return h.hexdigest()
 
 
-INDEX_KINDS = {"decoded": ("shufflefs.index.decoded", "DecodedIndex")}
+INDEX_KINDS = {"decoded": ("shufflefs.index.decoded", "DecodedIndex"),
+               "parquet": ("shufflefs.formats.parquet.index", "ParquetIndex")}
 """Cache entries of subclasses (``cache_kind``): where the class is that reads them back."""
 
 

@@ -118,9 +118,9 @@ class Catalog:
         for node in list(self.tree.nodes.values()) + list(self.views.idle.values()):
             self.views.close(node)
         self.windows.clear()
-        if self.views.stages is not None:
-            self.views.stages.close()
-        self.planner.decoding.close()
+        for copies in (self.views.stages, self.planner.decoding, self.views.parquet):  # stages, decoded copies
+            if copies is not None:
+                copies.close()
         self.store.close()
 
     def fail(self, what: str, relpath: str, epoch: int, offset: int | None, e: BaseException) -> Reply:

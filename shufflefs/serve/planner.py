@@ -30,8 +30,8 @@ from ..strategies.costs import record_costs
 from ..strategies.resume import LengthOf, PlanOf, ResumeError, resumed_plan, share_length
 from ..strategies.slices import SlicePlan, slice_edges
 from ..stages.decoded import Decoding, served_size
-from ..windows.layout import Layout
 from .nodes import Node, frame_file
+from .parquet_views import Layout, layout_class  # Layout, or a Parquet file's
 from .plan_notes import PlanNotes, check_headers, check_npy_pool
 from .plan_memory import MIX_BYTES_PER_RECORD, PlanMemory, physical_memory, plan_estimate, plan_nbytes
 from .workers import Workers
@@ -347,7 +347,7 @@ class Planner:
                 frame = (index.size, index.header_end, index.trailer_start)
                 node.frame = await self.workers.run(self._frame, node, frame, rows)
         head, trail = (None, None) if node.frame is None else map(len, node.frame)
-        return plan, await self.workers.run(Layout, index, plan, head, trail, limiter=self.workers.index)
+        return plan, await self.workers.run(layout_class(node.fmt), index, plan, head, trail, limiter=self.workers.index)
 
     async def _make_plan(self, node: Node, index: RecordIndex, cost_key: tuple) -> Plan:
         """`make_plan` on a worker thread, with the records' costs for ``--balance`` (kept per
@@ -459,7 +459,7 @@ class Planner:
         frame = await self.workers.run(self._frame, node, index.member_frames[own],
                                        int(np.asarray(plan.window_records).sum()), limiter=self.workers.index)
         node.frame = frame
-        return plan, Layout(index, plan, len(frame[0]), len(frame[1]))
+        return plan, layout_class(node.fmt)(index, plan, len(frame[0]), len(frame[1]))
 
     async def _stream(self, node: Node, index: PooledIndex, version: tuple, costs_key: tuple) -> Plan:
         """The pool's stream that a shard cuts (the rank's, or its part's), built once for all

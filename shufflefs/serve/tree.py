@@ -131,9 +131,9 @@ class Tree:
         return self._formats[relpath]
 
     def format_key(self, relpath: str) -> str | None:
-        """Files pool only with files of the same format and parameters."""
+        """Files pool only with files of the same format and parameters (Parquet files not yet)."""
         fmt = self.format(relpath)
-        return repr(fmt) if fmt is not None else None
+        return repr(fmt) if fmt is not None and fmt.name != "parquet" else None
 
     # ------------------------------------------------------------------ probes (blocking)
 

@@ -34,6 +34,7 @@ from ..strategies.torn import WithTorn
 from ..windows.cache import WindowCache
 from ..windows.view import SharedView, View, ViewClosed, window_work
 from .nodes import Node, frame_file
+from .parquet_views import ParquetServing, is_parquet, work_of
 from .planner import Planner
 from .tree import Tree
 from .workers import Workers
@@ -93,6 +94,7 @@ class Views:
         self._owners: dict[Hashable, list[SharedView]] = {}  # open views of each window owner (see owner)
         self._pool_sources: dict[tuple, PoolSource] = {}
         self._stage_targets: OrderedDict[Hashable, StageTarget] = OrderedDict()
+        self.parquet = ParquetServing(config.stage_dir or planner.index_cache.dir)  # Parquet files' copies
 
     # ------------------------------------------------------------------ opening
 
@@ -120,7 +122,8 @@ class Views:
             return
         plan = await self.planner.plan(node)
         stage = None
-        if self.stages is not None and (node.pool is None or node.pool.mix is None):  # a mixture is not staged
+        if self.stages is not None and (node.pool is None or node.pool.mix is None) and not is_parquet(node.fmt):
+            # a mixture is not staged; a Parquet file is read from its decoded copy
             stage = await self.stages.acquire(await self._stage_target(node), node.epoch)
         view = await self.workers.run(self._new_view, node, plan, stage, limiter=self.workers.index)
         if node.opens == 0:  # every opener gave up meanwhile
@@ -157,6 +160,14 @@ class Views:
         """Blocking: the node's view over its source, with its epoch's ``stage`` in front when
         staging (released when the view closes, or now if it cannot be made)."""
         frame, columns = node.frame, None
+        if is_parquet(node.fmt):  # encoded from its decoded copy, never staged
+            source = self._source(node)
+            try:
+                return self.parquet.view(self.store.path(node.relpath), node.index, plan, node.layout, source,
+                                         self.read_bytes.meter(node.epoch), self.planner.distrust_for(node))
+            except BaseException:
+                source.close()
+                raise
         try:
             if node.fmt.name == "npy":
                 frame, columns = self._npy_columns(node)
@@ -230,9 +241,9 @@ class Views:
         """Let the view's windows load; its largest window counts in the memory limit."""
         owner = self.owner(node)
         plan = node.plan.inner if shares_stream(node) else node.plan
-        sizes = np.asarray(plan.window_sizes)
+        sizes = np.diff(node.layout.window_starts) if is_parquet(node.fmt) else np.asarray(plan.window_sizes)
         self._owners.setdefault(owner, []).append(node.view)
-        self.windows.register(owner, int(sizes.max()) if len(sizes) else 0, window_work(plan),
+        self.windows.register(owner, int(sizes.max()) if len(sizes) else 0, work_of(node.fmt, node.view, plan),
                               getattr(self.store, "readahead", None))
 
     # ------------------------------------------------------------------ windows
@@ -253,7 +264,7 @@ class Views:
         view = node.view
         if not shares_stream(node):
             return WindowRef((node.ino, k), node.layout.window_size(k), 0,
-                             lambda out, scratch: view.load(k, out, scratch, ahead), window_work(node.plan, k))
+                             lambda out, scratch: view.load(k, out, scratch, ahead), work_of(node.fmt, view, node.plan, k))
         stream = node.plan.inner
         kin, shift = node.plan.stream_window(k)
         owner = self.owner(node)

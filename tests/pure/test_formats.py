@@ -526,7 +526,7 @@ def test_unwritable_cache_still_indexes(tmp_path) -> None:
         ("r.tfrecord", "tfrecord", {"verify_data": True}),
         ("r.tfrecords", "tfrecord", {"verify_data": True}),
         ("x.bin", None, None),
-        ("x.parquet", None, None),
+        ("x.parquet", "parquet", {}),
         ("README", None, None),
     ],
 )
@@ -563,12 +563,12 @@ def test_rules_first_match_wins() -> None:
 
 
 def test_make_format_errors() -> None:
-    # every registered format has its scan tested here, in test_tar_scan.py or (compressed text) in
-    # test_compressed_scan.py: a new one must be added
+    # every registered format has its scan tested here, in test_tar_scan.py, (compressed text) in
+    # test_compressed_scan.py or (Parquet) in test_parquet_index.py: a new one must be added
     assert set(FORMATS) == {"lines", "csv", "fixed", "npy", "tfrecord", "tar",
-                            "lines-gzip", "csv-gzip", "lines-zstd", "csv-zstd"}
-    with pytest.raises(ValueError, match="unknown format 'parquet'"):
-        make_format("parquet", {})
+                            "lines-gzip", "csv-gzip", "lines-zstd", "csv-zstd", "parquet"}
+    with pytest.raises(ValueError, match="unknown format 'orc'"):
+        make_format("orc", {})
     with pytest.raises(ValueError, match="no parameter 'record_size'"):
         make_format("lines", {"record_size": 4})
     with pytest.raises(ValueError, match="needs record_size"):

@@ -25,11 +25,16 @@ from __future__ import annotations
 from .decode import DecodedGroup, SourceGroups, decode_group
 from .encode import encode_group, view_bytes, write_view
 from .footer import SourceFooter, footer_of_file, read_footer
+from .format import FORMATS, ParquetFormat
+from .index import ParquetIndex
 from .layout import ViewLayout, plan_view
 from .sizes import RowSizes, build_sizes, sizes_of_file
 
 __all__ = [
+    "FORMATS",
     "DecodedGroup",
+    "ParquetFormat",
+    "ParquetIndex",
     "RowSizes",
     "SourceFooter",
     "SourceGroups",

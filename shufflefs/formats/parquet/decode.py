@@ -151,6 +151,31 @@ def decode_group(parquet_file: Any, footer: SourceFooter, group: int, path: str)
     return DecodedGroup(group, table.num_rows, leaves, footer.digest)
 
 
+def decode_top(parquet_file: Any, footer: SourceFooter, group: int, top: int, path: str) -> list[LeafData]:
+    """The `LeafData` of the leaves of top-level column ``top`` in row group ``group``, as
+    `decode_group` gives them, decoding that column's chunks only (memory: one column at a time)."""
+    import pyarrow as pa
+
+    offset = footer.group_offsets[group] if group < len(footer.group_offsets) else None
+    leaves = [leaf for leaf in footer.leaves if leaf.top == top]
+    try:
+        table = parquet_file.reader.read_row_group(group, column_indices=[leaf.index for leaf in leaves],
+                                                   use_threads=True)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise FormatError(path, offset, f"row group {group} cannot be decoded: {e}") from None
+    if table.num_rows != footer.group_rows[group]:
+        raise FormatError(path, offset, f"row group {group} decoded to {table.num_rows} rows, "
+                          f"its footer says {footer.group_rows[group]}")
+    if table.num_columns != 1 or table.column_names[0] != footer.top[top].name:
+        raise FormatError(path, offset, f"row group {group}: column {footer.top[top].name!r} is not the footer's")
+    col = table.column(0)
+    try:
+        return [_concat([leaf_data(leaf, c, path) for c in col.chunks if len(c)] or [leaf_data(leaf, _empty(col), path)])
+                for leaf in leaves]
+    except FormatError as e:
+        raise FormatError(path, offset, f"row group {group}: {e.message}") from None
+
+
 def _empty(col: Any) -> Any:
     import pyarrow as pa
 

@@ -1,0 +1,263 @@
+"""Decoded copies of Parquet files on node-local disk, from which their views are encoded.
+
+A view's row group takes rows from anywhere in its file, and pyarrow decodes whole source row
+groups, so each file version is decoded once into a copy of its rows as row streams
+(`formats.parquet.streams`): one file per version, sized from the index when the first view of
+that version opens (sparse until filled), filled one source row group at a time, each decoded
+column by column (memory: one column chunk), when a window first needs it, then read through a
+read-only mapping by every view of that version, every epoch.  Copies go under ``--stage-dir``,
+else the cache directory (node-local disk, where indexes are), in a directory of their own held
+like a stage directory (`scratch.held`: a killed mount's is removed by the next one there), and
+are removed when no view reads them and a newer version replaced them, and at unmount.
+Blocking (worker threads), no FUSE.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import mmap
+import os
+import shutil
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import scratch
+from ..errors import FormatError, StaleSourceError
+from ..formats.parquet.decode import decode_top
+from ..formats.parquet.footer import read_footer
+from ..formats.parquet.index import ParquetIndex
+from ..formats.parquet.streams import RowStreams, StreamLayout, group_pieces
+from ..sources.base import Source
+
+log = logging.getLogger("shufflefs")
+
+COPY_PREFIX = "parquet-"
+OFFSETS_KEPT = 32 << 20
+"""Bytes of per-row stream offsets a copy keeps between windows (`streams.RowStreams`)."""
+DECODE_FACTOR = 3
+"""A column chunk being copied takes about this many times its stream bytes in memory (pyarrow's
+arrays, the levels and values taken from them, the stream written)."""
+
+
+class SourceReader(io.RawIOBase):
+    """A `Source` as a read-only, seekable file for pyarrow."""
+
+    def __init__(self, source: Source, size: int) -> None:
+        super().__init__()
+        self.source, self.size, self.pos = source, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), self.size - self.pos))
+        if n:
+            data = self.source.read_range(self.pos, self.pos + n)
+            b[: len(data)] = data
+            n = len(data)
+        self.pos += n
+        return n
+
+
+class RowCopy:
+    """One file version's rows on local disk (`streams`), filled as windows need them."""
+
+    def __init__(self, path: str, index: ParquetIndex, file: str) -> None:
+        self.path, self.index, self.file = path, index, file
+        self.layout = StreamLayout(index.footer, index.sizes)
+        self.present = np.zeros(len(index.footer.group_rows), bool)
+        self.users = 0
+        self.seconds = 0.0
+        self._fill = threading.Lock()
+        self._fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(self._fd, self.layout.size)
+            self._map = mmap.mmap(self._fd, self.layout.size, prot=mmap.PROT_READ) if self.layout.size else None
+        except BaseException:
+            os.close(self._fd)
+            os.unlink(file)
+            raise
+        data = np.frombuffer(self._map, np.uint8) if self._map is not None else np.zeros(0, np.uint8)
+        self.streams = RowStreams(self.layout, data, OFFSETS_KEPT)
+
+    @property
+    def filled(self) -> int:
+        """Source row groups copied so far."""
+        return int(self.present.sum())
+
+    def work(self) -> int:
+        """Memory a window load may take to fill this copy: its largest column chunk decoded."""
+        if self.present.all():
+            return 0
+        return DECODE_FACTOR * max((self.layout.top_bytes(g, t) for g in range(len(self.present))
+                                    for t in range(len(self.index.footer.top))), default=0)
+
+    def ensure(self, groups: np.ndarray, source: Source) -> None:
+        """Copy every source row group of ``groups`` not copied yet, read from ``source`` (the
+        version of the index; `StaleSourceError` if it changed, `FormatError` if it does not
+        decode to the indexed rows)."""
+        groups = np.unique(np.asarray(groups, np.int64))
+        if self.present[groups].all():
+            return
+        with self._fill:
+            missing = groups[~self.present[groups]]
+            if not len(missing):
+                return
+            t0 = time.monotonic()
+            pf = self._open(source)
+            try:
+                for g in missing.tolist():
+                    self._copy_group(pf, g, source)
+            finally:
+                pf.close()
+            self.seconds += time.monotonic() - t0
+            if self.present.all():
+                log.info("%s: decoded copy of %d bytes in %s (%.1f s)", self.path, self.layout.size, self.file,
+                         self.seconds)
+
+    def _open(self, source: Source) -> Any:
+        import pyarrow.parquet as pq
+
+        stamp = self.index.stamp
+        size = stamp.size if stamp is not None else 0
+        if read_footer(size, source.read_range, self.path).digest != self.index.footer.digest:
+            raise StaleSourceError(self.path, None, "its footer changed since it was indexed")
+        try:
+            return pq.ParquetFile(SourceReader(source, size))
+        except (OSError, StaleSourceError):
+            raise
+        except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for bad files
+            raise FormatError(self.path, None, f"cannot be opened as Parquet: {e}") from None
+
+    def _copy_group(self, pf: Any, g: int, source: Source) -> None:
+        footer = self.index.footer
+        for top in range(len(footer.top)):
+            leaves = [leaf for leaf in footer.leaves if leaf.top == top]
+            datas = decode_top(pf, footer, g, top, self.path)
+            for offset, data in group_pieces(self.layout, g, leaves, datas, self.path):
+                _pwrite_all(self._fd, data, offset)
+            del datas
+        source.verify_open()  # decoded from the indexed version
+        self.present[g] = True
+
+    def close(self) -> None:
+        """Remove the copy (no view reads it any more)."""
+        self.streams = None  # type: ignore[assignment]
+        try:
+            os.unlink(self.file)
+        except FileNotFoundError:
+            pass
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # an array over it is still referenced: unmapped when it goes
+                pass
+        os.close(self._fd)
+
+
+def _same(a: ParquetIndex, b: ParquetIndex) -> bool:
+    """Whether two indexes describe the same rows of the same version (a copy laid out by one
+    serves views of the other): one object, or equal stamps and row sizes."""
+    if a is b:
+        return True
+    if a.stamp != b.stamp or a.footer.digest != b.footer.digest:
+        return False
+    x, y = a.sizes.to_arrays(), b.sizes.to_arrays()
+    return x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+
+
+def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(f"short write to a decoded copy at {offset}")
+        view, offset = view[n:], offset + n
+
+
+class RowCopies:
+    """The mount's Parquet copies (module docstring), one per file, under ``root``."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = os.fspath(root)
+        self._lock = threading.Lock()
+        self._copies: dict[str, RowCopy] = {}
+        self._retired: list[RowCopy] = []
+        self._dir: str | None = None
+        self._hold = -1
+        self._made = 0
+
+    def acquire(self, path: str, index: ParquetIndex) -> RowCopy:
+        """The copy of ``path`` at ``index``'s version (made now, empty, if there is none), with
+        one more user; `release` it."""
+        with self._lock:
+            got = self._copies.get(path)
+            if got is not None and _same(got.index, index):
+                got.users += 1
+                return got
+            directory = self._directory()
+            self._made += 1
+            stamp = index.stamp
+            name = f"{self._made}-{stamp.ino if stamp else 0}-{stamp.mtime_ns if stamp else 0}"
+            copy = RowCopy(path, index, os.path.join(directory, name))
+            if got is not None:
+                self._retire(got)
+            self._copies[path] = copy
+            copy.users += 1
+            return copy
+
+    def release(self, copy: RowCopy) -> None:
+        with self._lock:
+            copy.users -= 1
+            if copy.users == 0 and copy in self._retired:
+                self._retired.remove(copy)
+                copy.close()
+
+    def _retire(self, copy: RowCopy) -> None:
+        """``copy`` is replaced (a new version, or an index found wrong): removed once unused."""
+        if copy.users == 0:
+            copy.close()
+        else:
+            self._retired.append(copy)
+
+    def _directory(self) -> str:
+        if self._dir is None:
+            os.makedirs(self.root, exist_ok=True)
+            self._dir, self._hold = scratch.held(self.root, COPY_PREFIX)
+        return self._dir
+
+    def describe(self) -> dict[str, Any]:
+        """For ``shufflefs stat``: the copies, how far filled, and where they are."""
+        with self._lock:
+            copies = {p: {"bytes": c.layout.size, "row_groups": len(c.present), "copied": c.filled, "views": c.users,
+                          "seconds": round(c.seconds, 2)} for p, c in self._copies.items()}
+        return {"dir": self._dir or self.root, "copies": copies, "bytes": sum(c["bytes"] for c in copies.values())}
+
+    def close(self) -> None:
+        """Remove every copy (at unmount)."""
+        with self._lock:
+            copies = list(self._copies.values()) + self._retired
+            self._copies, self._retired = {}, []
+            directory, hold = self._dir, self._hold
+            self._dir, self._hold = None, -1
+        for copy in copies:
+            copy.close()
+        if directory is not None:
+            shutil.rmtree(directory, ignore_errors=True)
+        if hold >= 0:
+            os.close(hold)
