@@ -31,6 +31,9 @@ class DecodedSource:
     called when it is no longer read)."""
 
     local_fd = -1
+    stepwise = True
+    """Windows fetch its runs a few MiB at a time (`windows.layout.assemble_steps`): it decodes
+    them one after another anyway, so fetching a window's at once only took a window of memory."""
 
     def __init__(self, raw: Source, restarts: Restarts, raw_size: int, path: str, copy: Source | None = None,
                  release: Callable[[], None] | None = None) -> None:

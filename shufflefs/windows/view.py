@@ -336,7 +336,7 @@ class View:
         """Window ``ids`` from ``read_runs``, checked; a tar window with its samples' neighbours
         fetched in the same requests (`edges.load_checked`)."""
         if not self._tar:
-            window = assemble(self.index, ids, self.source.read_runs, out)
+            window = assemble(self.index, ids, self.source.read_runs, out, getattr(self.source, "stepwise", False))
             self._check(window, ids)
             return window
         try:

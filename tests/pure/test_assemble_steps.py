@@ -1,0 +1,35 @@
+"""Level: pure (no mount, no daemon).
+
+`windows.layout.assemble_steps` (how windows of compressed files are built: their runs fetched a
+few MiB at a time) gives the bytes `assemble` gives, for any records, repeats and step size, and
+fetches no step larger than it needs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shufflefs.index.table import RecordIndex
+from shufflefs.windows.layout import assemble, assemble_steps, slice_fetch
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_same_bytes_as_assemble(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 3000))
+    bounds = np.concatenate(([0], np.cumsum(rng.integers(1, 900, n)))).astype(np.int64)
+    data = rng.integers(0, 256, int(bounds[-1]), dtype=np.uint8)
+    index = RecordIndex(int(bounds[-1]), bounds)
+    ids = rng.permutation(n)[: int(rng.integers(0, n + 1))] if n else np.zeros(0, np.int64)
+    if seed % 3 == 0 and len(ids):
+        ids = np.concatenate((ids, ids[:7]))  # a mixture's records taken twice
+    step = int(rng.integers(1, 60_000))
+    fetched = []
+
+    def fetch(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        fetched.append(int((ends - starts).sum()))
+        return slice_fetch(data)(starts, ends)
+
+    got = assemble_steps(index, ids, fetch, step=step)
+    assert np.array_equal(got, assemble(index, ids, slice_fetch(data)))
+    assert not fetched or max(fetched) < step + 900  # a step, and the record that crosses its end
