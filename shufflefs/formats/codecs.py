@@ -296,11 +296,10 @@ class ZstdDecoder:
     from there when it starts at or after that point in the same frame."""
 
     def __init__(self, read: Read, restarts: Restarts, fd: int = -1) -> None:
-        """``fd``: a descriptor of the file the decoder owns (read without Python in between)."""
+        """``fd``: a descriptor of the file the decoder owns (read by preads of 1 MiB)."""
         import zstandard
 
-        self._read, self.r = read, restarts
-        self._file = os.fdopen(fd, "rb", buffering=0) if fd >= 0 else None
+        self._read, self.r, self._fd = read, restarts, fd
         self._dctx = zstandard.ZstdDecompressor()
         self._stream: tuple[int, int, object] | None = None  # (frame, decoded position, reader)
 
@@ -310,9 +309,8 @@ class ZstdDecoder:
         got = self._stream
         if got is None or got[0] != i or got[1] > at:
             a, b = int(self.r.packed[i]), int(self.r.packed_end[i])
-            if self._file is not None:
-                self._file.seek(a)
-                raw: object = self._file
+            if self._fd >= 0:  # preads: a duplicate descriptor shares its offset with the others
+                raw: object = RangeFile(lambda s, e: os.pread(self._fd, e - s, a + s), b - a)
             else:
                 raw = RangeFile(lambda s, e: self._read(a + s, a + e), b - a)
             reader = self._dctx.stream_reader(raw, read_size=READ_SIZE, read_across_frames=False, closefd=False)
@@ -345,9 +343,9 @@ class ZstdDecoder:
 
     def close(self) -> None:
         self._stream = None
-        f, self._file = self._file, None
-        if f is not None:
-            f.close()
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 class DecodedReader:

@@ -217,3 +217,62 @@ def test_decoders_beyond_the_bound_are_closed_and_made_again(tmp_path: Path, mon
     finally:
         for r in readers:
             r.close()
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst-frames"])
+def test_window_loads_side_by_side_read_the_right_bytes(tmp_path: Path, kind: str) -> None:
+    """Two threads reading one compressed source at once (two window loads) each get their
+    bytes: every decoder reads the file by preads of its own descriptor."""
+    import threading
+
+    from shufflefs.index.table import SourceStamp
+    from shufflefs.sources.decoded import DecodedSource
+    from shufflefs.sources.local import SourceFile
+
+    plain = jsonl(12_000)
+    src = write(tmp_path, f"a.jsonl.{'gz' if kind == 'gz' else 'zst'}", encodings(plain)[kind])
+    index = scan_file(src, resolve_format(src.name, ()))
+    source = DecodedSource(SourceFile(str(src), SourceStamp.of(src.stat())), index.restarts, src.stat().st_size,
+                           str(src))
+    wrong: list = []
+
+    def load(seed: int) -> None:
+        rnd = np.random.default_rng(seed)
+        for _ in range(40):
+            starts = np.sort(rnd.integers(0, len(plain) - 300_000, 12))
+            got = source.read_runs(starts, starts + 100_000).tobytes()
+            want = b"".join(plain[s: s + 100_000] for s in starts.tolist())
+            if got != want:
+                wrong.append(seed)
+
+    try:
+        threads = [threading.Thread(target=load, args=(s,)) for s in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        source.close()
+    assert not wrong
+
+
+def test_decoders_of_one_file_do_not_share_a_file_offset(tmp_path: Path) -> None:
+    """Two decoders of one file (two window loads) each go on with their own frame: they read by
+    preads, so one's reads never move where the other's go on (a duplicated descriptor shares
+    its offset: a stream taken up after the other decoder read elsewhere read the wrong bytes)."""
+    from shufflefs.index.table import SourceStamp
+    from shufflefs.sources.local import SourceFile
+
+    plain = jsonl(20_000)  # frames of 4 MiB: a stream reads its frame's compressed bytes in steps
+    src = write(tmp_path, "a.jsonl.zst", zstd_frames(plain, 4 << 20))
+    index = scan_file(src, resolve_format(src.name, ()))
+    raw = SourceFile(str(src), SourceStamp.of(src.stat()))
+    a, b = (DecodedReader(index.restarts, raw.read_range, src.stat().st_size, str(src), fd=raw.fd) for _ in range(2))
+    try:
+        assert a(0, 100) == plain[:100]  # a: a stream of frame 0, its start read
+        assert b(5 << 20, (5 << 20) + 100) == plain[5 << 20: (5 << 20) + 100]  # b: frame 1, elsewhere
+        assert a(3 << 20, (3 << 20) + 1000) == plain[3 << 20: (3 << 20) + 1000]  # a goes on in frame 0
+    finally:
+        a.close()
+        b.close()
+        raw.close()
