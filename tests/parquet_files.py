@@ -245,3 +245,39 @@ def plain(table):
         if undict(f.type) != f.type:
             table = table.set_column(i, f.with_type(undict(f.type)), table.column(i).cast(undict(f.type)))
     return table
+
+
+def label_sorted(path: Path, n: int = 60_000, group_rows: int = 10_000, labels: int = 10, seed: int = 4) -> Path:
+    """A file whose rows are sorted by ``label`` (``labels`` equally common values), as datasets
+    exported class by class are: id, label, a 50-1000 character text, a score, a list<int32> and
+    a dictionary-encoded string, in row groups of ``group_rows`` (about 35 MB for 60,000 rows)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    label = np.repeat(np.arange(labels), -(-n // labels))[:n]
+    lens = rng.integers(50, 1000, n)
+    raw = rng.integers(97, 123, int(lens.sum()), dtype=np.uint8)
+    raw[rng.random(len(raw)) < 0.15] = 32
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(lens, out=offsets[1:])
+    text = pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw))
+    words = np.array(["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta", "iota", "kappa"])
+    tags_offsets = np.concatenate([[0], np.cumsum(label % 4)]).astype(np.int32)
+    table = pa.table({"id": np.arange(n), "label": label, "text": text, "score": rng.random(n),
+                      "tags": pa.ListArray.from_arrays(tags_offsets, pa.array(np.ones(int(tags_offsets[-1]), np.int32))),
+                      "lang": pa.array(words[label % len(words)]).dictionary_encode()})
+    pq.write_table(table, path, row_group_size=group_rows)
+    return path
+
+
+def write_hf(path: Path, n: int = 4_000) -> Path:
+    """A file written by HF ``datasets`` itself, as the Hub's Parquet exports are: its features
+    (a ClassLabel, an Image) in the key-value metadata, every column type it has a feature for
+    (no maps), row groups of 700 rows."""
+    import datasets
+
+    ds = datasets.Dataset(arrow_table(n, seed=4).drop_columns(["attrs"]))
+    ds = ds.cast_column("label", datasets.ClassLabel(num_classes=10)).cast_column("hf_image", datasets.Image())
+    ds.to_parquet(str(path), batch_size=700)
+    return path

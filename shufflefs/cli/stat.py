@@ -110,6 +110,10 @@ def format_stats(stats: dict) -> str:
     for path, got in (take("decoded_copies", None) or {}).items():
         lines.append(("decoded copy", f"{path}: {_human(got.get('bytes', 0))}, decoded in {got.get('seconds')} s, "
                                       f"read by {got.get('views')} view(s)"))
+    parquet = take("parquet_copies", None)
+    for path, got in (parquet or {}).get("copies", {}).items():
+        lines.append(("parquet copy", f"{path}: {got.get('copied')} of {got.get('row_groups')} row groups decoded "
+                                      f"into {parquet.get('dir')} ({_human(got.get('bytes', 0))}), {got.get('views')} view(s)"))
     overrides = take("epoch_overrides", None)
     epoch = str(take("epoch", "?"))
     if overrides:

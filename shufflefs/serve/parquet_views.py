@@ -59,7 +59,19 @@ class ParquetServing:
             raise
 
     def describe(self) -> dict[str, Any]:
-        return self.copies.describe()
+        """For ``user.shufflefs.stats``: the copies (`DETAILS`: they name files), if any."""
+        got = self.copies.describe()
+        return {"parquet_copies": got} if got["copies"] else {}
+
+    def describe_view(self, path: str, layout: Any) -> dict[str, Any]:
+        """What ``user.shufflefs.info`` says of a Parquet view: its row groups, how it is
+        encoded, and its file's decoded copy."""
+        copy = self.copies.describe()["copies"].get(path)
+        rows = layout.view.group_bounds if isinstance(layout, ParquetLayout) else None
+        return {"row_groups": 0 if rows is None else len(rows) - 1,
+                "rows_per_row_group": 0 if rows is None or len(rows) < 2 else int((rows[1:] - rows[:-1]).max()),
+                "encoding": "PLAIN, uncompressed, no dictionaries or statistics",
+                "copy_dir": self.copies.describe()["dir"], **({"copy": copy} if copy is not None else {})}
 
     def close(self) -> None:
         self.copies.close()

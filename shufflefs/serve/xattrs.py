@@ -120,6 +120,8 @@ async def get(cat: Catalog, node: Node, name: bytes, caller: Caller = OWNER) -> 
     if node.fmt.codec is not None:  # how a compressed file's records are read: restart points or a copy
         info["compressed"] = {"served_as": f"{node.fmt.codec} container of uncompressed blocks",
                               **cat.planner.decoding.describe_view(node.index)}
+    if node.fmt.name == "parquet":  # its row groups, and its file's decoded copy
+        info["parquet"] = cat.views.parquet.describe_view(cat.store.path(node.relpath), node.layout)
     if node.pool is not None:
         info.update(pool=node.pool.pool.key, pool_shards=node.pool.shards, pool_declared=node.pool.pool.declared)
         if node.pool.mix is not None:
@@ -236,7 +238,7 @@ def _exchange_counts(cat: Catalog) -> dict[str, str]:
 
 
 DETAILS = ("few_blocks", "small_buffers", "pls_exchange", "epoch_overrides", "last_errors", "staging",
-           "decoded_copies")
+           "decoded_copies", "parquet_copies")
 """Fields of the stats that name files: shown to the mount's owner and root only (`access`)."""
 
 
@@ -303,6 +305,7 @@ def _describe(cat: Catalog) -> dict[str, Any]:
         **({"store_requests": cat.store.requests()} if hasattr(cat.store, "requests") else {}),
         **({"staging": views.stages.describe()} if views.stages is not None else {}),
         **_decoded(cat),
+        **cat.views.parquet.describe(),
     )
 
 
