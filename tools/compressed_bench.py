@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""Compressed text views against the loops users run over the compressed files themselves.
+
+    python tools/compressed_bench.py --data DIR [--gib 1.05] [--update-docs]
+
+On a label-sorted JSON-lines corpus of at least 1 GiB decoded (generated into DIR once: word-like
+text, about 3x compressible, as real corpora are), written as ``gzip -6`` writes it (one member),
+as zstd frames of 1 MiB (pzstd, the seekable format) and as one zstd frame (the ``zstd`` command):
+
+* the gzip restart-point libraries: indexed_gzip and rapidgzip, index build, index size, a random
+  1 MiB read (restart points about every MiB for both);
+* records/s of a plain ``gzip.open`` (or ``zstandard`` stream reader) line loop over the source
+  and over the view at the same path through a mount with default options, warm (the epoch after
+  a first one), and the label mix per 100 records of what the loop got;
+* time from an epoch change to the first record (a new open, ``readline``);
+* the daemon's memory (own: anonymous + shared pages; RSS) against the bound.
+
+Prints a markdown section; ``--update-docs`` puts it in docs/benchmark.md between its markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.proc import FuseDaemon, Sampler  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+START, END = "<!-- compressed-bench:start -->", "<!-- compressed-bench:end -->"
+LABELS = 10
+GZ, FRAMES, ONE = "corpus.jsonl.gz", "frames.jsonl.zst", "one.jsonl.zst"
+
+
+# --------------------------------------------------------------------------- the corpus
+
+
+def make_corpus(plain: Path, gib: float, seed: int = 0) -> None:
+    """Label-sorted JSON lines of about 1 KB of word-like text (Zipf-distributed words)."""
+    rng = np.random.default_rng(seed)
+    letters = np.frombuffer(b"etaoinshrdlcumwfgypbvkjxqz", np.uint8)
+    vocab = [bytes(letters[np.minimum(rng.geometric(0.18, n) - 1, 25)]) for n in rng.integers(2, 10, 20000)]
+    p = 1.0 / np.arange(1, len(vocab) + 1) ** 1.05
+    p /= p.sum()
+    target = int(gib * (1 << 30))
+    n, i, written = target // 1000, 0, 0
+    with open(plain, "wb") as f:
+        while written < target:
+            counts = rng.integers(60, 240, 8192)
+            picks = rng.choice(len(vocab), int(counts.sum()), p=p)
+            parts, pos = [], 0
+            for j, k in enumerate(counts.tolist()):
+                text = b" ".join(vocab[x] for x in picks[pos: pos + k])
+                pos += k
+                parts.append(b'{"id": %d, "label": %d, "text": "%s"}\n' % (i + j, min((i + j) * LABELS // n, 9), text))
+            chunk = b"".join(parts)
+            f.write(chunk)
+            written += len(chunk)
+            i += len(counts)
+
+
+def corpus(data: Path, gib: float) -> Path:
+    """DIR/src with the three compressed files (made once), and DIR/corpus.jsonl."""
+    import zstandard
+
+    src = data / "src"
+    src.mkdir(parents=True, exist_ok=True)
+    plain = data / "corpus.jsonl"
+    if not plain.exists():
+        make_corpus(plain, gib)
+    if not (src / GZ).exists():
+        subprocess.run(f"gzip -6 -c {plain} > {src / GZ}.tmp && mv {src / GZ}.tmp {src / GZ}", shell=True, check=True)
+    if not (src / ONE).exists():
+        subprocess.run(["zstd", "-q", "-3", "-f", "-o", str(src / ONE), str(plain)], check=True)
+    if not (src / FRAMES).exists():
+        c = zstandard.ZstdCompressor(level=3, write_checksum=True)
+        with open(plain, "rb") as f, open(src / FRAMES, "wb") as out:
+            while block := f.read(1 << 20):
+                out.write(c.compress(block))
+    return src
+
+
+# --------------------------------------------------------------------------- loops
+
+
+def line_loop(path: Path, limit: int | None = None) -> tuple[int, float, list[bytes]]:
+    """Records read by the usual loop, its seconds, and the first 100,000 lines (for the mix)."""
+    import zstandard
+
+    t0 = time.perf_counter()
+    n, first = 0, []
+    if path.name.endswith(".jsonl"):
+        f = open(path, "rb")
+    elif path.name.endswith(".gz"):
+        f = gzip.open(path, "rb")
+    else:
+        f = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), closefd=True))
+    with f:
+        for line in f:
+            if n < 100_000:
+                first.append(line)
+            n += 1
+            if limit is not None and n >= limit:
+                break
+    return n, time.perf_counter() - t0, first
+
+
+def label_mix(lines: list[bytes]) -> tuple[float, float]:
+    from shufflefs.quality import expected_label_mix_tv, label_mix_tv
+
+    labels = np.array([int(line.split(b'"label": ', 1)[1][:1]) for line in lines], np.int64)
+    return (label_mix_tv(np.arange(len(labels)), labels, 100),
+            expected_label_mix_tv(np.bincount(labels, minlength=LABELS), 100))
+
+
+def first_record(mnt: Path, name: str, epoch: int) -> float:
+    """Seconds from setting the epoch (on the mount) to the first record of a new open."""
+    t0 = time.perf_counter()
+    os.setxattr(mnt, "user.shufflefs.epoch", str(epoch).encode())
+    if name.endswith(".jsonl"):
+        with open(mnt / name, "rb") as f:
+            f.readline()
+    elif name.endswith(".gz"):
+        with gzip.open(mnt / name, "rb") as f:
+            f.readline()
+    else:
+        import zstandard
+
+        with open(mnt / name, "rb") as raw:
+            io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw)).readline()
+    return time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------- libraries
+
+
+def libraries(path: Path, size: int) -> list[str]:
+    """indexed_gzip against rapidgzip on the gzip corpus, restart points about every MiB."""
+    rows = ["| library | index build s | restart points | index bytes | random 1 MiB read ms | MB/s of it |",
+            "|---|---|---|---|---|---|"]
+    rnd = random.Random(0)
+    offsets = [rnd.randrange(size - (1 << 20)) for _ in range(48)]
+    import indexed_gzip
+    import rapidgzip
+
+    t0 = time.perf_counter()
+    f = indexed_gzip.IndexedGzipFile(str(path), spacing=1 << 20, readbuf_size=1 << 20)
+    f.build_full_index()
+    build = time.perf_counter() - t0
+    out = io.BytesIO()
+    f.export_index(fileobj=out)
+    points = sum(1 for _ in f.seek_points())
+    t0 = time.perf_counter()
+    for off in offsets:
+        f.seek(off)
+        f.read(1 << 20)
+    per = (time.perf_counter() - t0) / len(offsets)
+    f.close()
+    rows.append(f"| indexed_gzip {indexed_gzip.__version__} (zlib) | {build:.1f} | {points} | {len(out.getvalue()):,} "
+                f"| {per * 1e3:.1f} | {(1 << 20) / per / 1e6:.0f} |")
+    t0 = time.perf_counter()
+    with rapidgzip.RapidgzipFile(str(path), parallelization=1, chunk_size=1 << 20) as g:
+        while g.read(4 << 20):
+            pass
+        build = time.perf_counter() - t0
+        out = io.BytesIO()
+        g.export_index(out, rapidgzip.IndexFormat.GZTOOL)
+        points = len(g.block_offsets())
+    with rapidgzip.RapidgzipFile(str(path), parallelization=1, chunk_size=1 << 20) as g:
+        g.import_index(io.BytesIO(out.getvalue()))
+        t0 = time.perf_counter()
+        for off in offsets:
+            g.seek(off)
+            g.read(1 << 20)
+        per = (time.perf_counter() - t0) / len(offsets)
+    rows.append(f"| rapidgzip {getattr(rapidgzip, '__version__', '')} (ISA-L, 1 thread) | {build:.1f} | {points} | "
+                f"{len(out.getvalue()):,} | {per * 1e3:.1f} | {(1 << 20) / per / 1e6:.0f} |")
+    return rows
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def run(data: Path, gib: float, skip_libraries: bool) -> str:
+    src = corpus(data, gib)
+    plain = data / "corpus.jsonl"
+    size = plain.stat().st_size
+    records = sum(1 for _ in open(plain, "rb"))
+    out = [f"Corpus: {size / 2**30:.2f} GiB decoded, {records:,} JSON lines sorted by label (10 labels), "
+           f"{(src / GZ).stat().st_size / 2**20:.0f} MiB as gzip -6 (one member), "
+           f"{(src / FRAMES).stat().st_size / 2**20:.0f} MiB as zstd frames of 1 MiB, "
+           f"{(src / ONE).stat().st_size / 2**20:.0f} MiB as one zstd frame. Machine: {os.cpu_count()} CPUs. "
+           f"Load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.", ""]
+    if not skip_libraries:
+        out += ["Restart points of gzip (the index a view reads the source through):", ""]
+        out += libraries(src / GZ, size) + [""]
+    mnt = data / "mnt"
+    mnt.mkdir(exist_ok=True)
+    cache = data / "cache"
+    subprocess.run(["rm", "-rf", str(cache)], check=True)
+    plain_src = data / "plain-src"  # the decoded corpus, for the plain view's row
+    plain_src.mkdir(exist_ok=True)
+    if not (plain_src / "corpus.jsonl").exists():
+        os.link(plain, plain_src / "corpus.jsonl")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    rows = ["| file | read | records/s | x source | label mix /100 (uniform) | daemon CPU s | daemon own / RSS MiB |",
+            "|---|---|---|---|---|---|---|"]
+    firsts, builds = [], []
+    bound = 16 * records + 100 * 2**20
+    stats: dict = {}
+    for name in ("corpus.jsonl", GZ, FRAMES, ONE):  # a daemon of its own for each: memory apart
+        where = plain_src if name == "corpus.jsonl" else src
+        cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(where), str(mnt), "--cache-dir", str(cache)]
+        with FuseDaemon(cmd, mnt, data / "daemon.log", env) as d:
+            if name == "corpus.jsonl":
+                n, t, first = line_loop(where / name)  # python's line loop over the plain file
+            else:
+                n, t, first = line_loop(src / name)  # warms the page cache, then measured
+                n, t, first = line_loop(src / name)
+            base = n / t
+            mix, uniform = label_mix(first)
+            rows.append(f"| {name} | source loop | {base:,.0f} | 1.00 | {mix:.3f} ({uniform:.3f}) | - | - |")
+            t0 = time.perf_counter()
+            view_size = os.stat(mnt / name).st_size  # indexes the file (decodes it once)
+            builds.append((name, time.perf_counter() - t0, view_size))
+            for epoch, what in ((0, "view, first epoch"), (1, "view, warm")):
+                os.setxattr(mnt / name, "user.shufflefs.epoch", str(epoch).encode())
+                with Sampler(d.pid) as s:
+                    n, t, first = line_loop(mnt / name)
+                assert n == records, (name, n, records)
+                mix, uniform = label_mix(first)
+                u = s.usage
+                rows.append(f"| {name} | {what} | {n / t:,.0f} | {n / t / base:.2f} | {mix:.3f} ({uniform:.3f}) | "
+                            f"{u.cpu_s:.1f} | {u.peak_own / 2**20:.0f} / {u.peak_rss / 2**20:.0f} |")
+            info = json.loads(os.getxattr(mnt / name, "user.shufflefs.info"))
+            window = int(info["buffer_bytes"])
+            times = [first_record(mnt, name, e) for e in (2, 3, 4)]
+            read_from = info.get("compressed", {}).get("read_from", "the file")
+            firsts.append((name, info["block_size"], read_from, sorted(times)[1], window))
+            if name == ONE:
+                stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
+    out += ["Line loops over the source and over the view at the same path (default mount options, so "
+            "`stratified` with a 64 MiB buffer; warm: the source in the page cache, the index cached; a daemon "
+            "of its own per file; the first row is the plain corpus read by Python's line loop, for reference):",
+            ""]
+    out += rows + [""]
+    out += ["| file | index at first lookup s | view bytes (x decoded) | block | read from | epoch change -> first "
+            "record ms (median of 3) |", "|---|---|---|---|---|---|"]
+    for (name, built, view_size), (_, block, read_from, first, _) in zip(builds, firsts):
+        out.append(f"| {name} | {built:.1f} | {view_size:,} ({view_size / size:.4f}) | {block >> 10} KiB | "
+                   f"{read_from} | {first * 1e3:.0f} |")
+    out += ["", f"Daemon memory bound (16 bytes/record + 3 windows + 100 MiB): {(bound + 3 * window) / 2**20:.0f} MiB. "
+            f"Decoded copies: {stats.get('decoded', {}).get('files', 0)} "
+            f"({stats.get('decoded', {}).get('bytes', 0) / 2**30:.2f} GiB under {stats.get('decoded', {}).get('dir')})."]
+    return "\n".join(out)
+
+
+def update_docs(text: str, stamp: str) -> Path:
+    doc = REPO / "docs" / "benchmark.md"
+    body = doc.read_text()
+    section = f"{START}\n## Compressed text views\n\n`{stamp}`\n\n{text}\n{END}"
+    if START in body and END in body:
+        body = body[: body.index(START)] + section + body[body.index(END) + len(END):]
+    else:
+        body = body.rstrip("\n") + "\n\n" + section + "\n"
+    doc.write_text(body)
+    return doc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="where the corpus and the mount go")
+    ap.add_argument("--gib", type=float, default=1.05, help="decoded size of the corpus to generate")
+    ap.add_argument("--skip-libraries", action="store_true", help="leave out indexed_gzip against rapidgzip")
+    ap.add_argument("--update-docs", action="store_true", help="write the section into docs/benchmark.md")
+    args = ap.parse_args()
+    text = run(args.data, args.gib, args.skip_libraries)
+    print(text)
+    if args.update_docs:
+        stamp = f"python tools/compressed_bench.py --data {args.data} --update-docs ({time.strftime('%Y-%m-%d %H:%M')})"
+        print("wrote", update_docs(text, stamp))
+
+
+if __name__ == "__main__":
+    main()
