@@ -36,8 +36,6 @@ from ..sources.base import Source
 log = logging.getLogger("shufflefs")
 
 COPY_PREFIX = "parquet-"
-OFFSETS_KEPT = 32 << 20
-"""Bytes of per-row stream offsets a copy keeps between windows (`streams.RowStreams`)."""
 DECODE_FACTOR = 3
 """A column chunk being copied takes about this many times its stream bytes in memory (pyarrow's
 arrays, the levels and values taken from them, the stream written)."""
@@ -83,6 +81,7 @@ class RowCopy:
         self.present = np.zeros(len(index.footer.group_rows), bool)
         self.users = 0
         self.seconds = 0.0
+        self._complete = not len(self.present)
         self._fill = threading.Lock()
         self._fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         try:
@@ -93,7 +92,12 @@ class RowCopy:
             os.unlink(file)
             raise
         data = np.frombuffer(self._map, np.uint8) if self._map is not None else np.zeros(0, np.uint8)
-        self.streams = RowStreams(self.layout, data, OFFSETS_KEPT)
+        self.streams = RowStreams(self.layout, data)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every source row group is copied (windows then need no filling)."""
+        return self._complete
 
     @property
     def filled(self) -> int:
@@ -102,7 +106,7 @@ class RowCopy:
 
     def work(self) -> int:
         """Memory a window load may take to fill this copy: its largest column chunk decoded."""
-        if self.present.all():
+        if self._complete:
             return 0
         return DECODE_FACTOR * max((self.layout.top_bytes(g, t) for g in range(len(self.present))
                                     for t in range(len(self.index.footer.top))), default=0)
@@ -124,9 +128,10 @@ class RowCopy:
                 for g in missing.tolist():
                     self._copy_group(pf, g, source)
             finally:
-                pf.close()
+                pf.close(force=True)  # and the file it read
             self.seconds += time.monotonic() - t0
-            if self.present.all():
+            self._complete = bool(self.present.all())
+            if self._complete:
                 log.info("%s: decoded copy of %d bytes in %s (%.1f s)", self.path, self.layout.size, self.file,
                          self.seconds)
 
@@ -137,7 +142,12 @@ class RowCopy:
         size = stamp.size if stamp is not None else 0
         if read_footer(size, source.read_range, self.path).digest != self.index.footer.digest:
             raise StaleSourceError(self.path, None, "its footer changed since it was indexed")
+        fd = getattr(source, "fd", None)  # a local file: read by pyarrow's own preads, no Python in between
         try:
+            if isinstance(fd, int) and os.path.exists(f"/proc/self/fd/{fd}"):
+                import pyarrow as pa
+
+                return pq.ParquetFile(pa.OSFile(f"/proc/self/fd/{fd}"))
             return pq.ParquetFile(SourceReader(source, size))
         except (OSError, StaleSourceError):
             raise

@@ -92,7 +92,7 @@ def _copy(path: Path, index: ParquetIndex, groups: list[int]) -> RowStreams:
             leaves = [leaf for leaf in index.footer.leaves if leaf.top == top]
             for off, arr in group_pieces(lay, g, leaves, decode_top(pfile, index.footer, g, top, str(path)), str(path)):
                 buf[off: off + len(arr)] = arr
-    return RowStreams(lay, buf, keep_bytes=1 << 16)
+    return RowStreams(lay, buf)
 
 
 @pytest.mark.parametrize("name", list(WRITERS))
@@ -125,3 +125,47 @@ def test_a_copy_refuses_rows_that_are_not_the_index(files):
     with pytest.raises(FramingError, match="not the index"):
         group_pieces(lay, 0, leaves, decode_top(pfile, other.footer, 0, 0, "x"), "x")
     assert os.path.exists(path)
+
+
+def test_any_run_of_pages_encodes_to_its_slice_of_the_chunk(files):
+    """A window's pages are encoded alone: the same bytes as where they lie in their chunk."""
+    from shufflefs.formats.parquet.streams import encode_pages
+
+    path = files["pyarrow"]
+    index = scan_file(path, make_format("parquet"))
+    streams = _copy(path, index, list(range(len(index.footer.group_rows))))
+    rng = np.random.default_rng(3)
+    view = plan_view(index.footer, index.sizes, rng.permutation(index.n), 2_500, page_bytes=16 << 10)
+    for _ in range(60):
+        g = int(rng.integers(view.n_groups))
+        c = int(rng.integers(len(index.footer.leaves)))
+        cp = view.columns[c]
+        a, b = int(cp.first[g]), int(cp.first[g + 1])
+        whole = encode_pages(view, g, c, view.rows(g), streams, np.empty(int(view.chunk_size[g, c]), np.uint8))
+        p0 = int(rng.integers(a, b))
+        p1 = int(rng.integers(p0 + 1, b + 1))
+        part = encode_pages(view, g, c, view.rows(g), streams, np.empty(len(whole), np.uint8), range(p0, p1))
+        lo = int(cp.offset[p0] - view.chunk_offset[g, c])
+        assert np.array_equal(part, whole[lo: lo + len(part)]), (g, c, p0, p1)
+
+
+def test_page_windows_tile_every_row_group(files):
+    from shufflefs.windows.parquet_view import page_windows
+
+    index = scan_file(files["pandas"], make_format("parquet"))
+    view = plan_view(index.footer, index.sizes, np.random.default_rng(4).permutation(index.n), 3_000,
+                     page_bytes=8 << 10)
+    group, window_runs, col, first, end = page_windows(view, 64 << 10)
+    assert len(group) > 2 * view.n_groups and np.all(np.diff(group) >= 0)
+    seen = np.zeros(sum(len(cp.total) for cp in view.columns), bool)
+    base = np.cumsum([0] + [len(cp.total) for cp in view.columns])
+    pos = 4
+    for w in range(len(group)):
+        for r in range(int(window_runs[w]), int(window_runs[w + 1])):
+            cp = view.columns[int(col[r])]
+            assert int(cp.offset[first[r]]) == pos  # runs follow each other, byte for byte
+            pos = int(cp.offset[end[r] - 1] + cp.total[end[r] - 1])
+            pages = np.arange(first[r], end[r])
+            assert (np.repeat(np.arange(view.n_groups), np.diff(cp.first))[pages] == group[w]).all()
+            seen[base[int(col[r])] + pages] = True
+    assert pos == view.tail_start and seen.all()

@@ -72,9 +72,12 @@ class _Chunk:
     """One column chunk being filled: where each row's entries and values go."""
 
     def __init__(self, leaf: Leaf, cp: ColumnPages, g: int, rows: np.ndarray, base: int,
-                 values: np.ndarray | int, entries: np.ndarray | int | None, boolean: bool) -> None:
+                 values: np.ndarray | int, entries: np.ndarray | int | None, boolean: bool,
+                 pages: range | None = None) -> None:
+        """``pages``: only these pages of the chunk (``rows`` are theirs, ``base`` where the first
+        one starts); default: all of row group ``g``'s."""
         self.leaf, self.cp, self.boolean = leaf, cp, boolean
-        self.pages = range(int(cp.first[g]), int(cp.first[g + 1]))
+        self.pages = range(int(cp.first[g]), int(cp.first[g + 1])) if pages is None else pages
         self.rows0 = int(cp.row_start[self.pages.start])
         self.E = _prefix(entries, rows)  # entry prefix over the group's rows
         self.V = _prefix(values, rows)  # value bytes (booleans: values) prefix

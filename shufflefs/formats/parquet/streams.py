@@ -8,9 +8,11 @@ order.  A row's values are one run of its value stream and its entries one run o
 stream, of the lengths the index holds (`sizes.RowSizes`), so where every stream and every source
 row group's part of it lies follows from the index alone (`StreamLayout`, numpy sums): a copy
 file is sized before its first byte is written and filled one source row group at a time, in any
-order (`group_pieces`, checked row by row against the index), and a view's row group is encoded
-from it with one copy per stream and column (`encode_rows`), whatever the order: no per-value
-work, no pyarrow, only the rows the row group holds are touched.
+order (`group_pieces`, checked row by row against the index).  Where a leaf's rows differ in size,
+the copy also keeps where each row's run starts (8 bytes per row, in an offsets stream), so that a
+view's pages are encoded from the copy by gathering their rows' offsets and copying one run per
+row and stream (`encode_pages`), whatever the order: no per-value work, no pyarrow, nothing
+kept in memory between windows, only the rows the chunk holds touched.
 
 Why a copy and not the source: pyarrow decodes whole row groups, and an order that mixes a
 sorted file's rows (every window draws rows from every stretch of the file) would decode nearly
@@ -20,8 +22,6 @@ of 64 MiB decode 240 row groups per epoch instead of 15 (docs/benchmark.md).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
@@ -32,7 +32,7 @@ from .decode import LeafData
 from .encode import _Chunk, copy_runs
 from .footer import BOOLEAN, BYTE_ARRAY, Leaf, SourceFooter
 from .layout import ViewLayout
-from .sizes import ColumnSizes, RowSizes
+from .sizes import RowSizes
 
 ALIGN = 64
 
@@ -49,16 +49,12 @@ def _group_totals(per_row: np.ndarray | int | None, starts: np.ndarray) -> np.nd
     return cs[starts[1:]] - cs[starts[:-1]]
 
 
-def _prefix(per_row: np.ndarray, a: int, b: int) -> np.ndarray:
-    cs = np.zeros(b - a + 1, np.int64)
-    np.cumsum(per_row[a:b], out=cs[1:], dtype=np.int64)
-    return cs
-
-
 class StreamLayout:
     """Where the streams of a source with ``footer`` and index ``sizes`` lie in a copy file.
 
     ``values[c]``, ``defs[c]``, ``reps[c]``: the offset of leaf c's streams (-1: none);
+    ``value_offsets[c]``, ``entry_offsets[c]``: of its rows' run starts (int64 per row: a value
+    run's offset in the copy, an entry run's index in the level streams; -1: every row alike);
     ``group_values[g, c]`` and ``group_entries[g, c]``: where source row group g begins in leaf c's
     value stream and level streams, relative to their starts (groups + 1 rows)."""
 
@@ -71,6 +67,8 @@ class StreamLayout:
         self.values = np.full(n_leaves, -1, np.int64)
         self.defs = np.full(n_leaves, -1, np.int64)
         self.reps = np.full(n_leaves, -1, np.int64)
+        self.value_offsets = np.full(n_leaves, -1, np.int64)
+        self.entry_offsets = np.full(n_leaves, -1, np.int64)
         pos = 0
 
         def place(n: int) -> int:
@@ -87,6 +85,10 @@ class StreamLayout:
                 self.defs[c] = place(int(self.group_entries[-1, c]))
             if leaf.max_rep:
                 self.reps[c] = place(int(self.group_entries[-1, c]))
+            if isinstance(col.values, np.ndarray):
+                self.value_offsets[c] = place(8 * sizes.n_rows)
+            if isinstance(col.entries, np.ndarray):
+                self.entry_offsets[c] = place(8 * sizes.n_rows)
         self.size = pos
 
     def group_bytes(self, g: int) -> int:
@@ -100,7 +102,8 @@ class StreamLayout:
         cols = [leaf.index for leaf in self.footer.leaves if leaf.top == top]
         v = self.group_values[g + 1, cols] - self.group_values[g, cols]
         e = self.group_entries[g + 1, cols] - self.group_entries[g, cols]
-        return int(v.sum() + 2 * e.sum())
+        rows = int(self.sizes.group_starts[g + 1] - self.sizes.group_starts[g])
+        return int(v.sum() + 2 * e.sum()) + 16 * rows * len(cols)
 
 
 def _value_stream(leaf: Leaf, data: LeafData, path: str) -> np.ndarray:
@@ -148,6 +151,14 @@ def group_pieces(layout: StreamLayout, g: int, leaves: Sequence[Leaf], datas: Se
             raise FormatError(path, offset, f"column {leaf.dotted}, row group {g}: {len(stream)} value bytes, "
                               "the index says otherwise")
         out.append((int(layout.values[c] + layout.group_values[g, c]), stream))
+        for at, per_row, first in ((layout.value_offsets[c], col.values, layout.values[c] + layout.group_values[g, c]),
+                                   (layout.entry_offsets[c], col.entries, layout.group_entries[g, c])):
+            if at >= 0:
+                starts = np.empty(b - a, np.int64)
+                starts[0:1] = first
+                np.cumsum(per_row[a: b - 1], out=starts[1:], dtype=np.int64)
+                starts[1:] += first
+                out.append((int(at) + 8 * a, starts.view(np.uint8)))
         e0 = int(layout.group_entries[g, c])
         for base, levels in ((layout.defs[c], data.defs), (layout.reps[c], data.reps)):
             if base >= 0:
@@ -159,107 +170,73 @@ def group_pieces(layout: StreamLayout, g: int, leaves: Sequence[Leaf], datas: Se
 
 
 class RowStreams:
-    """The streams of a copy, mapped (``data``: its bytes, uint8), and where any row's runs lie.
-    Each source row group's per-row offsets are computed when first needed and kept while they
-    fit in ``keep_bytes`` (least recently used first out)."""
+    """The streams of a copy, mapped (``data``: its bytes, uint8), and where any row's runs lie."""
 
-    def __init__(self, layout: StreamLayout, data: np.ndarray, keep_bytes: int = 64 << 20) -> None:
-        self.layout, self.data, self.keep_bytes = layout, data, keep_bytes
-        self._offsets: OrderedDict[int, list[tuple[np.ndarray | int, np.ndarray | None]]] = OrderedDict()
-        self._held = 0
-        self._lock = threading.Lock()
+    def __init__(self, layout: StreamLayout, data: np.ndarray) -> None:
+        self.layout, self.data = layout, data
+        n = layout.sizes.n_rows
 
-    def _group(self, s: int) -> list[tuple[np.ndarray | int, np.ndarray | None]]:
-        """Per leaf of source row group ``s``: its rows' value offsets in the stream (relative to
-        the group; an int: the constant bytes per row) and entry offsets (None: one per row)."""
-        with self._lock:
-            hit = self._offsets.get(s)
-            if hit is not None:
-                self._offsets.move_to_end(s)
-                return hit
-        sizes = self.layout.sizes
-        a, b = int(sizes.group_starts[s]), int(sizes.group_starts[s + 1])
-        got: list[tuple[np.ndarray | int, np.ndarray | None]] = []
-        nbytes = 0
-        for col in sizes.columns:
-            v = col.values if isinstance(col.values, int) else _prefix(col.values, a, b)
-            e = None
-            if isinstance(col.entries, int):
-                e = np.arange(b - a + 1, dtype=np.int64) * col.entries
-            elif col.entries is not None:
-                e = _prefix(col.entries, a, b)
-            nbytes += sum(x.nbytes for x in (v, e) if isinstance(x, np.ndarray))
-            got.append((v, e))
-        with self._lock:
-            if s not in self._offsets:
-                self._offsets[s] = got
-                self._held += nbytes
-                while self._held > self.keep_bytes and len(self._offsets) > 1:
-                    _, old = self._offsets.popitem(last=False)
-                    self._held -= sum(x.nbytes for pair in old for x in pair if isinstance(x, np.ndarray))
-        return got
+        def int64s(at: int) -> np.ndarray | None:
+            return None if at < 0 else data[at: at + 8 * n].view(np.int64)
 
-    def rows(self, rows: np.ndarray) -> "RowRuns":
-        """Where source ``rows`` (any order) lie in the streams, leaf by leaf (`RowRuns.leaf`)."""
-        return RowRuns(self, rows)
+        self._voff = [int64s(int(at)) for at in layout.value_offsets]
+        self._eoff = [int64s(int(at)) for at in layout.entry_offsets]
 
-    @property
-    def held(self) -> int:
-        """Bytes of row offsets kept."""
-        return self._held
+    def offsets(self, c: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For source ``rows`` (any order), the offset in ``data`` of each one's value run of leaf
+        c, and the index of its entry run in the leaf's level streams (int64 each)."""
+        col = self.layout.sizes.columns[c]
+        voff, eoff = self._voff[c], self._eoff[c]
+        v = self.layout.values[c] + rows * col.values if voff is None else voff[rows]
+        if col.entries is None:
+            e = rows
+        else:
+            e = rows * col.entries if eoff is None else eoff[rows]
+        return v, e
 
 
-class RowRuns:
-    """Source rows grouped by source row group once, for the offsets of every leaf in turn
-    (16 bytes per row for the leaf asked, not for all leaves at once)."""
-
-    def __init__(self, streams: RowStreams, rows: np.ndarray) -> None:
-        sizes = streams.layout.sizes
-        self.streams = streams
-        self.src_g = sizes.group_of(rows)
-        self.local = rows - sizes.group_starts[self.src_g]
-        by = np.argsort(self.src_g, kind="stable")
-        cuts = np.flatnonzero(np.diff(self.src_g[by])) + 1
-        self.parts = [(int(self.src_g[js[0]]), js) for js in np.split(by, cuts)] if len(rows) else []
-
-    def leaf(self, c: int) -> tuple[np.ndarray, np.ndarray]:
-        """Leaf c's absolute offsets in the copy of each row's value run, and of its entry runs
-        relative to the starts of the leaf's level streams."""
-        lay = self.streams.layout
-        n = len(self.src_g)
-        vo, eo = np.empty(n, np.int64), np.empty(n, np.int64)
-        for s, js in self.parts:
-            v, e = self.streams._group(s)[c]
-            r = self.local[js]
-            vo[js] = lay.values[c] + lay.group_values[s, c] + (r * v if isinstance(v, int) else v[r])
-            eo[js] = lay.group_entries[s, c] + (r if e is None else e[r])
-        return vo, eo
+def encode_pages(view: ViewLayout, g: int, c: int, rows: np.ndarray, streams: RowStreams, out: np.ndarray,
+                 pages: range | None = None, path: str = "") -> np.ndarray:
+    """The bytes of pages ``pages`` (default: all) of column chunk c of row group ``g`` of ``view``
+    into ``out``, from the row streams of a copy holding every source row group their rows are
+    in; ``rows``: the row group's source rows, in view order."""
+    cp = view.columns[c]
+    if pages is None:
+        pages = range(int(cp.first[g]), int(cp.first[g + 1]))
+    if len(rows) != int(view.group_bounds[g + 1] - view.group_bounds[g]):
+        raise ValueError(f"row group {g} holds {int(view.group_bounds[g + 1] - view.group_bounds[g])} rows")
+    if not len(pages):
+        return out[:0]
+    base = int(cp.offset[pages.start])
+    size = int(cp.offset[pages.stop - 1] + cp.total[pages.stop - 1]) - base
+    if len(out) < size:
+        raise ValueError(f"pages {pages} of column chunk {c} of row group {g} take {size} bytes, the buffer {len(out)}")
+    out = out[:size]
+    first = int(view.group_bounds[g])
+    rows = rows[int(cp.row_start[pages.start]) - first: int(cp.row_end[pages.stop - 1]) - first]
+    sizes, lay, data = view.sizes, streams.layout, streams.data
+    leaf, col = view.footer_src.leaves[c], sizes.columns[c]
+    chunk = _Chunk(leaf, cp, g, rows, base, col.values, col.entries, sizes.booleans[c], pages)
+    v_off, e_off = streams.offsets(c, rows)
+    e_len = np.diff(chunk.E)
+    for stage, at in ((chunk.defs, lay.defs[c]), (chunk.reps, lay.reps[c])):
+        if stage is not None:
+            copy_runs(stage, chunk.E[:-1], data, e_off + at, e_len)
+    if chunk.boolean:
+        copy_runs(chunk.bits, chunk.V[:-1], data, v_off, np.diff(chunk.V))  # type: ignore[arg-type]
+    else:
+        copy_runs(out, chunk.value_dst, data, v_off, np.diff(chunk.V))  # type: ignore[arg-type]
+    chunk.finish(out, base, f"column {leaf.dotted}, row group {g}", path)
+    return out
 
 
 def encode_rows(view: ViewLayout, g: int, rows: np.ndarray, streams: RowStreams, out: np.ndarray,
                 path: str = "") -> np.ndarray:
-    """The bytes of row group ``g`` of ``view`` (source ``rows``, in view order) into ``out``, from
-    the row streams of a copy holding every source row group these rows are in."""
+    """The bytes of row group ``g`` of ``view`` (all its column chunks, `encode_pages`) into ``out``."""
     start, end = view.group_range(g)
-    size = end - start
-    if len(out) < size:
-        raise ValueError(f"row group {g} takes {size} bytes, the buffer {len(out)}")
-    out = out[:size]
-    sizes, lay, data = view.sizes, streams.layout, streams.data
-    if len(rows) != int(view.group_bounds[g + 1] - view.group_bounds[g]):
-        raise ValueError(f"row group {g} holds {int(view.group_bounds[g + 1] - view.group_bounds[g])} rows")
-    runs = streams.rows(rows)
-    for c, leaf in enumerate(view.footer_src.leaves):
-        col: ColumnSizes = sizes.columns[c]
-        chunk = _Chunk(leaf, view.columns[c], g, rows, start, col.values, col.entries, sizes.booleans[c])
-        v_off, e_off = runs.leaf(c)
-        e_len = np.diff(chunk.E)
-        for stage, base in ((chunk.defs, lay.defs[c]), (chunk.reps, lay.reps[c])):
-            if stage is not None:
-                copy_runs(stage, chunk.E[:-1], data, e_off + base, e_len)
-        if chunk.boolean:
-            copy_runs(chunk.bits, chunk.V[:-1], data, v_off, np.diff(chunk.V))  # type: ignore[arg-type]
-        else:
-            copy_runs(out, chunk.value_dst, data, v_off, np.diff(chunk.V))  # type: ignore[arg-type]
-        chunk.finish(out, start, f"column {leaf.dotted}, row group {g}", path)
-    return out
+    if len(out) < end - start:
+        raise ValueError(f"row group {g} takes {end - start} bytes, the buffer {len(out)}")
+    for c in range(len(view.footer_src.leaves)):
+        at = int(view.chunk_offset[g, c]) - start
+        encode_pages(view, g, c, rows, streams, out[at: at + int(view.chunk_size[g, c])], path=path)
+    return out[: end - start]
