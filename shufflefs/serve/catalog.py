@@ -85,7 +85,7 @@ class Catalog:
         self.views = Views(config, self.store, self.tree, self.planner, self.workers, self.tasks,
                            self.windows, self.epochs.of, self.current)
         self.reads = Reads(self.views, self.windows)
-        self.pools = PoolTable(self.store, self.tree.format_key, config.pool_globs) if config.pool else None
+        self.pools = PoolTable(self.store, self.tree.pool_key, config.pool_globs) if config.pool else None
         self.tree.pools = self.pools
         self.mixes = None
         if config.mixes:  # a mixture that cannot be served as declared refuses the mount, with the reason

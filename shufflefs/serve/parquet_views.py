@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 from ..formats import Format
 from ..formats.parquet.index import ParquetIndex
+from ..pools.joined_index import joined
+from ..pools.parquet_pool import joined_parquet
 from ..sources.base import Source
 from ..stages.parquet_rows import RowCopies
 from ..strategies.base import Plan
@@ -33,12 +35,22 @@ def layout_class(fmt: Format | None) -> type[Layout]:
     return ParquetLayout if is_parquet(fmt) else Layout
 
 
+def joiner(fmt: Format | None) -> Callable[[list], Any]:
+    """How a pool of files of format ``fmt`` is joined into one index."""
+    return joined_parquet if is_parquet(fmt) else joined
+
+
 def work_of(fmt: Format | None, view: Any, plan: Plan, k: int | None = None) -> int:
     """Bytes a window load works with besides the window (`windows.view.window_work`, or a
     Parquet view's own, its copy's decoding included)."""
     if is_parquet(fmt) and isinstance(getattr(view, "view", view), ParquetView):
         return getattr(view, "view", view).work(k)
     return window_work(plan, k)
+
+
+def copy_of(store: Any, node: Any) -> str:
+    """Which decoded copy a Parquet view reads: its file's, or its pool's."""
+    return store.path(node.relpath) if node.pool is None else f"pool {node.pool.pool.key}"
 
 
 class ParquetServing:
@@ -48,9 +60,11 @@ class ParquetServing:
         self.copies = RowCopies(root)
 
     def view(self, path: str, index: ParquetIndex, plan: Plan, layout: ParquetLayout, source: Source,
-             meter: Callable[..., None] | None, distrust: Callable[[Any], None] | None) -> ParquetView:
-        """Blocking: the view of ``plan`` over ``source`` (the version ``index`` is of)."""
-        copy = self.copies.acquire(path, index)
+             meter: Callable[..., None] | None, distrust: Callable[[Any], None] | None,
+             copy_of: str | None = None) -> ParquetView:
+        """Blocking: the view of ``plan`` over ``source`` (the version ``index`` is of), read from
+        the copy of ``copy_of`` (default: ``path``; a pool's shards: the pool's)."""
+        copy = self.copies.acquire(copy_of or path, index)
         try:
             return ParquetView(path, index, plan, layout, source, copy, lambda: self.copies.release(copy), meter,
                                distrust)

@@ -19,7 +19,7 @@ from ..errors import FormatError, ResumeMismatch, StaleSourceError
 from ..formats import Format
 from ..formats.npy import header_with_rows
 from ..index.table import IndexCache, RecordIndex, SourceStamp, cache_key
-from ..pools.joined_index import PooledIndex, SegmentIndex, joined
+from ..pools.joined_index import PooledIndex, SegmentIndex
 from ..pools.lookup import PoolEntry
 from ..pools.mix_index import MixIndex, describe_epoch, epoch_index
 from ..pools.mixes import MixError
@@ -31,7 +31,7 @@ from ..strategies.resume import LengthOf, PlanOf, ResumeError, resumed_plan, sha
 from ..strategies.slices import SlicePlan, slice_edges
 from ..stages.decoded import Decoding, served_size
 from .nodes import Node, frame_file
-from .parquet_views import Layout, layout_class  # Layout, or a Parquet file's
+from .parquet_views import Layout, joiner, layout_class  # Layout, or a Parquet file's
 from .plan_notes import PlanNotes, check_headers, check_npy_pool
 from .plan_memory import MIX_BYTES_PER_RECORD, PlanMemory, physical_memory, plan_estimate, plan_nbytes
 from .workers import Workers
@@ -153,7 +153,7 @@ class Planner:
                 await self.workers.run(check_npy_pool, self.store, pool)
             elif entry.mix is not None:
                 await self.workers.run(check_headers, self.store, pool, members)
-            index = await self.workers.run(joined, members, limiter=self.workers.index)
+            index = await self.workers.run(joiner(fmt), members, limiter=self.workers.index)
             log.info("pool %s: %d shards, %d records", pool.key, len(pool.members), index.n)
             self._memo(key, index)
             return index

@@ -130,8 +130,13 @@ class Tree:
             self._formats[relpath] = resolve_format(relpath, self.config.rules, self.config.format_defaults)
         return self._formats[relpath]
 
+    def pool_key(self, relpath: str) -> str | None:
+        """Files pool only with files of the same format and parameters."""
+        fmt = self.format(relpath)
+        return repr(fmt) if fmt is not None else None
+
     def format_key(self, relpath: str) -> str | None:
-        """Files pool only with files of the same format and parameters (Parquet files not yet)."""
+        """`pool_key` of the files a mixture may draw from: not Parquet files (yet)."""
         fmt = self.format(relpath)
         return repr(fmt) if fmt is not None and fmt.name != "parquet" else None
 

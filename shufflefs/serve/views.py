@@ -34,7 +34,7 @@ from ..strategies.torn import WithTorn
 from ..windows.cache import WindowCache
 from ..windows.view import SharedView, View, ViewClosed, window_work
 from .nodes import Node, frame_file
-from .parquet_views import ParquetServing, is_parquet, work_of
+from .parquet_views import ParquetServing, copy_of, is_parquet, work_of
 from .planner import Planner
 from .tree import Tree
 from .workers import Workers
@@ -74,7 +74,7 @@ def _load_stream(views: list[SharedView], k: int, ahead: bool, stream: Plan,
 def shares_stream(node: Node) -> bool:
     """A pool's shard whose windows are its pool stream's, shared by the stream's shards; not a
     resumed shard, whose stretches of several streams are its own."""
-    return node.pool is not None and not node.resume
+    return node.pool is not None and not node.resume and not is_parquet(node.fmt)  # a Parquet shard: its own
 
 
 class Views:
@@ -164,7 +164,8 @@ class Views:
             source = self._source(node)
             try:
                 return self.parquet.view(self.store.path(node.relpath), node.index, plan, node.layout, source,
-                                         self.read_bytes.meter(node.epoch), self.planner.distrust_for(node))
+                                         self.read_bytes.meter(node.epoch), self.planner.distrust_for(node),
+                                         copy_of(self.store, node))
             except BaseException:
                 source.close()
                 raise

@@ -35,6 +35,7 @@ from .access import OWNER, Caller
 from .catalog import Catalog
 from .mix_tree import in_mix_tree
 from .nodes import DIR, FILE, ROOT, VIEW, Node, Reply
+from .parquet_views import copy_of
 from .stats import fit as fit_stats
 from .workers import Timeout
 
@@ -121,7 +122,7 @@ async def get(cat: Catalog, node: Node, name: bytes, caller: Caller = OWNER) -> 
         info["compressed"] = {"served_as": f"{node.fmt.codec} container of uncompressed blocks",
                               **cat.planner.decoding.describe_view(node.index)}
     if node.fmt.name == "parquet":  # its row groups, and its file's decoded copy
-        info["parquet"] = cat.views.parquet.describe_view(cat.store.path(node.relpath), node.layout)
+        info["parquet"] = cat.views.parquet.describe_view(copy_of(cat.store, node), node.layout)
     if node.pool is not None:
         info.update(pool=node.pool.pool.key, pool_shards=node.pool.shards, pool_declared=node.pool.pool.declared)
         if node.pool.mix is not None:

@@ -28,7 +28,7 @@ import numpy as np
 from .. import scratch
 from ..errors import FormatError, StaleSourceError
 from ..formats.parquet.decode import decode_top
-from ..formats.parquet.footer import read_footer
+from ..formats.parquet.footer import SourceFooter, read_footer
 from ..formats.parquet.index import ParquetIndex
 from ..formats.parquet.streams import RowStreams, StreamLayout, group_pieces
 from ..sources.base import Source
@@ -113,8 +113,8 @@ class RowCopy:
 
     def ensure(self, groups: np.ndarray, source: Source) -> None:
         """Copy every source row group of ``groups`` not copied yet, read from ``source`` (the
-        version of the index; `StaleSourceError` if it changed, `FormatError` if it does not
-        decode to the indexed rows)."""
+        version of the index; a pool's: its members, ``source.files``).  `StaleSourceError` if a
+        file changed, `FormatError` if it does not decode to the indexed rows."""
         groups = np.unique(np.asarray(groups, np.int64))
         if self.present[groups].all():
             return
@@ -123,25 +123,37 @@ class RowCopy:
             if not len(missing):
                 return
             t0 = time.monotonic()
-            pf = self._open(source)
-            try:
-                for g in missing.tolist():
-                    self._copy_group(pf, g, source)
-            finally:
-                pf.close(force=True)  # and the file it read
+            files = getattr(source, "files", None) or [source]
+            member_of = getattr(self.index, "member_of", lambda g: (0, g))
+            footers = getattr(self.index, "member_footers", (self.index.footer,))
+            stamps = getattr(self.index, "member_stamps", (self.index.stamp,))
+            by_member: dict[int, list[tuple[int, int]]] = {}
+            for g in missing.tolist():
+                m, own = member_of(g)
+                by_member.setdefault(m, []).append((g, own))
+            for m, todo in sorted(by_member.items()):
+                path = getattr(files[m], "path", self.path)
+                pf = self._open(files[m], footers[m], stamps[m], path)
+                try:
+                    for g, own in todo:
+                        self._copy_group(pf, g, own, footers[m], files[m], path)
+                finally:
+                    pf.close(force=True)  # and the file it read
             self.seconds += time.monotonic() - t0
             self._complete = bool(self.present.all())
             if self._complete:
                 log.info("%s: decoded copy of %d bytes in %s (%.1f s)", self.path, self.layout.size, self.file,
                          self.seconds)
 
-    def _open(self, source: Source) -> Any:
+    @staticmethod
+    def _open(source: Source, footer: SourceFooter, stamp: Any, path: str) -> Any:
+        """``source`` as a ``pyarrow.parquet.ParquetFile``, once its footer is checked to be the
+        indexed one."""
         import pyarrow.parquet as pq
 
-        stamp = self.index.stamp
         size = stamp.size if stamp is not None else 0
-        if read_footer(size, source.read_range, self.path).digest != self.index.footer.digest:
-            raise StaleSourceError(self.path, None, "its footer changed since it was indexed")
+        if read_footer(size, source.read_range, path).digest != footer.digest:
+            raise StaleSourceError(path, None, "its footer changed since it was indexed")
         fd = getattr(source, "fd", None)  # a local file: read by pyarrow's own preads, no Python in between
         try:
             if isinstance(fd, int) and os.path.exists(f"/proc/self/fd/{fd}"):
@@ -152,14 +164,14 @@ class RowCopy:
         except (OSError, StaleSourceError):
             raise
         except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for bad files
-            raise FormatError(self.path, None, f"cannot be opened as Parquet: {e}") from None
+            raise FormatError(path, None, f"cannot be opened as Parquet: {e}") from None
 
-    def _copy_group(self, pf: Any, g: int, source: Source) -> None:
-        footer = self.index.footer
+    def _copy_group(self, pf: Any, g: int, own: int, footer: SourceFooter, source: Source, path: str) -> None:
+        """Copy pooled row group ``g``, row group ``own`` of the file of ``footer``."""
         for top in range(len(footer.top)):
             leaves = [leaf for leaf in footer.leaves if leaf.top == top]
-            datas = decode_top(pf, footer, g, top, self.path)
-            for offset, data in group_pieces(self.layout, g, leaves, datas, self.path):
+            datas = decode_top(pf, footer, own, top, path)
+            for offset, data in group_pieces(self.layout, g, leaves, datas, path):
                 _pwrite_all(self._fd, data, offset)
             del datas
         source.verify_open()  # decoded from the indexed version
@@ -185,7 +197,8 @@ def _same(a: ParquetIndex, b: ParquetIndex) -> bool:
     serves views of the other): one object, or equal stamps and row sizes."""
     if a is b:
         return True
-    if a.stamp != b.stamp or a.footer.digest != b.footer.digest:
+    versions = [getattr(i, "member_stamps", (i.stamp,)) for i in (a, b)]
+    if versions[0] != versions[1] or a.footer.digest != b.footer.digest:
         return False
     x, y = a.sizes.to_arrays(), b.sizes.to_arrays()
     return x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
