@@ -19,7 +19,7 @@ fi
 
 need=()
 pkgs="fuse3 libfuse3-dev pkg-config attr gcc"
-[ "${1:-}" = test ] && pkgs="$pkgs iproute2"  # the tests' emulated wide-area link (ip, tc)
+[ "${1:-}" = test ] && pkgs="$pkgs iproute2 strace"  # the tests' emulated wide-area link (ip, tc); tracing a daemon's own calls
 for pkg in $pkgs; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done

@@ -184,12 +184,19 @@ def raise_readahead(mnt: str) -> None:
     """Best effort (needs root): set the mount's readahead to `READAHEAD_KB`.
 
     Runs on a thread once the loop serves: the kernel applies the readahead agreed in the FUSE
-    handshake after mounting, and the stat of the mount point is answered by this daemon."""
+    handshake after mounting, and the stat of the mount point is answered by this daemon.  The
+    stat is made by a child process (`stat(1)`), never by a thread of this one: a thread waiting
+    for its own daemon's answer when that daemon is killed waits uninterruptibly, and the killed
+    process could then never end (its FUSE connection lives until it does).  An orphaned child
+    gets ENOTCONN instead, when the connection ends with this process."""
     try:
-        dev = os.stat(mnt).st_dev
+        done = subprocess.run(["stat", "--format=%d", mnt], capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            raise OSError(done.stderr.strip() or f"stat exited with {done.returncode}")
+        dev = int(done.stdout)
         with open(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb", "w") as f:
             f.write(str(READAHEAD_KB))
-    except OSError as e:
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
         log.debug("readahead of %s left as it was: %s", mnt, e)
 
 
