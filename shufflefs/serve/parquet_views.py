@@ -53,6 +53,18 @@ def copy_of(store: Any, node: Any) -> str:
     return store.path(node.relpath) if node.pool is None else f"pool {node.pool.pool.key}"
 
 
+def span_of(fmt: Format | None, layout: Any) -> int:
+    """Bytes a view's windows may take together, if more than three of its largest: a Parquet
+    view's windows are pieces of its row groups, and it may hold three row groups."""
+    return 3 * layout.group_bytes if is_parquet(fmt) and isinstance(layout, ParquetLayout) else 0
+
+
+def ahead_of(fmt: Format | None, layout: Any, k: int, n: int) -> int:
+    """Windows a sequential reader of window k has loaded ahead: ``n``, or a Parquet view's whole
+    next row group."""
+    return layout.ahead(k, n) if is_parquet(fmt) and isinstance(layout, ParquetLayout) else n
+
+
 class ParquetServing:
     """The mount's Parquet copies, and its Parquet views made over them."""
 

@@ -34,7 +34,7 @@ from ..strategies.torn import WithTorn
 from ..windows.cache import WindowCache
 from ..windows.view import SharedView, View, ViewClosed, window_work
 from .nodes import Node, frame_file
-from .parquet_views import ParquetServing, copy_of, is_parquet, work_of
+from .parquet_views import ParquetServing, ahead_of, copy_of, is_parquet, span_of, work_of
 from .planner import Planner
 from .tree import Tree
 from .workers import Workers
@@ -245,7 +245,7 @@ class Views:
         sizes = np.diff(node.layout.window_starts) if is_parquet(node.fmt) else np.asarray(plan.window_sizes)
         self._owners.setdefault(owner, []).append(node.view)
         self.windows.register(owner, int(sizes.max()) if len(sizes) else 0, work_of(node.fmt, node.view, plan),
-                              getattr(self.store, "readahead", None))
+                              getattr(self.store, "readahead", None), span_of(node.fmt, node.layout))
 
     # ------------------------------------------------------------------ windows
 
@@ -277,6 +277,7 @@ class Views:
         for a pool's shard its stream's, which go on into the next shard (read next in name
         order), so that loads stay in flight across the end of a shard."""
         if not shares_stream(node):
+            n = ahead_of(node.fmt, node.layout, k, n)
             return [self.window(node, j, ahead=True) for j in range(k + 1, min(k + 1 + n, node.layout.n_windows))]
         stream = node.plan.inner
         kin, _ = node.plan.stream_window(k)

@@ -95,6 +95,7 @@ class WindowCache:
         self.nursery: trio.Nursery | None = None  # where loads run; set before the first one
         self._slots: OrderedDict[Hashable, Slot] = OrderedDict()  # least recently used first
         self._largest: dict[Hashable, int] = {}
+        self._span: dict[Hashable, int] = {}
         self._work: dict[Hashable, int] = {}
         self._ahead: dict[Hashable, Readahead] = {}
         self.remote_limiter = trio.CapacityLimiter(REMOTE_LOADS)
@@ -115,12 +116,16 @@ class WindowCache:
 
     # ------------------------------------------------------------------ views and the limit
 
-    def register(self, owner: Hashable, largest: int, work: int = 0, ahead: Readahead | None = None) -> None:
+    def register(self, owner: Hashable, largest: int, work: int = 0, ahead: Readahead | None = None,
+                 span: int = 0) -> None:
         """A view whose windows may be loaded; ``largest`` is its largest window in bytes and
         ``work`` the most memory a load of one of them works with besides the window.  A view of
         a remote source gives its ``ahead``: sequential readers then keep that many bytes loading
-        (`ahead_windows`), and the limit makes room for its cap."""
+        (`ahead_windows`), and the limit makes room for its cap.  ``span``: bytes the view's windows
+        may take together if more than `WINDOWS` of its largest (a Parquet view's windows are
+        pieces of its row groups: its limit is three row groups)."""
         self._largest[owner] = max(1, int(largest))
+        self._span[owner] = max(self.windows * self._largest[owner], int(span))
         self._work[owner] = max(0, int(work))
         if ahead is not None:
             self._ahead[owner] = ahead
@@ -130,6 +135,7 @@ class WindowCache:
     def unregister(self, owner: Hashable) -> None:
         """The view is gone: drop its windows (loads in flight are dropped when they end)."""
         self._largest.pop(owner, None)
+        self._span.pop(owner, None)
         self._work.pop(owner, None)
         self._ahead.pop(owner, None)
         for slot in [s for s in self._slots.values() if s.owner == owner]:
@@ -143,7 +149,7 @@ class WindowCache:
         work = max(self._work.values(), default=0)
         extra = AHEAD * work if AHEAD * work <= largest // 4 else max(0, work - largest)
         remote = max((2 * self._largest[o] + a.cap for o, a in self._ahead.items()), default=0)
-        self.limit = max(self.windows * largest, remote) + extra
+        self.limit = max(max(self._span.values(), default=0), remote) + extra
         self._trim()
         if not self._largest:
             self._free.clear()

@@ -155,6 +155,19 @@ class ParquetLayout(Layout):
         return int(self.view.group_bounds[g + 1] - self.view.group_bounds[g])
 
     @property
+    def group_bytes(self) -> int:
+        """Bytes of the view's largest row group (its memory is counted in row groups)."""
+        ends = np.append(self.view.chunk_offset[1:, 0], self.view.tail_start) if self.view.n_groups else np.zeros(0)
+        return int((ends - self.view.chunk_offset[:, 0]).max(initial=0)) if self.view.n_groups else 0
+
+    def ahead(self, k: int, n: int) -> int:
+        """Windows after window k that a sequential reader's loads cover: as many as hold the
+        largest row group (at least ``n``), so that the next row group is ready when a reader
+        gets to it (memory is counted in row groups: `group_bytes`)."""
+        sizes = np.diff(self.window_starts)[k + 1: k + 1 + 256]
+        return max(n, int(np.searchsorted(np.cumsum(sizes), self.group_bytes, side="right")))
+
+    @property
     def nbytes(self) -> int:
         """Bytes the layout holds (its pages' arrays and the footer)."""
         cols = sum(a.nbytes for cp in self.view.columns for a in (cp.first, cp.row_start, cp.row_end, cp.entries,

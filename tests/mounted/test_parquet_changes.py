@@ -113,3 +113,19 @@ def test_damaged_files_are_eio_with_a_reason(mount, tmp_path):
         line = m.xattr("error", name)
         assert "EIO" in line and reason in line and name in line, line
     assert sorted(pq.read_table(m.path("good.parquet")).column("id").to_pylist()) == list(range(5_000))
+
+
+def test_a_view_may_hold_three_of_its_row_groups(mount, tmp_path):
+    """A Parquet view's windows are pieces of its row groups (about 8 MiB): the mount's window
+    memory is three of its row groups, not three pieces.  Holds: SEMANTICS.md#memory-windows,
+    SEMANTICS.md#views-parquet-copy"""
+    d = tmp_path / "src"
+    d.mkdir()
+    pf.label_sorted(d / "a.parquet", n=200_000, group_rows=20_000)
+    m = mount(None, "--buffer", "24MiB", src=d)
+    path = m.path("a.parquet")
+    rows = sum(b.num_rows for b in pq.ParquetFile(path).iter_batches())
+    md = pq.ParquetFile(path).metadata
+    largest = max(md.row_group(g).total_byte_size for g in range(md.num_row_groups))
+    assert rows == 200_000 and md.num_row_groups >= 4 and largest > 2 * (8 << 20)
+    assert m.stats()["memory"]["limit_bytes"] >= 3 * largest
