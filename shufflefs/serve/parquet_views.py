@@ -95,6 +95,7 @@ class ParquetServing:
         copy = self.copies.describe()["copies"].get(path)
         rows = layout.view.group_bounds if isinstance(layout, ParquetLayout) else None
         return {"row_groups": 0 if rows is None else len(rows) - 1,
+                "windows": layout.n_windows if isinstance(layout, ParquetLayout) else 0,
                 "rows_per_row_group": 0 if rows is None or len(rows) < 2 else int((rows[1:] - rows[:-1]).max()),
                 "encoding": "PLAIN, uncompressed, no dictionaries or statistics",
                 "copy_dir": self.copies.describe()["dir"], **({"copy": copy} if copy is not None else {})}

@@ -123,6 +123,7 @@ class RowCopy:
             if not len(missing):
                 return
             t0 = time.monotonic()
+            _system_allocator()
             files = getattr(source, "files", None) or [source]
             member_of = getattr(self.index, "member_of", lambda g: (0, g))
             footers = getattr(self.index, "member_footers", (self.index.footer,))
@@ -190,6 +191,17 @@ class RowCopy:
             except BufferError:  # an array over it is still referenced: unmapped when it goes
                 pass
         os.close(self._fd)
+
+
+def _system_allocator() -> None:
+    """Let pyarrow allocate through malloc, which gives a decoded row group's memory back to the
+    system when it is freed (the daemon maps large blocks on their own, `mount.daemon`), where
+    pyarrow's own allocator kept it: measured on a 1 GiB file, the daemon's own memory stayed at
+    500-620 MiB after its copy was made."""
+    import pyarrow as pa
+
+    if pa.default_memory_pool().backend_name != "system":
+        pa.set_memory_pool(pa.system_memory_pool())
 
 
 def _same(a: ParquetIndex, b: ParquetIndex) -> bool:

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Parquet views against pyarrow reading the source file itself.
+
+    python tools/parquet_bench.py --data DIR [--rows 2000000] [--rounds 3] [--update-docs]
+
+On a label-sorted Parquet file of at least 1 GiB (generated into DIR once: id, label, a 50-1000
+character text, a score, a list<int32> and a dictionary-encoded string, snappy, row groups of
+100,000 rows, as pyarrow writes them), mounted with default options:
+
+* what a view costs before its first byte: the index (first ``stat``: every row group decoded
+  once), the decoded copy (filled by the first epoch's reads);
+* rows/s of ``pyarrow.parquet.ParquetFile.iter_batches`` over the source (warm: in the page
+  cache) and over the view at the same path (a new epoch each round, the copy made), in paired
+  rounds (the order of the two alternates), with the label mix per 100 rows each got;
+* time from an epoch change to the first row group (``ParquetFile(view).read_row_group(0)``);
+* the daemon's memory (own: anonymous + shared pages; RSS) against the bound;
+* beside them, HF ``datasets`` as users shuffle with it (``load_dataset``, ``.shuffle()``, then
+  batches; its Arrow conversion timed apart);
+* what decoding source row groups for each window (no copy) would cost the default order.
+
+Prints a markdown section; ``--update-docs`` puts it in docs/benchmark.md between its markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.proc import FuseDaemon, Sampler  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+START, END = "<!-- parquet-bench:start -->", "<!-- parquet-bench:end -->"
+NAME = "sorted.parquet"
+LABELS = 10
+
+
+def make_data(path: Path, rows: int, group_rows: int, seed: int = 0) -> None:
+    """The label-sorted file (see the module docstring)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    label = np.sort(rng.integers(0, LABELS, rows))
+    lens = rng.integers(50, 1000, rows)
+    raw = rng.integers(97, 123, int(lens.sum()), dtype=np.uint8)
+    raw[rng.random(len(raw)) < 0.15] = 32
+    offsets = np.zeros(rows + 1, np.int64)
+    np.cumsum(lens, out=offsets[1:])
+    text = pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(raw)).cast(pa.string())
+    words = np.array(["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta", "iota", "kappa"])
+    tags = pa.ListArray.from_arrays(np.concatenate([[0], np.cumsum(label % 4)]).astype(np.int32),
+                                    pa.array(np.ones(int((label % 4).sum()), np.int32)))
+    table = pa.table({"id": np.arange(rows), "label": label, "text": text, "score": rng.random(rows), "tags": tags,
+                      "lang": pa.array(words[label]).dictionary_encode()})
+    tmp = path.with_suffix(".tmp")
+    pq.write_table(table, tmp, row_group_size=group_rows)
+    os.replace(tmp, path)
+
+
+def label_mix(labels: np.ndarray) -> tuple[float, float]:
+    """Label mix per 100 rows of an order (0: every 100 rows like the whole) and a uniform
+    shuffle's expected one."""
+    from shufflefs.quality import expected_label_mix_tv, label_mix_tv
+
+    return (label_mix_tv(np.arange(len(labels)), labels, 100),
+            expected_label_mix_tv(np.bincount(labels, minlength=LABELS), 100))
+
+
+def iterate(path: Path) -> tuple[int, float, np.ndarray]:
+    """``iter_batches`` over ``path`` with default arguments: rows, seconds, the labels got."""
+    import pyarrow.parquet as pq
+
+    t0 = time.perf_counter()
+    n, labels = 0, []
+    for batch in pq.ParquetFile(path).iter_batches():
+        n += batch.num_rows
+        labels.append(batch.column("label").to_numpy())
+    return n, time.perf_counter() - t0, np.concatenate(labels)
+
+
+def iterate_without_hints(path: Path) -> tuple[int, float, np.ndarray]:
+    """``iter_batches(pre_buffer=False)``: pyarrow reads each column chunk when it decodes it,
+    without first hinting every range of the file (``POSIX_FADV_WILLNEED``)."""
+    import pyarrow.parquet as pq
+
+    t0 = time.perf_counter()
+    n, labels = 0, []
+    for batch in pq.ParquetFile(path, pre_buffer=False).iter_batches():
+        n += batch.num_rows
+        labels.append(batch.column("label").to_numpy())
+    return n, time.perf_counter() - t0, np.concatenate(labels)
+
+
+def front_to_back(path: Path) -> tuple[int, float]:
+    """Bytes and seconds of reading ``path`` front to back, 1 MiB at a time."""
+    t0, n = time.perf_counter(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            n += len(chunk)
+    return n, time.perf_counter() - t0
+
+
+def first_row_group(view: Path, epoch: int) -> float:
+    """Seconds from setting a new epoch on ``view`` to its first row group read back."""
+    import pyarrow.parquet as pq
+
+    t0 = time.perf_counter()
+    os.setxattr(view, "user.shufflefs.epoch", str(epoch).encode())
+    pq.ParquetFile(view).read_row_group(0)
+    return time.perf_counter() - t0
+
+
+def without_copy(src: Path) -> str:
+    """How many source row groups the default order's windows draw from, per epoch: what a
+    view would decode if it decoded source row groups for each window instead of a copy."""
+    from shufflefs.formats import make_format, scan_file
+    from shufflefs.strategies import make_plan
+    from shufflefs.strategies.base import ShuffleSpec
+
+    index = scan_file(src, make_format("parquet"))
+    plan = make_plan(index, ShuffleSpec(), 1, 0, 1)
+    draws = [len(np.unique(index.sizes.group_of(np.asarray(plan.window(k), np.int64)))) for k in range(plan.n_windows)]
+    groups = len(index.footer.group_rows)
+    return (f"The default order (`stratified`, 64 MiB buffer, {plan.spec.block_size >> 10} KiB blocks) has "
+            f"{plan.n_windows} windows over the file's {groups} row groups; each draws rows from {min(draws)}-"
+            f"{max(draws)} of them, so decoding source row groups per window (no copy) would decode "
+            f"{sum(draws)} row groups per epoch, {sum(draws) / groups:.1f} times the file.")
+
+
+def hf_datasets(src: Path, cap: int) -> list[str]:
+    """``datasets.load_dataset('parquet')``, ``.shuffle()``, batches of 1,000: rows/s over the
+    first ``cap`` rows, and their label mix."""
+    try:
+        import datasets
+    except ImportError:
+        return ["HF datasets: not installed."]
+    datasets.disable_progress_bars()
+    with tempfile.TemporaryDirectory() as cache:
+        t0 = time.perf_counter()
+        ds = datasets.load_dataset("parquet", data_files=str(src), split="train", cache_dir=cache)
+        load = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        shuffled = ds.shuffle(seed=0)
+        labels, n = [], 0
+        for batch in shuffled.iter(batch_size=1000):
+            labels.append(np.asarray(batch["label"]))
+            n += len(batch["label"])
+            if n >= cap:
+                break
+        took = time.perf_counter() - t0
+    mix, uniform = label_mix(np.concatenate(labels))
+    return [f"| HF datasets `.shuffle()` then `.iter(batch_size=1000)` (first {n:,} rows; `load_dataset` "
+            f"converted the file in {load:.1f} s first) | {n / took:,.0f} | - | {mix:.3f} ({uniform:.3f}) | - | - |"]
+
+
+def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str:
+    import pyarrow.parquet as pq
+
+    data.mkdir(parents=True, exist_ok=True)
+    src_dir = data / "src"
+    src_dir.mkdir(exist_ok=True)
+    src = src_dir / NAME
+    if not src.exists() or pq.ParquetFile(src).metadata.num_rows != rows:
+        make_data(src, rows, group_rows)
+    md = pq.ParquetFile(src).metadata
+    out = [f"Source: {src.stat().st_size / 2**30:.2f} GiB, {md.num_rows:,} rows sorted by label (10 labels), "
+           f"{md.num_row_groups} row groups of {group_rows:,} rows, snappy (pyarrow's defaults). Machine: "
+           f"{os.cpu_count()} CPUs. Load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.", ""]
+    mnt, cache = data / "mnt", data / "cache"
+    mnt.mkdir(exist_ok=True)
+    subprocess.run(["rm", "-rf", str(cache)], check=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(src_dir), str(mnt), "--cache-dir", str(cache)]
+    view = mnt / NAME
+    table = ["| read | rows/s | x source | label mix /100 (uniform) | daemon CPU s | daemon own / RSS MiB |",
+             "|---|---|---|---|---|---|"]
+    with FuseDaemon(cmd, mnt, data / "daemon.log", env) as d:
+        iterate(src)  # into the page cache
+        t0 = time.perf_counter()
+        size = os.stat(view).st_size  # indexes the file
+        index_s = time.perf_counter() - t0
+        with Sampler(d.pid) as s:
+            n, t, labels = iterate(view)  # epoch 0: fills the decoded copy
+        assert n == md.num_rows
+        mix, uniform = label_mix(labels)
+        u = s.usage
+        stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
+        copy = next(iter(stats["parquet_copies"]["copies"].values()))
+        first_epoch = (f"| view, first epoch (fills the copy) | {n / t:,.0f} | - | {mix:.3f} ({uniform:.3f}) | "
+                       f"{u.cpu_s:.1f} | {u.peak_own / 2**20:.0f} / {u.peak_rss / 2**20:.0f} |")
+        src_rates, view_rates, ratios, own, rss, cpu = [], [], [], [], [], []
+        loads = [json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["memory"]["loads"]]
+        for r in range(rounds):
+            os.setxattr(view, "user.shufflefs.epoch", str(r + 1).encode())
+            got = {}
+            for what in (("source", "view") if r % 2 == 0 else ("view", "source")):
+                if what == "source":
+                    n, t, src_labels = iterate(src)
+                    got["source"] = n / t
+                else:
+                    with Sampler(d.pid) as s:
+                        n, t, labels = iterate(view)
+                    got["view"] = n / t
+                    own.append(s.usage.peak_own)
+                    rss.append(s.usage.peak_rss)
+                    cpu.append(s.usage.cpu_s)
+            loads.append(json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["memory"]["loads"])
+            src_rates.append(got["source"])
+            view_rates.append(got["view"])
+            ratios.append(got["view"] / got["source"])
+        mix_src, _ = label_mix(src_labels)
+        mix, uniform = label_mix(labels)
+        table.append(f"| source, pyarrow (warm) | {statistics.median(src_rates):,.0f} | 1.00 | {mix_src:.3f} "
+                     f"({uniform:.3f}) | - | - |")
+        table.append(f"| view, warm (median of {rounds} paired rounds; {statistics.median(np.diff(loads)):.0f} window "
+                     f"loads per epoch) | {statistics.median(view_rates):,.0f} | "
+                     f"{statistics.median(ratios):.2f} | {mix:.3f} ({uniform:.3f}) | {statistics.median(cpu):.1f} | "
+                     f"{max(own) / 2**20:.0f} / {max(rss) / 2**20:.0f} |")
+        table.append(first_epoch)
+        loads0 = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["memory"]["loads"]
+        os.setxattr(view, "user.shufflefs.epoch", b"50")
+        with Sampler(d.pid) as s:
+            n, t, labels = iterate_without_hints(view)
+        loads1 = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["memory"]["loads"]
+        mix, uniform = label_mix(labels)
+        table.append(f"| view, `iter_batches(pre_buffer=False)` ({loads1 - loads0} window loads) | {n / t:,.0f} | "
+                     f"{n / t / statistics.median(src_rates):.2f} | {mix:.3f} ({uniform:.3f}) | {s.usage.cpu_s:.1f} | "
+                     f"{s.usage.peak_own / 2**20:.0f} / {s.usage.peak_rss / 2**20:.0f} |")
+        os.setxattr(view, "user.shufflefs.epoch", b"51")
+        with Sampler(d.pid) as s:
+            nbytes, t = front_to_back(view)
+        loads2 = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["memory"]["loads"]
+        table.append(f"| view read front to back, 1 MiB reads ({loads2 - loads1} window loads): "
+                     f"{nbytes / t / 1e9:.2f} GB/s | {md.num_rows / t:,.0f} | - | - | {s.usage.cpu_s:.1f} | "
+                     f"{s.usage.peak_own / 2**20:.0f} / {s.usage.peak_rss / 2**20:.0f} |")
+        firsts = [first_row_group(view, 100 + e) for e in range(5)]
+        info = json.loads(os.getxattr(view, "user.shufflefs.info"))
+        stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
+    if peers:
+        table += hf_datasets(src, 200_000)
+    per_round = ", ".join(f"{x:.2f}" for x in ratios)
+    out += ["`iter_batches` with default arguments over the source and over the view at the same path (default "
+            "mount options: `stratified`, 64 MiB buffer; warm: the source in the page cache, the index cached, the "
+            f"copy made; per round, view / source: {per_round}):", ""]
+    out += table + [""]
+    limit = int(stats["memory"]["limit_bytes"])  # three windows and the loads' working memory
+    bound = 16 * md.num_rows + limit + 100 * 2**20
+    out += [f"- Index at the first lookup: {index_s:.1f} s (every row group decoded once; cached by version); "
+            f"view {size / 2**30:.2f} GiB ({size / src.stat().st_size:.2f}x the source: PLAIN, uncompressed), "
+            f"{info['parquet']['row_groups']} row groups of up to {info['parquet']['rows_per_row_group']:,} rows, "
+            f"loaded as {info['parquet']['windows']} windows of about 8 MiB.",
+            f"- Decoded copy: {copy['bytes'] / 2**30:.2f} GiB on local disk, filled in {copy['seconds']:.1f} s "
+            "during the first epoch's reads.",
+            f"- Epoch change -> first row group: median {statistics.median(firsts) * 1e3:.0f} ms, max "
+            f"{max(firsts) * 1e3:.0f} ms (5 epochs; `setxattr`, then `ParquetFile(view).read_row_group(0)`).",
+            f"- Daemon memory bound (16 bytes/row + 3 windows + 100 MiB): {bound / 2**20:.0f} MiB; windows in memory "
+            f"at most {limit / 2**20:.0f} MiB.",
+            f"- {without_copy(src)}",
+            "- litdata's Parquet streaming was not run (it needs its own index of the dataset first)."]
+    out.append(f"\nLoad average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.")
+    return "\n".join(out)
+
+
+def update_docs(text: str, stamp: str) -> Path:
+    doc = REPO / "docs" / "benchmark.md"
+    body = doc.read_text()
+    section = f"{START}\n## Parquet views\n\n`{stamp}`\n\n{text}\n{END}"
+    if START in body and END in body:
+        body = body[: body.index(START)] + section + body[body.index(END) + len(END):]
+    else:
+        body = body.rstrip("\n") + "\n\n" + section + "\n"
+    doc.write_text(body)
+    return doc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="where the file, the cache and the mount go")
+    ap.add_argument("--rows", type=int, default=2_000_000, help="rows of the file (2,000,000: about 1.05 GiB)")
+    ap.add_argument("--group-rows", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-peers", action="store_true", help="leave out HF datasets")
+    ap.add_argument("--update-docs", action="store_true", help="write the section into docs/benchmark.md")
+    args = ap.parse_args()
+    text = run(args.data, args.rows, args.rounds, args.group_rows, not args.no_peers)
+    print(text)
+    if args.update_docs:
+        stamp = (f"python tools/parquet_bench.py --data {args.data} --rows {args.rows} --rounds {args.rounds} "
+                 f"--update-docs ({time.strftime('%Y-%m-%d %H:%M')})")
+        print("wrote", update_docs(text, stamp))
+
+
+if __name__ == "__main__":
+    main()
