@@ -71,6 +71,19 @@ def count_requests(n: int, nbytes: int) -> None:
     _requests.got = Fetched(got.requests + n, got.nbytes + nbytes)
 
 
+def finish_all(waits: list[Callable[[], None]]) -> None:
+    """Wait for every read in flight, then raise the first error: none may still write into a
+    caller's buffer after a raise."""
+    error: BaseException | None = None
+    for finish in waits:
+        try:
+            finish()
+        except BaseException as e:  # noqa: BLE001 -- the first is raised below
+            error = error or e
+    if error is not None:
+        raise error
+
+
 def take_requests() -> Fetched:
     """What was counted on this thread since the last call (nothing for local sources)."""
     got = getattr(_requests, "got", Fetched())

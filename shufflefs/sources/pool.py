@@ -13,7 +13,7 @@ import numpy as np
 from ..index.table import SourceStamp
 from ..pools.joined_index import PooledIndex, split_runs
 from ..windows.layout import gather
-from .base import Members, Runs, Source
+from .base import Members, Runs, Source, finish_all
 
 
 class PoolSource:
@@ -123,14 +123,7 @@ class PoolSource:
                 else:
                     f.read_runs(at[piece], at[piece] + count[piece], part)
                 pos += size
-        error: BaseException | None = None
-        for finish in waits:  # every one waited for: none may still write into ``buf`` after a raise
-            try:
-                finish()
-            except BaseException as e:  # noqa: BLE001 -- the first is raised below
-                error = error or e
-        if error is not None:
-            raise error
+        finish_all(waits)  # every one waited for: none may still write into ``buf`` after a raise
         if not direct:
             gather(into, np.cumsum(count) - count, count, buf, dest)
         return buf

@@ -48,7 +48,7 @@ from ..formats.base import FramingError
 from ..formats.framing import TAR, check_pieces, framing_failure, unterminated
 from ..index.table import RecordIndex
 from ..pools.joined_index import split_runs
-from ..sources.base import Runs, Source
+from ..sources.base import Runs, Source, finish_all
 from .layout import gather, id_runs
 
 I64 = np.int64
@@ -182,14 +182,7 @@ def _read_files(origin: Source, file: np.ndarray, starts: np.ndarray, ends: np.n
             waits.append(begin(starts[rows], ends[rows], part))
         else:
             src.read_runs(starts[rows], ends[rows], part)
-    error: BaseException | None = None
-    for finish in waits:  # every one waited for: none may still write into ``buf`` after a raise
-        try:
-            finish()
-        except BaseException as e:  # noqa: BLE001 -- the first is raised below
-            error = error or e
-    if error is not None:
-        raise error
+    finish_all(waits)  # every one waited for: none may still write into ``buf`` after a raise
     return buf, pos
 
 
