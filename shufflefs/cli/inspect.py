@@ -38,6 +38,7 @@ from .options import (
     _strategy,
     resolve_options,
 )
+from .inspect_parquet import check_parquet, is_parquet, label_hint, parquet_labels
 from .stat import _param
 
 INFO_XATTR = XATTR_PREFIX + "info"
@@ -417,15 +418,19 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
             got = _inspect_source(args, parser)
             mounted = False
         labels = None
-        if (label_source is not None or args.verify) and got.members is not None:
+        parquet = is_parquet(got.fmt)
+        if parquet:
+            check_parquet(got.fmt, label_source, args.verify, args.path)
+            labels = parquet_labels(got, label_source) if label_source is not None else got.source_labels
+        elif (label_source is not None or args.verify) and got.members is not None:
             got.data = _pooled_data(got)
         elif label_source is not None or args.verify:
             got.data = read_source(got.source, got.fmt)
             _check_stamp(got.source, got.index)
-        if label_source is not None:
+        if label_source is not None and not parquet:
             labels = extract_labels(got.index, getattr(got.fmt, "plain_name", got.fmt.name), got.data, label_source,
                                     str(got.source))
-        elif got.source_labels is not None:
+        elif got.source_labels is not None and not parquet:
             labels = got.source_labels
         if args.verify:
             _verify_view(args.path, got)
@@ -478,6 +483,8 @@ def cmd_inspect(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         label_text = f", {labels.n_labels} labels by {by} ({shown}{', ...' if labels.n_labels > 10 else ''})"
     print(f"{where}")
     print(f"{rep.records} records in {rep.blocks or 0} blocks of {_param('block_size', got.spec.block_size)}{label_text}")
+    if labels is None and parquet:
+        print(f"  {label_hint(got)}")
     if few:
         print(f"  few blocks: fewer than {FEW_BLOCKS}, so block barely shuffles this file and corgipile only within "
               "its buffer; " + ("use --strategy full or once for files this small" if auto else "lower --block-size"))

@@ -256,3 +256,48 @@ def read_source(path: str | os.PathLike, fmt: Any = None) -> np.ndarray:
 
         return decoded_bytes(path, fmt)
     return np.fromfile(os.fspath(path), dtype=np.uint8)
+
+
+def parquet_columns(path: str | os.PathLike) -> list[str]:
+    """The top-level column names of a Parquet file (what ``--label-field`` can name)."""
+    import pyarrow.parquet as pq
+
+    return list(pq.read_schema(os.fspath(path)).names)
+
+
+def parquet_labels(paths: Sequence[str | os.PathLike], column: str, n_rows: int) -> Labels:
+    """Column ``column`` of the rows of Parquet files ``paths`` (a pool's members in pool order),
+    read alone from each file (only its column chunks), as labels; ValueError naming the file and
+    its columns if one lacks it, or if the files hold other than ``n_rows`` rows (changed since
+    they were indexed)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    chunks = []
+    for path in paths:
+        names = parquet_columns(path)
+        if column not in names:
+            raise ValueError(f"{os.fspath(path)}: no column {column!r} (columns: {', '.join(names)})")
+        col = pq.read_table(os.fspath(path), columns=[column]).column(0)
+        if pa.types.is_dictionary(col.type):
+            col = col.cast(col.type.value_type)
+        if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type)
+                or pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            raise ValueError(f"{os.fspath(path)}: column {column!r} is of type {col.type}, not one number or "
+                             "string per row")
+        if col.null_count:
+            first = int(pc.index(pc.is_null(col), True).as_py())
+            raise FormatError(os.fspath(path), None, f"row {first} has no {column!r} (null)")
+        chunks.append(col.combine_chunks() if col.num_chunks else pa.array([], col.type))
+    total = sum(len(c) for c in chunks)
+    if total != n_rows:
+        raise FormatError(os.fspath(paths[0]) if paths else "", None,
+                          f"{total} rows where the index has {n_rows}: the file changed; run again")
+    if not chunks:
+        return encode_labels(np.zeros(0, np.int64))
+    values = pa.chunked_array(chunks).combine_chunks() if len(chunks) > 1 else chunks[0]
+    if pa.types.is_boolean(values.type):
+        values = values.cast(pa.int8())
+    arr = values.to_numpy(zero_copy_only=False)
+    return encode_labels(arr.astype(str) if arr.dtype == object else arr)
