@@ -57,7 +57,8 @@ class PooledParquetIndex(PooledIndex):
         digest = hashlib.sha256("".join(f.digest for f in footers).encode()).hexdigest()
         footer = replace(first, num_rows=sum(f.num_rows for f in footers),
                          group_rows=sum((f.group_rows for f in footers), ()),
-                         group_offsets=sum((f.group_offsets for f in footers), ()), digest=digest)
+                         group_offsets=sum((f.group_offsets for f in footers), ()),
+                         group_spans=sum((f.group_spans for f in footers), ()), digest=digest)
         counts = [idx.sizes.n_rows for idx in members]
         starts = np.zeros(len(footer.group_rows) + 1, np.int64)
         np.cumsum(footer.group_rows, out=starts[1:])

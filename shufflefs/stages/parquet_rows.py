@@ -8,13 +8,13 @@ column by column (memory: one column chunk), when a window first needs it, then 
 read-only mapping by every view of that version, every epoch.  Copies go under ``--stage-dir``,
 else the cache directory (node-local disk, where indexes are), in a directory of their own held
 like a stage directory (`scratch.held`: a killed mount's is removed by the next one there), and
-are removed when no view reads them and a newer version replaced them, and at unmount.
-Blocking (worker threads), no FUSE.
+are removed when no view reads them and a newer version replaced them, and at unmount.  A local
+file is read by pyarrow's own preads; an object (no descriptor) by ranged GETs of whole row groups
+(`parquet_fetch`).  Blocking (worker threads), no FUSE.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import mmap
 import os
@@ -32,6 +32,7 @@ from ..formats.parquet.footer import SourceFooter, read_footer
 from ..formats.parquet.index import ParquetIndex
 from ..formats.parquet.streams import RowStreams, StreamLayout, group_pieces
 from ..sources.base import Source
+from .parquet_fetch import Fetched, RangedReader, group_bytes
 
 log = logging.getLogger("shufflefs")
 
@@ -39,37 +40,6 @@ COPY_PREFIX = "parquet-"
 DECODE_FACTOR = 3
 """A column chunk being copied takes about this many times its stream bytes in memory (pyarrow's
 arrays, the levels and values taken from them, the stream written)."""
-
-
-class SourceReader(io.RawIOBase):
-    """A `Source` as a read-only, seekable file for pyarrow."""
-
-    def __init__(self, source: Source, size: int) -> None:
-        super().__init__()
-        self.source, self.size, self.pos = source, size, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self.pos, 2: self.size}[whence]
-        self.pos = max(0, base + offset)
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
-
-    def readinto(self, b: Any) -> int:
-        n = max(0, min(len(b), self.size - self.pos))
-        if n:
-            data = self.source.read_range(self.pos, self.pos + n)
-            b[: len(data)] = data
-            n = len(data)
-        self.pos += n
-        return n
 
 
 class RowCopy:
@@ -81,6 +51,9 @@ class RowCopy:
         self.present = np.zeros(len(index.footer.group_rows), bool)
         self.users = 0
         self.seconds = 0.0
+        self.remote = False
+        """Whether the copy is filled from object storage (by whole row groups, `parquet_fetch`)."""
+        self.fetched = Fetched()
         self._complete = not len(self.present)
         self._fill = threading.Lock()
         self._fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -108,8 +81,14 @@ class RowCopy:
         """Memory a window load may take to fill this copy: its largest column chunk decoded."""
         if self._complete:
             return 0
-        return DECODE_FACTOR * max((self.layout.top_bytes(g, t) for g in range(len(self.present))
-                                    for t in range(len(self.index.footer.top))), default=0)
+        decode = DECODE_FACTOR * max((self.layout.top_bytes(g, t) for g in range(len(self.present))
+                                      for t in range(len(self.index.footer.top))), default=0)
+        return decode + (self._largest_span() if self.remote else 0)
+
+    def _largest_span(self) -> int:
+        """The bytes of the largest source row group (held while it is copied from a bucket)."""
+        footers = getattr(self.index, "member_footers", (self.index.footer,))
+        return max((b - a for f in footers for a, b in f.group_spans), default=0)
 
     def ensure(self, groups: np.ndarray, source: Source) -> None:
         """Copy every source row group of ``groups`` not copied yet, read from ``source`` (the
@@ -134,47 +113,69 @@ class RowCopy:
                 by_member.setdefault(m, []).append((g, own))
             for m, todo in sorted(by_member.items()):
                 path = getattr(files[m], "path", self.path)
-                pf = self._open(files[m], footers[m], stamps[m], path)
+                pf, reader = self._open(files[m], footers[m], stamps[m], path, m)
                 try:
                     for g, own in todo:
-                        self._copy_group(pf, g, own, footers[m], files[m], path)
+                        self._copy_group(pf, g, own, footers[m], files[m], path, reader)
                 finally:
                     pf.close(force=True)  # and the file it read
+                    if reader is not None:
+                        self.fetched.strays += reader.strays
             self.seconds += time.monotonic() - t0
             self._complete = bool(self.present.all())
             if self._complete:
                 log.info("%s: decoded copy of %d bytes in %s (%.1f s)", self.path, self.layout.size, self.file,
                          self.seconds)
 
-    @staticmethod
-    def _open(source: Source, footer: SourceFooter, stamp: Any, path: str) -> Any:
+    def _open(self, source: Source, footer: SourceFooter, stamp: Any, path: str,
+              member: int) -> tuple[Any, RangedReader | None]:
         """``source`` as a ``pyarrow.parquet.ParquetFile``, once its footer is checked to be the
-        indexed one."""
+        indexed one, and the `RangedReader` it reads if it is read by row groups (no local
+        descriptor: an object, whose footer is read and checked once per copy, its GETs being
+        pinned to the indexed version)."""
         import pyarrow.parquet as pq
 
         size = stamp.size if stamp is not None else 0
-        if read_footer(size, source.read_range, path).digest != footer.digest:
-            raise StaleSourceError(path, None, "its footer changed since it was indexed")
         fd = getattr(source, "fd", None)  # a local file: read by pyarrow's own preads, no Python in between
+        local = isinstance(fd, int) and os.path.exists(f"/proc/self/fd/{fd}")
+        reader = None if local else self.fetched.reader(member, source, size)
+        if reader is None or not reader.pieces:
+            read = source.read_range if reader is None else reader.fetch
+            if read_footer(size, read, path).digest != footer.digest:
+                raise StaleSourceError(path, None, "its footer changed since it was indexed")
+            if reader is not None:
+                self.fetched.keep_tail(member, reader)
         try:
-            if isinstance(fd, int) and os.path.exists(f"/proc/self/fd/{fd}"):
+            if reader is None:
                 import pyarrow as pa
 
-                return pq.ParquetFile(pa.OSFile(f"/proc/self/fd/{fd}"))
-            return pq.ParquetFile(SourceReader(source, size))
+                return pq.ParquetFile(pa.OSFile(f"/proc/self/fd/{fd}")), None
+            self.remote = True
+            return pq.ParquetFile(reader), reader
         except (OSError, StaleSourceError):
             raise
         except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for bad files
             raise FormatError(path, None, f"cannot be opened as Parquet: {e}") from None
 
-    def _copy_group(self, pf: Any, g: int, own: int, footer: SourceFooter, source: Source, path: str) -> None:
-        """Copy pooled row group ``g``, row group ``own`` of the file of ``footer``."""
-        for top in range(len(footer.top)):
-            leaves = [leaf for leaf in footer.leaves if leaf.top == top]
-            datas = decode_top(pf, footer, own, top, path)
-            for offset, data in group_pieces(self.layout, g, leaves, datas, path):
-                _pwrite_all(self._fd, data, offset)
-            del datas
+    def _copy_group(self, pf: Any, g: int, own: int, footer: SourceFooter, source: Source, path: str,
+                    reader: RangedReader | None = None) -> None:
+        """Copy pooled row group ``g``, row group ``own`` of the file of ``footer`` (its bytes
+        fetched whole first when ``reader`` reads an object)."""
+        span = footer.group_spans[own] if own < len(footer.group_spans) else (0, 0)
+        held = group_bytes(source, span) if reader is not None else None
+        if held is not None:
+            reader.hold(span[0], held)  # type: ignore[union-attr]
+            self.fetched.groups += 1
+        try:
+            for top in range(len(footer.top)):
+                leaves = [leaf for leaf in footer.leaves if leaf.top == top]
+                datas = decode_top(pf, footer, own, top, path)
+                for offset, data in group_pieces(self.layout, g, leaves, datas, path):
+                    _pwrite_all(self._fd, data, offset)
+                del datas
+        finally:
+            if held is not None:
+                reader.drop(span[0])  # type: ignore[union-attr]
         source.verify_open()  # decoded from the indexed version
         self.present[g] = True
 
@@ -280,7 +281,9 @@ class RowCopies:
         """For ``shufflefs stat``: the copies, how far filled, and where they are."""
         with self._lock:
             copies = {p: {"bytes": c.layout.size, "row_groups": len(c.present), "copied": c.filled, "views": c.users,
-                          "seconds": round(c.seconds, 2)} for p, c in self._copies.items()}
+                          "seconds": round(c.seconds, 2),
+                          **({"fetched_row_groups": c.fetched.groups, "stray_reads": c.fetched.strays}
+                             if c.remote else {})} for p, c in self._copies.items()}
         return {"dir": self._dir or self.root, "copies": copies, "bytes": sum(c["bytes"] for c in copies.values())}
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ...errors import FormatError
 from .thrift import BINARY, I32, LIST, MAX_DEPTH, STRUCT, Struct, ThriftError, Writer, read_struct
@@ -128,6 +128,10 @@ class SourceFooter:
     orders_raw: bytes | None
     digest: str
     """sha256 of the footer: an index built from one file is never used with another."""
+    group_spans: tuple[tuple[int, int], ...] = ()
+    """The bytes ``[start, end)`` of the file holding each row group's column chunks (what a
+    reader of the row group reads; ``(0, 0)`` where the footer does not say), so a row group is
+    fetched from object storage by ranged GETs of its bytes alone."""
 
     @property
     def schema_key(self) -> bytes:
@@ -223,7 +227,7 @@ def parse_footer(tail: bytes, file_size: int, path: str) -> SourceFooter:
     if not isinstance(schema, list) or not schema:
         raise FormatError(path, start, "the footer has no schema")
     top, _ = _node_tree(schema, path)
-    rows, offsets = [], []
+    rows, offsets, spans = [], [], []
     for g in groups:
         if not isinstance(g, Struct) or 3 not in g:
             raise FormatError(path, start, "a row group of the footer has no row count")
@@ -233,6 +237,7 @@ def parse_footer(tail: bytes, file_size: int, path: str) -> SourceFooter:
         offset = (_int(md, 11, path, "dictionary page offset") or _int(md, 9, path, "data page offset")
                   if isinstance(md, Struct) else 0)
         offsets.append(offset)
+        spans.append(_group_span(cols, file_size, path))
     num_rows = _int(meta, 3, path, "row count", None)
     if num_rows != sum(rows):  # type: ignore[arg-type]
         raise FormatError(path, start, f"the footer says {num_rows} rows, its row groups {sum(rows)}")
@@ -245,7 +250,32 @@ def parse_footer(tail: bytes, file_size: int, path: str) -> SourceFooter:
 
     version = _int(meta, 1, path, "version", 1, -(1 << 31), 1 << 31)
     return SourceFooter(version, num_rows, tuple(rows), tuple(offsets), top, _leaves(top),  # type: ignore[arg-type]
-                        span(2) or b"", span(5), span(7), hashlib.sha256(buf).hexdigest())
+                        span(2) or b"", span(5), span(7), hashlib.sha256(buf).hexdigest(), tuple(spans))
+
+
+PAD = 100
+"""Bytes past a column chunk's stated end a reader may read (pyarrow pads chunks of files from
+writers with PARQUET-816 by up to this much), taken into a row group's span."""
+
+
+def _group_span(cols: Any, file_size: int, path: str) -> tuple[int, int]:
+    """The bytes of a row group's column chunks, as readers compute each chunk's place (from its
+    dictionary page if it comes first, for its total compressed size), plus `PAD`, within the
+    file; ``(0, 0)`` if a chunk lacks its metadata."""
+    lo, hi = file_size, 0
+    for c in cols if isinstance(cols, list) else ():
+        md = c.get(3) if isinstance(c, Struct) else None
+        if not isinstance(md, Struct) or 9 not in md or 7 not in md:
+            return (0, 0)
+        first = _int(md, 9, path, "data page offset")
+        dictionary = _int(md, 11, path, "dictionary page offset")
+        if dictionary and dictionary < first:  # type: ignore[operator]
+            first = dictionary
+        lo = min(lo, first)  # type: ignore[type-var]
+        hi = max(hi, first + _int(md, 7, path, "total compressed size"))  # type: ignore[operator]
+    if hi <= lo:
+        return (0, 0)
+    return (int(lo), int(min(hi + PAD, file_size)))
 
 
 def read_footer(size: int, read: Callable[[int, int], bytes], path: str) -> SourceFooter:
