@@ -22,6 +22,11 @@ from .workers import Timeout
 log = logging.getLogger("shufflefs")
 
 
+PEEK_BYTES = 1 << 20
+"""The largest read a window not loaded may answer from its pages alone (`Reads._peeks`): the
+largest request the kernel sends through the page cache."""
+
+
 class MemoryWait(Timeout):
     """A read waited past the window deadline for memory, not for its source: the message
     says which limit and what holds it."""
@@ -33,6 +38,7 @@ class MemoryWait(Timeout):
 class Reads:
     def __init__(self, views: Views, windows: WindowCache) -> None:
         self.views, self.windows = views, windows
+        self.peeks = 0  # reads answered by `ParquetView.peek`
         # compressed views: the checksums of the container units reads left unfinished, per view
         self._memos: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -92,6 +98,15 @@ class Reads:
                 data = memoryview(view.trailer)[p.lo: p.hi]
             else:
                 ref = self.views.window(node, p.part, sequential)
+                if self._peeks(node, ref, p.hi - p.lo, sequential):
+                    data = memoryview(await self.views.workers.run(view.peek, p.part, p.lo, p.hi,
+                                                                   limiter=self.windows.limiter))
+                    self.peeks += 1
+                    if len(pieces) > 1:
+                        out = out if out is not None else bytearray(sum(q.hi - q.lo for q in pieces))
+                        out[pos: pos + len(data)] = data
+                    pos += p.hi - p.lo
+                    continue
                 if h.slot is not None and h.slot.key != ref.key:
                     self.leave(h)
                 slot = await self._acquire(node, p.part, ref)
@@ -112,6 +127,14 @@ class Reads:
             for ref in self.views.ahead(node, h.k, n):
                 self.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work)
         return data if out is None else out
+
+    def _peeks(self, node: Node, ref: Any, size: int, sequential: bool) -> bool:
+        """Whether a read of ``size`` bytes of a window is answered from the pages it falls in
+        (`ParquetView.peek`) rather than by loading the window: a small read that continues no
+        read of its handle, of a window neither loaded nor loading, of a view that can (the
+        windows of a Parquet file's own view)."""
+        return (not sequential and size <= PEEK_BYTES and ref.key[0] == node.ino and ref.key not in self.windows
+                and hasattr(node.view.view, "peek"))
 
     async def _acquire(self, node: Node, k: int, ref: Any) -> Slot:
         """Window k, loaded: `Timeout` (ETIMEDOUT) if that takes longer than the window deadline.

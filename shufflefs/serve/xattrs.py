@@ -298,7 +298,7 @@ def _describe(cat: Catalog) -> dict[str, Any]:
         inodes=len(cat.tree.nodes),
         cache_dir=str(config.cache_dir if config.cache_dir is not None else default_cache_dir()),
         **({"cache_warning": config.cache_warning} if config.cache_warning else {}),
-        memory={**cat.windows.describe(), **cat.planner.describe()},
+        memory={**cat.windows.describe(), **cat.planner.describe(), "peeks": cat.reads.peeks},
         epoch_prefetches=cat.prep.prefetches,
         gather=GATHER,
         code=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

@@ -235,13 +235,7 @@ class ParquetView:
             out = np.empty(size, np.uint8)
         g = int(lay.window_group[k])
         rows = self.rows(g)
-        try:
-            if not self.copy.complete:
-                self.copy.ensure(self.index.sizes.group_of(rows), self.source)
-        except FramingError:
-            if self.distrust is not None:
-                self.distrust(self.index)
-            raise
+        self._fill(rows)
         view, pos = lay.view, 0
         for r in range(int(lay.window_runs[k]), int(lay.window_runs[k + 1])):
             c = int(lay.run_col[r])
@@ -253,6 +247,55 @@ class ParquetView:
         if self.meter is not None:
             self.meter(size, 0)
         return out[:size], scratch
+
+    def peek(self, k: int, lo: int, hi: int) -> np.ndarray:
+        """Bytes ``[lo, hi)`` of window k, encoding only the pages they fall in (blocking): what a
+        read far from any reader's window gets, instead of the whole window loaded.  Parquet
+        readers hint every column chunk they will read at once (``POSIX_FADV_WILLNEED``), and the
+        kernel asks for the start of each long before the reader gets there: loaded whole, those
+        windows were dropped for others and loaded again when the reader came (docs/benchmark.md)."""
+        lay = self.layout
+        base = int(lay.window_starts[k])
+        if not 0 <= lo <= hi <= lay.window_size(k):
+            raise ValueError(f"bytes [{lo}, {hi}) are not in window {k} ({lay.window_size(k)} bytes)")
+        out = np.empty(hi - lo, np.uint8)
+        if hi == lo:
+            return out
+        self.source.check()
+        g = int(lay.window_group[k])
+        rows = self.rows(g)
+        self._fill(rows)
+        view = lay.view
+        a, b = base + lo, base + hi
+        for r in range(int(lay.window_runs[k]), int(lay.window_runs[k + 1])):
+            c = int(lay.run_col[r])
+            cp = view.columns[c]
+            first, end = int(lay.run_first[r]), int(lay.run_end[r])
+            starts = cp.offset[first:end]
+            ends = starts + cp.total[first:end]
+            hit = np.flatnonzero((starts < b) & (ends > a))
+            if not len(hit):
+                continue
+            p0, p1 = first + int(hit[0]), first + int(hit[-1]) + 1
+            pages = encode_pages(view, g, c, rows, self.copy.streams,
+                                 np.empty(int(cp.offset[p1 - 1] + cp.total[p1 - 1] - cp.offset[p0]), np.uint8),
+                                 range(p0, p1), self.path)
+            at = int(cp.offset[p0])
+            x, y = max(a, at), min(b, at + len(pages))
+            out[x - a: y - a] = pages[x - at: y - at]
+        if self.meter is not None:
+            self.meter(hi - lo, 0)
+        return out
+
+    def _fill(self, rows: np.ndarray) -> None:
+        """Copy the source row groups ``rows`` are in, if the copy lacks any."""
+        try:
+            if not self.copy.complete:
+                self.copy.ensure(self.index.sizes.group_of(rows), self.source)
+        except FramingError:
+            if self.distrust is not None:
+                self.distrust(self.index)
+            raise
 
     def hint(self, k: int, plan: Plan | None = None) -> None:
         """Nothing to hint: a window reads its copy, copied from the source when first needed."""
