@@ -4,7 +4,8 @@ of its shards under ``MNT/.mix/NAME/``.
 A mixture's files are its sources' files, source after source, each source's in `path_order`:
 the members of one pool whose records a `mix_index.MixIndex` picks from every epoch.  All of
 them must be data files of one format (a reader of the shards reads one format), each source
-must match at least one, and no file may belong to two sources.  Blocking (the store's
+must match at least one, and no file may belong to two sources; Parquet files must share one
+schema (their footers are read when the mixture is found).  Blocking (the store's
 listings); resolved again at most once per `TREE_TTL` seconds, members' stamps after
 `STAMP_TTL`, as `lookup.PoolTable` does.  Its shards, and ``.mix/NAME`` itself, are readable only
 by whoever may read every file and enter every directory on the way to one (`access`).
@@ -127,6 +128,33 @@ def mixture_files(spec: MixSpec, files: list[str], format_key: Callable[[str], s
                   tuple(f"{key}/{name}" for name in names), {name: i for i, name in enumerate(names)})
 
 
+PARQUET = "parquet"
+
+
+def same_schema(store: Store, mix: MixSet) -> None:
+    """A mixture of Parquet files: every file's schema must be the first's (one footer read per
+    file); `MixError` naming the files if not, or a file that is no Parquet file."""
+    from ..errors import FormatError
+    from ..formats.parquet.footer import read_footer
+    from .parquet_pool import check_schemas
+
+    where = f"mixture {mix.spec.name!r}"
+    footers = []
+    for m in mix.members:
+        f = store.open_file(m)
+        try:
+            size = store.stat(m, follow_last=True).st_size
+            footers.append((store.path(m), read_footer(size, lambda a, b: f.read(a, b - a), store.path(m))))
+        except FormatError as e:
+            raise MixError(MIX_DIR, None, f"{where}: {e}") from None
+        finally:
+            f.close()
+    try:
+        check_schemas(footers, where)
+    except FormatError as e:
+        raise MixError(MIX_DIR, None, str(e)) from None
+
+
 def walk_roots(globs: list[str]) -> list[str]:
     """The directories whose files ``globs`` can match: each glob's leading components without
     wildcards (``web/en/*.jsonl`` -> ``web/en``), or the whole tree (``""``) when a glob has no
@@ -192,6 +220,8 @@ class MixTable:
             if got is None:
                 try:
                     got = mixture_files(spec, files, self.format_key)
+                    if got.format.startswith(PARQUET + "("):
+                        same_schema(self.store, got)
                 except MixError as e:
                     got = e
                 self._found[name] = got

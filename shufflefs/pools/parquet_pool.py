@@ -7,13 +7,15 @@ other, and their per-row sizes joined (`formats.parquet.sizes.RowSizes`).  So a 
 pool's stream is laid out and encoded as a single file's view is (`windows.parquet_view`), from a
 decoded copy of the whole pool that fills each member's row groups from that member's file
 (`member_of`).  Members must share their schema (the same schema elements, byte for byte).
+A mixture of Parquet files draws its epochs' rows from such a pool of its files: its views are
+laid out over the pool's rows (`PoolRowsPlan`) and read from the pool's copy.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import replace
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -21,7 +23,7 @@ from ..errors import FormatError
 from ..formats.parquet.footer import SourceFooter
 from ..formats.parquet.index import ParquetIndex
 from ..formats.parquet.sizes import ColumnSizes, RowSizes, compact
-from .joined_index import PooledIndex
+from .joined_index import PooledIndex, SegmentIndex
 
 
 def _joined(parts: Sequence[np.ndarray | int | None], rows: Sequence[int]) -> np.ndarray | int | None:
@@ -86,3 +88,33 @@ def joined_parquet(members: list[ParquetIndex]) -> PooledParquetIndex:
     if not all(isinstance(m, ParquetIndex) for m in members):
         raise FormatError("", None, "a pool of Parquet files whose index is not a Parquet index")
     return PooledParquetIndex(members)
+
+
+class PoolRowsPlan:
+    """A plan over an epoch of a mixture of Parquet files (a `SegmentIndex` over their pool)
+    whose windows give rows of the pool: what a view's layout and its copy (the pool's) are
+    indexed by.  A row the epoch takes twice is the same pool row twice.  Everything else is the
+    plan's (its windows' sizes and counts, the same over either index)."""
+
+    def __init__(self, plan: Any, index: SegmentIndex) -> None:
+        self.inner, self.segments = plan, index
+
+    def window(self, k: int) -> np.ndarray:
+        return self.segments.base_ids_of(np.asarray(self.inner.window(k), np.int64))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def check_schemas(footers: Sequence[tuple[str, SourceFooter]], where: str) -> None:
+    """Files of one mixture must share one schema (their shards are Parquet files of it):
+    `FormatError` naming the first file of another schema than the first file, and the columns
+    of both."""
+    if not footers:
+        return
+    first, f0 = footers[0]
+    for path, f in footers[1:]:
+        if f.schema_raw != f0.schema_raw:
+            cols = [", ".join(n.name for n in x.top) for x in (f0, f)]
+            raise FormatError(path, None, f"{where}: its schema differs from that of {first} (columns {cols[1]} "
+                              f"against {cols[0]}); the Parquet files of a mixture must share one schema")

@@ -3,8 +3,8 @@
 A Parquet file's index orders its rows (`formats.parquet.index`), so it is planned like any file;
 its layout is `windows.parquet_view.ParquetLayout` (row groups and a footer, not the records'
 bytes) and its view a `ParquetView` that encodes row groups from the file's decoded copy
-(`stages.parquet_rows`), one copy per file version for the whole mount.  Shards of a pool of
-Parquet files are not pooled (`pooled`): each file is shuffled alone.
+(`stages.parquet_rows`), one copy per file version for the whole mount (a pool's or a
+mixture's: one for its files).
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any, Callable
 from ..formats import Format
 from ..formats.parquet.index import ParquetIndex
 from ..pools.joined_index import joined
-from ..pools.parquet_pool import joined_parquet
+from ..pools.joined_index import SegmentIndex
+from ..pools.parquet_pool import PoolRowsPlan, joined_parquet
 from ..sources.base import Source
 from ..stages.parquet_rows import RowCopies
 from ..strategies.base import Plan
@@ -33,6 +34,15 @@ def is_parquet(fmt: Format | None) -> bool:
 def layout_class(fmt: Format | None) -> type[Layout]:
     """The layout a view of format ``fmt`` is planned with."""
     return ParquetLayout if is_parquet(fmt) else Layout
+
+
+def layout_of(fmt: Format | None, index: Any, plan: Plan, header_size: int | None = None,
+              trailer_size: int | None = None) -> Layout:
+    """The layout of a view of ``plan`` over ``index``; an epoch of a mixture of Parquet files
+    (segments of its files' pool) is laid out over the pool's rows (`PoolRowsPlan`)."""
+    if is_parquet(fmt) and isinstance(index, SegmentIndex):
+        return ParquetLayout(index.base, PoolRowsPlan(plan, index), header_size, trailer_size)  # type: ignore[arg-type]
+    return layout_class(fmt)(index, plan, header_size, trailer_size)
 
 
 def joiner(fmt: Format | None) -> Callable[[list], Any]:
@@ -75,7 +85,12 @@ class ParquetServing:
              meter: Callable[..., None] | None, distrust: Callable[[Any], None] | None,
              copy_of: str | None = None) -> ParquetView:
         """Blocking: the view of ``plan`` over ``source`` (the version ``index`` is of), read from
-        the copy of ``copy_of`` (default: ``path``; a pool's shards: the pool's)."""
+        the copy of ``copy_of`` (default: ``path``; a pool's shards: the pool's; a mixture's
+        shards: its files' pool's, the rows its layout gives)."""
+        if isinstance(layout.plan, PoolRowsPlan):
+            if distrust is not None:
+                distrust = (lambda _, mine=index, tell=distrust: tell(mine))  # the epoch's index is the one found wrong
+            index, plan = layout.index, layout.plan  # type: ignore[assignment]
         copy = self.copies.acquire(copy_of or path, index)
         try:
             return ParquetView(path, index, plan, layout, source, copy, lambda: self.copies.release(copy), meter,

@@ -31,7 +31,7 @@ from ..strategies.resume import LengthOf, PlanOf, ResumeError, resumed_plan, sha
 from ..strategies.slices import SlicePlan, slice_edges
 from ..stages.decoded import Decoding, served_size
 from .nodes import Node, frame_file
-from .parquet_views import Layout, joiner, layout_class  # Layout, or a Parquet file's
+from .parquet_views import Layout, joiner, layout_class, layout_of  # Layout, or a Parquet file's
 from .plan_notes import PlanNotes, check_headers, check_npy_pool
 from .plan_memory import MIX_BYTES_PER_RECORD, PlanMemory, physical_memory, plan_estimate, plan_nbytes
 from .workers import Workers
@@ -459,7 +459,7 @@ class Planner:
         frame = await self.workers.run(self._frame, node, index.member_frames[own],
                                        int(np.asarray(plan.window_records).sum()), limiter=self.workers.index)
         node.frame = frame
-        return plan, layout_class(node.fmt)(index, plan, len(frame[0]), len(frame[1]))
+        return plan, layout_of(node.fmt, index, plan, len(frame[0]), len(frame[1]))
 
     async def _stream(self, node: Node, index: PooledIndex, version: tuple, costs_key: tuple) -> Plan:
         """The pool's stream that a shard cuts (the rank's, or its part's), built once for all

@@ -136,9 +136,9 @@ class Tree:
         return repr(fmt) if fmt is not None else None
 
     def format_key(self, relpath: str) -> str | None:
-        """`pool_key` of the files a mixture may draw from: not Parquet files (yet)."""
-        fmt = self.format(relpath)
-        return repr(fmt) if fmt is not None and fmt.name != "parquet" else None
+        """`pool_key` of the files a mixture may draw from (Parquet files too: their schemas
+        are checked when the mixture is found, `pools.mixes`)."""
+        return self.pool_key(relpath)
 
     # ------------------------------------------------------------------ probes (blocking)
 

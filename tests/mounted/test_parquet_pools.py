@@ -12,8 +12,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -107,20 +105,3 @@ def test_members_of_another_schema_are_eio_with_the_reason(mount, src, tmp_path)
     assert e.value.errno == errno.EIO
     line = m.xattr("error", NAMES[0])
     assert "pool member 2 has another schema" in line, line
-
-
-def test_a_mixture_of_parquet_files_refuses_the_mount(src, tmp_path):
-    """Mixtures do not draw from Parquet files: a source matching only them matches no data file.
-    Holds: SEMANTICS.md#views-parquet-copy, SEMANTICS.md#mix-refused"""
-    cfg = tmp_path / "mix.toml"
-    cfg.write_text('[[mix]]\nname = "m"\n[[mix.source]]\nglob = "train-*.parquet"\nweight = 1\n')
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    r = subprocess.run([sys.executable, "-m", "shufflefs", "mount", str(src), str(mnt), "--config", str(cfg),
-                        "--cache-dir", str(tmp_path / "cache")], capture_output=True, text=True, timeout=60,
-                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
-    try:
-        assert r.returncode != 0 and "no data file" in r.stderr, r.stderr
-    finally:
-        if os.path.ismount(mnt):
-            subprocess.run(["fusermount3", "-u", str(mnt)])
