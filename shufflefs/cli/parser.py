@@ -285,8 +285,9 @@ def _add_inspect_parser(sub: Any, subs: dict[str, argparse.ArgumentParser], stra
     g = p.add_argument_group("labels (for the label-mix metric and picture)")
     x = g.add_mutually_exclusive_group()
     x.add_argument("--label-field", metavar="F",
-                   help="top-level field of JSON Lines records; for tar shards the suffix of the member holding the label (cls)")
-    x.add_argument("--label-column", metavar="NAME|INDEX", help="CSV/TSV column (header name or 0-based index), or .npy column (index or field name)")
+                   help="top-level field of JSON Lines records; for tar shards the suffix of the member holding the label (cls); "
+                   "for Parquet files a column")
+    x.add_argument("--label-column", metavar="NAME|INDEX", help="CSV/TSV column (header name or 0-based index), .npy column (index or field name), or Parquet column")
     x.add_argument("--label-byte", metavar="OFFSET", help="byte at OFFSET of every record (fixed-size records)")
     g = p.add_argument_group("output")
     g.add_argument("--window", metavar="K", default="100", help="records per window of the label-mix metric (default 100)")
