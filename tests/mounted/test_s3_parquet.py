@@ -175,3 +175,29 @@ def test_numbered_parquet_objects_are_one_pool(mount, s3):
         orders.append(ids)
     assert orders[0] != orders[1]
     assert json.loads(m.xattr("info", names[0]))["pool_shards"] == SHARDS
+
+
+def test_a_mixture_of_parquet_objects(mount, s3, tmp_path):
+    """Holds: SEMANTICS.md#views-parquet-objects, SEMANTICS.md#mix-parquet"""
+    cfg = tmp_path / "mix.toml"
+    cfg.write_text('[[mix]]\nname = "blend"\nsamples = 9000\nshards = 2\n'
+                   '[[mix.source]]\nglob = "train-0000[01]-*.parquet"\nweight = 1\n'
+                   '[[mix.source]]\nglob = "train-00002-*.parquet"\nweight = 1\n')
+    m = s3_mount(mount, s3, "pool", "--config", str(cfg))
+    whole = pa.concat_tables([pq.read_table(p) for p in sorted((s3.local / "pool").glob("*.parquet"))])
+    d = m.path(".mix/blend")
+    names = sorted(os.listdir(d))
+    assert names == ["blend-00000-of-00002.parquet", "blend-00001-of-00002.parquet"]
+    for epoch in (0, 1):
+        m.set_epoch(epoch)
+        view = pa.concat_tables([pq.read_table(d / n) for n in names])
+        ids = np.asarray(view.column("id"))
+        assert np.count_nonzero(ids < 2 * PER) == 4500 and np.count_nonzero(ids >= 2 * PER) == 4500  # the quotas
+        first = ids[ids < 2 * PER]
+        assert len(np.unique(first)) == 4500  # 12,000 rows: two epochs within its first pass
+        if epoch == 0:  # the first pass over the 6,000 rows of the other source
+            assert len(np.unique(ids)) == 9000
+        want = whole.take(pa.array(np.sort(ids)))
+        assert pf.plain(view.sort_by("id")).equals(pf.plain(want))  # whole rows, as in the objects
+    copy = json.loads(m.xattr("info", f".mix/blend/{names[0]}"))["parquet"]["copy"]
+    assert copy["stray_reads"] == 0 and copy["fetched_row_groups"] == copy["copied"] > 0
