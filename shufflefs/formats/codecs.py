@@ -46,6 +46,12 @@ DECODE_STEP = 4 << 20
 """Decoded bytes handed on at a time while a whole file is decoded (the memory a scan holds)."""
 READ_SIZE = 1 << 20
 """Compressed bytes a zstd stream reader asks for at a time (a call back into Python each)."""
+STREAM_READ = 64 << 10
+"""Compressed bytes a zstd stream reader of a frame's first bytes asks for at a time: such a
+read needs a few KiB decoded (the end of a record that runs into the next frame)."""
+WHOLE_FRAME = 0.5
+"""A read that needs a zstd frame up to this fraction of it or further decodes the whole frame
+(one-shot, kept for the next read of it); a shorter one decodes only what it needs, as a stream."""
 ZSTD_MAGIC = 0xFD2FB528
 SKIPPABLE = 0x184D2A50  # to 0x184D2A5F
 Read = Callable[[int, int], bytes]
@@ -291,29 +297,52 @@ class GzipDecoder:
 
 
 class ZstdDecoder:
-    """Reads decoded bytes of a zstd file: a read decodes the frame it starts in from the frame's
-    start (skipping what comes before it) up to where it ends, no further; the next read goes on
-    from there when it starts at or after that point in the same frame."""
+    """Reads decoded bytes of a zstd file.  A read that needs most of a frame (`WHOLE_FRAME` of
+    it or more) decodes the whole frame in one call (zstd's one-shot decode, straight into its
+    buffer) and keeps it, so that the next read of that frame (a window's neighbouring runs, the
+    next step's) copies from it; a read of a frame's first bytes only (the end of a block's last
+    record, which runs into the next frame) decodes it as a stream from the frame's start up to
+    where the read ends, no further, and the next read goes on from there when it starts at or
+    after that point in the same frame."""
 
     def __init__(self, read: Read, restarts: Restarts, fd: int = -1) -> None:
-        """``fd``: a descriptor of the file the decoder owns (read by preads of 1 MiB)."""
+        """``fd``: a descriptor of the file the decoder owns (read by preads)."""
         import zstandard
 
         self._read, self.r, self._fd = read, restarts, fd
         self._dctx = zstandard.ZstdDecompressor()
         self._stream: tuple[int, int, object] | None = None  # (frame, decoded position, reader)
+        self._frame: tuple[int, bytes] | None = None  # (frame, its decoded bytes)
+
+    def _packed(self, i: int, s: int, e: int) -> bytes:
+        """Compressed bytes ``[s, e)`` of frame ``i`` (offsets within the frame)."""
+        a = int(self.r.packed[i])
+        if self._fd >= 0:  # preads: a duplicate descriptor shares its offset with the others
+            got = os.pread(self._fd, e - s, a + s)
+            if len(got) != e - s:
+                raise EOFError(f"frame {i} is cut short at compressed byte {a + s + len(got)}")
+            return got
+        return bytes(self._read(a + s, a + e))
+
+    def _whole(self, i: int, size: int) -> bytes:
+        """Frame ``i`` decoded whole (``size`` bytes, as the index says), its checksum verified."""
+        got = self._frame
+        if got is not None and got[0] == i:
+            return got[1]
+        packed = self._packed(i, 0, int(self.r.packed_end[i]) - int(self.r.packed[i]))
+        data = self._dctx.decompress(packed, max_output_size=size)
+        if len(data) != size:
+            raise EOFError(f"frame {i} decodes to {len(data)} bytes, not {size}")
+        self._frame = (i, data)
+        return data
 
     def _streamed(self, i: int, at: int, out: memoryview) -> None:
         """``out`` from decoded byte ``at`` of frame ``i``, decoding it as a stream (continued
         from the last read where it ended at or before ``at``)."""
         got = self._stream
         if got is None or got[0] != i or got[1] > at:
-            a, b = int(self.r.packed[i]), int(self.r.packed_end[i])
-            if self._fd >= 0:  # preads: a duplicate descriptor shares its offset with the others
-                raw: object = RangeFile(lambda s, e: os.pread(self._fd, e - s, a + s), b - a)
-            else:
-                raw = RangeFile(lambda s, e: self._read(a + s, a + e), b - a)
-            reader = self._dctx.stream_reader(raw, read_size=READ_SIZE, read_across_frames=False, closefd=False)
+            raw = RangeFile(lambda s, e: self._packed(i, s, e), int(self.r.packed_end[i]) - int(self.r.packed[i]))
+            reader = self._dctx.stream_reader(raw, read_size=STREAM_READ, read_across_frames=False, closefd=False)
             got = (i, 0, reader)
         _, pos, reader = got
         while pos < at:
@@ -338,11 +367,15 @@ class ZstdDecoder:
                 raise EOFError(f"the decoded stream ended at {at}")
             f0, f1 = int(plain[i]), int(plain[i + 1])
             n = min(len(out) - pos, f1 - at)
-            self._streamed(i, at - f0, out[pos: pos + n])
+            got = self._frame
+            if (got is not None and got[0] == i) or at + n - f0 >= WHOLE_FRAME * (f1 - f0):
+                out[pos: pos + n] = memoryview(self._whole(i, f1 - f0))[at - f0: at - f0 + n]
+            else:
+                self._streamed(i, at - f0, out[pos: pos + n])
             pos += n
 
     def close(self) -> None:
-        self._stream = None
+        self._stream = self._frame = None
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)

@@ -29,7 +29,7 @@ from ..formats.codecs import decode_all
 from ..index.decoded import DecodedIndex, Restarts
 from ..index.table import SourceStamp
 from ..sources.base import Source, Store
-from ..sources.decoded import DecodedSource
+from ..sources.decoded import DecodedSource, close_kept
 from ..sources.local import SourceFile
 from ..windows.container import served_size
 
@@ -226,7 +226,8 @@ class Decoding:
                 "orders_from_copies": self.copy_all}
 
     def close(self) -> None:
-        """Remove every copy (at unmount)."""
+        """Remove every copy, close the decoders kept for the next opens (at unmount)."""
+        close_kept()
         with self._lock:
             directory, hold = self._dir, self._hold
             self._dir, self._hold, self._copies = None, -1, {}

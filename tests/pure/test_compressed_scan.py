@@ -276,3 +276,85 @@ def test_decoders_of_one_file_do_not_share_a_file_offset(tmp_path: Path) -> None
         a.close()
         b.close()
         raw.close()
+
+
+@pytest.mark.parametrize("content_size", [True, False])
+def test_zstd_frames_read_whole_or_by_their_start_give_the_right_bytes(tmp_path: Path, content_size: bool) -> None:
+    """A read needing most of a frame decodes it whole and keeps it (the next read of it copies
+    from it); one needing a frame's first bytes decodes them as a stream: either way, in any
+    order, the bytes of the decoded file, with or without content sizes in the frame headers."""
+    plain = jsonl(3000)
+    c = zstandard.ZstdCompressor(level=3, write_checksum=True, write_content_size=content_size)
+    frame = 1 << 18
+    src = write(tmp_path, "a.jsonl.zst", b"".join(c.compress(plain[i: i + frame]) for i in range(0, len(plain), frame)))
+    index = scan_file(src, resolve_format(src.name, ()))
+    assert index.restarts.points > 3
+    data = src.read_bytes()
+    reader = DecodedReader(index.restarts, lambda a, b: data[a:b], len(data), str(src))
+    reads = [(frame + 10, 2 * frame - 5), (frame + 3, frame + 900), (2 * frame, 2 * frame + 100),  # whole, kept, start
+             (2 * frame + 50, 3 * frame + 7), (3 * frame + 2, 3 * frame + 40), (0, len(plain))]
+    rnd = random.Random(3)
+    reads += [(a, min(len(plain), a + rnd.choice([10, 5000, frame // 2, frame, 3 * frame])))
+              for a in (rnd.randrange(len(plain)) for _ in range(60))]
+    try:
+        for a, b in reads:
+            assert reader(a, b) == plain[a:b], (a, b)
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_damaged_zstd_frame_read_whole_or_as_a_stream_is_a_format_error(tmp_path: Path, whole: bool) -> None:
+    plain = jsonl(3000)
+    frame = 1 << 18
+    c = zstandard.ZstdCompressor(level=3, write_checksum=True)
+    frames = [c.compress(plain[i: i + frame]) for i in range(0, len(plain), frame)]
+    bad = bytearray(frames[2])
+    bad[len(bad) // 2] ^= 0xFF
+    data = b"".join(frames[:2]) + bytes(bad) + b"".join(frames[3:])
+    clean = scan_file(write(tmp_path, "a.jsonl.zst", b"".join(frames)), resolve_format("a.jsonl.zst", ()))
+    reader = DecodedReader(clean.restarts, lambda a, b: data[a:b], len(data), "a.jsonl.zst")
+    try:
+        a = 2 * frame + (10 if whole else 0)
+        with pytest.raises(FormatError, match="a.jsonl.zst"):
+            reader(a, 3 * frame if whole else a + frame // 2 + 1000)
+        assert reader(frame, frame + 100) == plain[frame: frame + 100]  # the others still read
+    finally:
+        reader.close()
+
+
+def test_a_closed_sources_decoder_serves_the_next_source_of_the_same_file_version(tmp_path: Path) -> None:
+    """The next epoch's source of a file takes the decoder the last one left (one per gzip
+    source: loads side by side take turns), reading through the new source; a changed file's
+    source makes its own."""
+    from shufflefs.index.table import SourceStamp
+    from shufflefs.sources import decoded
+    from shufflefs.sources.local import SourceFile
+
+    plain = jsonl(3000)
+    src = write(tmp_path, "a.jsonl.gz", gzip.compress(plain))
+    index = scan_file(src, resolve_format(src.name, ()))
+
+    def source() -> decoded.DecodedSource:
+        return decoded.DecodedSource(SourceFile(str(src), SourceStamp.of(src.stat())), index.restarts,
+                                     src.stat().st_size, str(src))
+
+    try:
+        first = source()
+        assert first.read_range(100, 5000) == plain[100:5000]
+        made = first._free[0].decoder
+        assert made is not None and first._made == decoded.DECODERS["gzip"] == 1
+        first.close()
+        second = source()
+        assert second.read_range(200_000, 300_000) == plain[200_000:300_000]
+        assert second._free[0].decoder is made and second._free[0].verify == second.raw.verify_open
+        second.close()
+        src.write_bytes(gzip.compress(plain[::-1]))
+        os.utime(src, ns=(1, 1))
+        index = scan_file(src, resolve_format(src.name, ()))
+        third = source()
+        assert third.read_range(0, 1000) == plain[::-1][:1000]
+        assert third._free[0].decoder is not made
+        third.close()
+    finally:
+        decoded.close_kept()
