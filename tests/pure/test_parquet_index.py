@@ -20,7 +20,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 import parquet_files as pf  # noqa: E402
 from shufflefs.formats import FramingError, make_format, resolve_format, scan_file  # noqa: E402
 from shufflefs.formats.parquet import ParquetIndex, SourceGroups, encode_group, plan_view  # noqa: E402
-from shufflefs.formats.parquet.decode import decode_top  # noqa: E402
+from shufflefs.formats.parquet.decode import decode_top, decode_top_batches  # noqa: E402
 from shufflefs.formats.parquet.streams import RowStreams, StreamLayout, group_pieces, encode_rows  # noqa: E402
 from shufflefs.index.table import IndexCache, cache_key  # noqa: E402
 
@@ -111,6 +111,27 @@ def test_a_copy_encodes_the_bytes_the_source_does(files, name):
         got = encode_rows(view, g, view.rows(g), streams, np.empty(len(want), np.uint8), str(path))
         assert np.array_equal(want, got), g
     source.close()
+
+
+@pytest.mark.parametrize("name", list(WRITERS))
+def test_a_copy_made_in_batches_is_the_copy_made_whole(files, name):
+    """Decoding a column chunk in batches of rows (what a mount does, to hold one batch decoded)
+    writes every byte of the copy that decoding it whole does, whatever the batch size."""
+    path = files[name]
+    index = scan_file(path, make_format("parquet"))
+    whole = _copy(path, index, list(range(len(index.footer.group_rows)))).data
+    lay = StreamLayout(index.footer, index.sizes)
+    pfile = pq.ParquetFile(path)
+    for batch in (333, 1000, 1 << 20):
+        buf = np.zeros(lay.size, np.uint8)
+        for g in range(len(index.footer.group_rows)):
+            for top in range(len(index.footer.top)):
+                leaves = [leaf for leaf in index.footer.leaves if leaf.top == top]
+                for first, datas in decode_top_batches(pfile, index.footer, g, top, str(path), batch):
+                    assert first == 0 or batch < 1 << 20
+                    for off, arr in group_pieces(lay, g, leaves, datas, str(path), first):
+                        buf[off: off + len(arr)] = arr
+        assert np.array_equal(buf, whole), batch
 
 
 def test_a_copy_refuses_rows_that_are_not_the_index(files):

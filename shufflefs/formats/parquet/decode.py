@@ -13,7 +13,7 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -174,6 +174,37 @@ def decode_top(parquet_file: Any, footer: SourceFooter, group: int, top: int, pa
                 for leaf in leaves]
     except FormatError as e:
         raise FormatError(path, offset, f"row group {group}: {e.message}") from None
+
+
+def decode_top_batches(parquet_file: Any, footer: SourceFooter, group: int, top: int, path: str,
+                       batch_rows: int) -> Iterator[tuple[int, list[LeafData]]]:
+    """`decode_top` in batches of ``batch_rows`` rows: ``(first row in the group, the batch's
+    LeafData per leaf)``, so that only one batch is decoded at a time (memory: the column chunk
+    as stored, and one batch decoded, where `decode_top` holds the whole chunk decoded)."""
+    import pyarrow as pa
+
+    offset = footer.group_offsets[group] if group < len(footer.group_offsets) else None
+    leaves = [leaf for leaf in footer.leaves if leaf.top == top]
+    first = 0
+    try:
+        batches = parquet_file.reader.iter_batches(max(1, batch_rows), [group],
+                                                   column_indices=[leaf.index for leaf in leaves], use_threads=False)
+        for batch in batches:
+            if batch.num_columns != 1 or batch.schema.names[0] != footer.top[top].name:
+                raise FormatError(path, offset, f"row group {group}: column {footer.top[top].name!r} is not the footer's")
+            if not batch.num_rows:
+                continue
+            col = batch.column(0)
+            try:
+                yield first, [leaf_data(leaf, col, path) for leaf in leaves]
+            except FormatError as e:
+                raise FormatError(path, offset, f"row group {group}: {e.message}") from None
+            first += batch.num_rows
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise FormatError(path, offset, f"row group {group} cannot be decoded: {e}") from None
+    if first != footer.group_rows[group]:
+        raise FormatError(path, offset, f"row group {group} decoded to {first} rows, its footer says "
+                          f"{footer.group_rows[group]}")
 
 
 def _empty(col: Any) -> Any:

@@ -127,15 +127,32 @@ def _value_stream(leaf: Leaf, data: LeafData, path: str) -> np.ndarray:
     return out
 
 
+def _before(per_row: np.ndarray | int | None, a: int, b: int) -> int:
+    """The sum of ``per_row`` over rows ``[a, b)`` (None: one per row)."""
+    if per_row is None:
+        return b - a
+    if isinstance(per_row, int):
+        return per_row * (b - a)
+    return int(per_row[a:b].sum(dtype=np.int64))
+
+
 def group_pieces(layout: StreamLayout, g: int, leaves: Sequence[Leaf], datas: Sequence[LeafData],
-                 path: str) -> list[tuple[int, np.ndarray]]:
-    """``(copy offset, bytes)`` of the streams of ``leaves`` in source row group ``g``, from their
-    decoded data; every row's value bytes and level entries are checked against the index first
-    (`FormatError`: the source is not the indexed one)."""
+                 path: str, first: int | None = None) -> list[tuple[int, np.ndarray]]:
+    """``(copy offset, bytes)`` of the streams of ``leaves`` in rows ``[first, first + n)`` of
+    source row group ``g`` (n: the rows ``datas`` decode; ``first`` None: they are the whole
+    group), from their decoded data; every row's value bytes and level entries are checked
+    against the index first (`FormatError`: the source is not the indexed one)."""
     sizes = layout.sizes
-    a, b = int(sizes.group_starts[g]), int(sizes.group_starts[g + 1])
-    rows = np.arange(a, b, dtype=np.int64)
+    g0, g1 = int(sizes.group_starts[g]), int(sizes.group_starts[g + 1])
+    n = datas[0].rows if datas else g1 - g0
+    whole = first is None
+    first = 0 if first is None else first
+    a, b = g0 + first, g0 + first + n
     offset = layout.footer.group_offsets[g] if g < len(layout.footer.group_offsets) else None
+    if first < 0 or b > g1 or (whole and b != g1):
+        raise FramingError(path, offset, f"row group {g}: rows {first}-{first + n} decoded where the index has "
+                           f"{g1 - g0}: the rows are not the index's, the index does not fit the file")
+    rows = np.arange(a, b, dtype=np.int64)
     out = []
     for leaf, data in zip(leaves, datas):
         c = leaf.index
@@ -146,23 +163,23 @@ def group_pieces(layout: StreamLayout, g: int, leaves: Sequence[Leaf], datas: Se
         if data.rows != b - a or not (np.array_equal(got_v, want_v) and np.array_equal(got_e, want_e)):
             raise FramingError(path, offset, f"column {leaf.dotted}, row group {g}: the decoded rows' sizes are not "
                                "the index's: the index does not fit the file")
+        v0 = int(layout.values[c] + layout.group_values[g, c]) + _before(col.values, g0, a)
+        e0 = int(layout.group_entries[g, c]) + _before(col.entries, g0, a)
         stream = _value_stream(leaf, data, path)
-        if len(stream) != int(layout.group_values[g + 1, c] - layout.group_values[g, c]):
+        if len(stream) != _before(col.values, a, b):
             raise FormatError(path, offset, f"column {leaf.dotted}, row group {g}: {len(stream)} value bytes, "
                               "the index says otherwise")
-        out.append((int(layout.values[c] + layout.group_values[g, c]), stream))
-        for at, per_row, first in ((layout.value_offsets[c], col.values, layout.values[c] + layout.group_values[g, c]),
-                                   (layout.entry_offsets[c], col.entries, layout.group_entries[g, c])):
-            if at >= 0:
+        out.append((v0, stream))
+        for at, per_row, start in ((layout.value_offsets[c], col.values, v0), (layout.entry_offsets[c], col.entries, e0)):
+            if at >= 0 and b > a:
                 starts = np.empty(b - a, np.int64)
-                starts[0:1] = first
+                starts[0] = start
                 np.cumsum(per_row[a: b - 1], out=starts[1:], dtype=np.int64)
-                starts[1:] += first
+                starts[1:] += start
                 out.append((int(at) + 8 * a, starts.view(np.uint8)))
-        e0 = int(layout.group_entries[g, c])
         for base, levels in ((layout.defs[c], data.defs), (layout.reps[c], data.reps)):
             if base >= 0:
-                if levels is None or len(levels) != int(layout.group_entries[g + 1, c]) - e0:
+                if levels is None or len(levels) != _before(col.entries, a, b):
                     raise FormatError(path, offset, f"column {leaf.dotted}, row group {g}: levels that are not "
                                       "the index's")
                 out.append((int(base) + e0, np.ascontiguousarray(levels, np.uint8)))
