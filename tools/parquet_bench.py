@@ -27,6 +27,8 @@ import argparse
 import json
 import os
 import statistics
+import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -100,6 +102,12 @@ def iterate_without_hints(path: Path) -> tuple[int, float, np.ndarray]:
         n += batch.num_rows
         labels.append(batch.column("label").to_numpy())
     return n, time.perf_counter() - t0, np.concatenate(labels)
+
+
+def cpu_seconds() -> float:
+    """This process's CPU time so far (the reader's, all its threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def front_to_back(path: Path) -> tuple[int, float]:
@@ -260,14 +268,16 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
         first_own = u.peak_own
         first_epoch = (f"| view, first epoch (fills the copy) | {n / t:,.0f} | - | {mix:.3f} ({uniform:.3f}) | "
                        f"{u.cpu_s:.1f} | {u.peak_own / 2**20:.0f} / {u.peak_rss / 2**20:.0f} |")
-        src_rates, view_rates, ratios, own, rss, cpu = [], [], [], [], [], []
+        src_rates, view_rates, ratios, own, rss, cpu, src_cpu = [], [], [], [], [], [], []
         loads = [json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["memory"]["loads"]]
         for r in range(rounds):
             os.setxattr(view, "user.shufflefs.epoch", str(r + 1).encode())
             got = {}
             for what in (("source", "view") if r % 2 == 0 else ("view", "source")):
                 if what == "source":
+                    c0 = cpu_seconds()
                     n, t, src_labels = iterate(src)
+                    src_cpu.append(cpu_seconds() - c0)
                     got["source"] = n / t
                 else:
                     with Sampler(d.pid) as s:
@@ -302,10 +312,26 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
         os.setxattr(view, "user.shufflefs.epoch", b"51")
         with Sampler(d.pid) as s:
             nbytes, t = front_to_back(view)
+        front_cpu = s.usage.cpu_s
         loads2 = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["memory"]["loads"]
         table.append(f"| view read front to back, 1 MiB reads ({loads2 - loads1} window loads): "
                      f"{nbytes / t / 1e9:.2f} GB/s | {md.num_rows / t:,.0f} | - | - | {s.usage.cpu_s:.1f} | "
                      f"{s.usage.peak_own / 2**20:.0f} / {s.usage.peak_rss / 2**20:.0f} |")
+        # the ceiling without FUSE: an epoch's view as a regular file, in the page cache
+        os.setxattr(view, "user.shufflefs.epoch", b"52")
+        as_file = data / "view-as-file.parquet"
+        shutil.copyfile(view, as_file)
+        iterate(as_file)
+        file_rates, file_cpu = [], []
+        for _ in range(rounds):
+            c0 = cpu_seconds()
+            n, t, _ = iterate(as_file)
+            file_cpu.append(cpu_seconds() - c0)
+            file_rates.append(n / t)
+        as_file.unlink()
+        table.append(f"| an epoch's view copied to a regular file (warm; no FUSE, no encoding: the ceiling) | "
+                     f"{statistics.median(file_rates):,.0f} | {statistics.median(file_rates) / statistics.median(src_rates):.2f} "
+                     f"| - | - | - |")
         firsts = [first_row_group(view, 100 + e) for e in range(5)]
         info = json.loads(os.getxattr(view, "user.shufflefs.info"))
         stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
@@ -335,6 +361,8 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
             "of view bytes); the rest of the daemon's CPU above is serving the reads (1 MiB FUSE requests) and "
             "windows loaded again.",
             f"- {without_copy(src)}",
+            budget_line(md.num_rows / statistics.median(src_rates),
+                        statistics.median(file_cpu), statistics.median(cpu), front_cpu),
             ]
     ratio, first = statistics.median(ratios), statistics.median(firsts)
     out += ["", "| target | measured | verdict |", "|---|---|---|",
@@ -349,6 +377,19 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
             f"{'met' if warm_mix <= 2 * uniform else 'not met'} |"]
     out.append(f"\nLoad average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.")
     return "\n".join(out)
+
+
+def budget_line(src_epoch: float, reader_cpu: float, daemon_cpu: float, front_cpu: float) -> str:
+    """What the machine's CPUs allow: an epoch through the mount needs the reader's CPU (as over a
+    regular file) and the daemon's; on n CPUs it cannot take less than their sum over n."""
+    n = os.cpu_count() or 1
+    floor = (reader_cpu + daemon_cpu) / n
+    floor_front = (reader_cpu + front_cpu) / n
+    return (f"- CPU budget: the reader took {reader_cpu:.2f} CPU-s per epoch over the view as a regular file; the "
+            f"daemon {daemon_cpu:.1f} CPU-s per warm epoch of `iter_batches` ({front_cpu:.1f} read front to back). "
+            f"On {n} CPUs an epoch through the mount cannot take less than {floor:.2f} s ({floor_front:.2f} s with the "
+            f"front-to-back daemon CPU), where the source took {src_epoch:.2f} s: at most "
+            f"{src_epoch / floor:.2f}x ({src_epoch / floor_front:.2f}x) of the source's rows/s with perfect overlap.")
 
 
 def update_docs(text: str, stamp: str) -> Path:
