@@ -191,7 +191,7 @@ def libraries(path: Path, size: int) -> list[str]:
 # --------------------------------------------------------------------------- the run
 
 
-def run(data: Path, gib: float, skip_libraries: bool) -> str:
+def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = None) -> str:
     src = corpus(data, gib)
     plain = data / "corpus.jsonl"
     size = plain.stat().st_size
@@ -218,7 +218,7 @@ def run(data: Path, gib: float, skip_libraries: bool) -> str:
     firsts, builds = [], []
     bound = 16 * records + 100 * 2**20
     stats: dict = {}
-    for name in ("corpus.jsonl", GZ, FRAMES, ONE):  # a daemon of its own for each: memory apart
+    for name in files or ("corpus.jsonl", GZ, FRAMES, ONE):  # a daemon of its own for each: memory apart
         where = plain_src if name == "corpus.jsonl" else src
         cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(where), str(mnt), "--cache-dir", str(cache)]
         with FuseDaemon(cmd, mnt, data / "daemon.log", env) as d:
@@ -283,8 +283,12 @@ def main() -> None:
     ap.add_argument("--gib", type=float, default=1.05, help="decoded size of the corpus to generate")
     ap.add_argument("--skip-libraries", action="store_true", help="leave out indexed_gzip against rapidgzip")
     ap.add_argument("--update-docs", action="store_true", help="write the section into docs/benchmark.md")
+    ap.add_argument("--files", nargs="+", choices=("corpus.jsonl", GZ, FRAMES, ONE),
+                    help="measure these views only (default: all four)")
     args = ap.parse_args()
-    text = run(args.data, args.gib, args.skip_libraries)
+    if args.update_docs and args.files:
+        ap.error("--update-docs measures every view: leave out --files")
+    text = run(args.data, args.gib, args.skip_libraries, args.files)
     print(text)
     if args.update_docs:
         stamp = f"python tools/compressed_bench.py --data {args.data} --update-docs ({time.strftime('%Y-%m-%d %H:%M')})"

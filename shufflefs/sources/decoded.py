@@ -29,53 +29,96 @@ from .base import Members, Reader, Runs, Source
 
 
 DECODERS = {"gzip": 1, "zstd": 2}
-"""Decoders a source makes at most, by codec: window loads in flight beyond that take turns.
-A gzip decoder holds the file's restart points (about 10 MB per GiB decoded once imported)
-and rapidgzip's cache of decoded chunks (about 21 MB), and its thread's allocations stay with
-the daemon: measured on 1.06 GiB, a second one took the daemon's own memory past its bound
-while the two loads side by side read no faster (both cores are busy serving and reading).  A
-zstd decoder holds one decoded frame."""
-
-
+"""Decoders of one file version at most, by codec, shared by its sources (its view, a check of
+its header, the next epoch's view): window loads in flight beyond that take turns.  A gzip
+decoder holds the file's restart points (about 10 MB per GiB decoded once imported) and
+rapidgzip's cache of decoded chunks (about 21 MB, kept by its allocator once taken): measured
+on 1.06 GiB, a second one took the daemon's own memory past its bound, while both cores are
+busy serving and reading anyway.  A zstd decoder holds one decoded frame."""
 KEPT_FILES = 4
-"""Files whose idle decoders outlive the sources that made them, most recently closed kept:
-the next source of the same file version (the next epoch's view, a check of its header) takes
-them instead of importing the restart points into a new decoder (about 60 ms and, for gzip, a
-new decoding thread whose allocator keeps what it took)."""
-_kept: "OrderedDict[tuple, list[DecodedReader]]" = OrderedDict()
-_kept_lock = threading.Lock()
+"""File versions whose idle decoders are kept once their last source closed, most recently
+used kept: the next source of the file (the next epoch's view) takes them up instead of
+importing the restart points into a new decoder (about 60 ms for a GiB of gzip)."""
 
 
-def _keep(key: tuple | None, readers: list[DecodedReader]) -> None:
-    """Keep the idle ``readers`` of a closed source of file version ``key`` for the next one."""
-    closing = list(readers) if key is None else []
-    if key is not None:
-        with _kept_lock:
-            got = _kept.pop(key, [])
-            got += readers
-            closing += got[DECODERS.get(readers[0].restarts.codec, 2):] if readers else []
-            _kept[key] = got[: len(got) - len(closing)]
-            while len(_kept) > KEPT_FILES:
-                closing += _kept.pop(next(iter(_kept)))
-    for reader in closing:
-        reader.close()
+class Decoders:
+    """The decoders of one file version (module docstring): at most ``most`` made; a load that
+    finds none idle and no room waits for one to be given back."""
+
+    def __init__(self, most: int) -> None:
+        self.most, self.made = most, 0
+        self.free: list[DecodedReader] = []
+        self.cond = threading.Condition()
+
+    def take(self, make: Callable[[], DecodedReader], closed: Callable[[], bool]) -> DecodedReader:
+        with self.cond:
+            while True:
+                if closed():
+                    raise OSError(errno.EBADF, "decoded source closed")
+                if self.free:
+                    return self.free.pop()
+                if self.made < self.most:
+                    self.made += 1
+                    break
+                self.cond.wait()
+        try:
+            return make()
+        except BaseException:
+            self.give(None)
+            raise
+
+    def give(self, reader: DecodedReader | None) -> None:
+        """``reader`` is idle again (None: one that could not be made)."""
+        with self.cond:
+            if reader is not None:
+                self.free.append(reader)
+            else:
+                self.made -= 1
+            self.cond.notify_all()
+
+    def idle_close(self) -> None:
+        """Close the idle decoders (those in use stay, and are idle again when given back)."""
+        with self.cond:
+            idle, self.free = self.free, []
+            self.made -= len(idle)
+            self.cond.notify_all()
+        for reader in idle:
+            reader.close()
 
 
-def _kept_for(key: tuple | None) -> DecodedReader | None:
+_shared: "OrderedDict[tuple, Decoders]" = OrderedDict()
+_shared_lock = threading.Lock()
+
+
+def decoders_of(key: tuple | None, codec: str) -> Decoders:
+    """The decoders of file version ``key`` (new ones for None: a source of its own)."""
     if key is None:
-        return None
-    with _kept_lock:
-        got = _kept.get(key)
-        return got.pop() if got else None
+        return Decoders(DECODERS.get(codec, 2))
+    with _shared_lock:
+        got = _shared.pop(key, None) or Decoders(DECODERS.get(codec, 2))
+        _shared[key] = got  # the most recent last
+        old = [_shared.pop(k) for k in list(_shared)[: max(0, len(_shared) - KEPT_FILES)]]
+    for d in old:  # still usable by sources of theirs that are open: they close them last
+        d.idle_close()
+    return got
+
+
+def _closed_source(key: tuple | None, decoders: Decoders) -> None:
+    """A source of ``decoders`` closed: they stay while kept (`KEPT_FILES`), else close."""
+    if key is not None:
+        with _shared_lock:
+            if _shared.get(key) is decoders:
+                return
+    decoders.idle_close()
 
 
 def close_kept() -> None:
-    """Close every kept decoder (at unmount)."""
-    with _kept_lock:
-        readers = [r for got in _kept.values() for r in got]
-        _kept.clear()
-    for reader in readers:
-        reader.close()
+    """Close every idle decoder kept for the next sources (at unmount)."""
+    with _shared_lock:
+        kept = list(_shared.values())
+        _shared.clear()
+    for d in kept:
+        d.idle_close()
 
 
 class DecodedSource:
@@ -91,16 +134,13 @@ class DecodedSource:
     def __init__(self, raw: Source, restarts: Restarts, raw_size: int, path: str, copy: Source | None = None,
                  release: Callable[[], None] | None = None) -> None:
         self.raw, self.restarts, self.path, self.copy, self._release = raw, restarts, path, copy, release
-        self._lock = threading.Condition()
-        self._free: list[DecodedReader] = []  # decoders not decoding now
-        self._made = 0
-        self._most = DECODERS.get(restarts.codec, 2)
         fd = getattr(raw, "fd", -1)  # a local file: decoders read it by preads of their own
         self._fd = fd if isinstance(fd, int) else -1
         stamp = getattr(raw, "stamp", None)
         self._key = None if copy is not None or stamp is None else (path, stamp, restarts.codec, int(restarts.plain[-1]))
         self._reader = None if copy is not None else lambda: DecodedReader(
             restarts, raw.read_range, raw_size, path, raw.verify_open, self._fd)
+        self._decoders = decoders_of(self._key, restarts.codec) if copy is None else Decoders(0)
         self._closed = False
 
     @property
@@ -161,47 +201,24 @@ class DecodedSource:
         return buf
 
     def _take(self) -> DecodedReader:
-        """A decoder no other load uses: a new one while fewer than `DECODERS` of the codec are
-        made, else the next one given back (loads in flight beyond that wait for it)."""
-        with self._lock:
-            while True:
-                if self._closed or self._reader is None:
-                    raise OSError(errno.EBADF, "decoded source closed")
-                if self._free:
-                    return self._free.pop()
-                if self._made < self._most:
-                    self._made += 1
-                    break
-                self._lock.wait()
-        try:
-            kept = _kept_for(self._key)
-            if kept is not None:  # a closed source's, of this file version: now reading through this one
-                kept.raw, kept.verify, kept.fd = self.raw.read_range, self.raw.verify_open, self._fd
-                return kept
-            return self._reader()
-        except BaseException:
-            with self._lock:
-                self._made -= 1
-                self._lock.notify()
-            raise
+        """A decoder of this file version no other load uses, reading through this source."""
+        if self._reader is None:
+            raise OSError(errno.EBADF, "decoded source closed")
+        reader = self._decoders.take(self._reader, lambda: self._closed)
+        reader.raw, reader.verify, reader.fd = self.raw.read_range, self.raw.verify_open, self._fd
+        return reader
 
     def _give(self, reader: DecodedReader) -> None:
-        with self._lock:
-            if self._closed:
-                reader.close()
-            else:
-                self._free.append(reader)
-            self._lock.notify()
+        self._decoders.give(reader)
 
     def close(self) -> None:
-        with self._lock:
+        with self._decoders.cond:
             if self._closed:
                 return
             self._closed = True
-            idle, self._free = self._free, []
-            self._lock.notify_all()
+            self._decoders.cond.notify_all()  # loads of this source waiting for a decoder give up
         try:
-            _keep(self._key, idle)  # one still decoding is closed when it is given back
+            _closed_source(self._key, self._decoders)  # one still decoding is idle when given back
             self.raw.close()
             if self.copy is not None:
                 self.copy.close()

@@ -323,10 +323,12 @@ def test_a_damaged_zstd_frame_read_whole_or_as_a_stream_is_a_format_error(tmp_pa
         reader.close()
 
 
-def test_a_closed_sources_decoder_serves_the_next_source_of_the_same_file_version(tmp_path: Path) -> None:
-    """The next epoch's source of a file takes the decoder the last one left (one per gzip
-    source: loads side by side take turns), reading through the new source; a changed file's
-    source makes its own."""
+def test_sources_of_one_file_version_share_its_decoders(tmp_path: Path) -> None:
+    """Sources of one file version (a view, a check of its header, the next epoch's view) share
+    its decoders, one for gzip (loads side by side take turns), each reading through the source
+    that took it; they outlive the last source, for the next; a changed file makes its own."""
+    import threading
+
     from shufflefs.index.table import SourceStamp
     from shufflefs.sources import decoded
     from shufflefs.sources.local import SourceFile
@@ -340,21 +342,31 @@ def test_a_closed_sources_decoder_serves_the_next_source_of_the_same_file_versio
                                      src.stat().st_size, str(src))
 
     try:
-        first = source()
-        assert first.read_range(100, 5000) == plain[100:5000]
-        made = first._free[0].decoder
-        assert made is not None and first._made == decoded.DECODERS["gzip"] == 1
+        first, light = source(), source()
+        assert first._decoders is light._decoders
+        got: list = []
+        threads = [threading.Thread(target=lambda s=s: got.append(s.read_range(100, 900_000) == plain[100:900_000]))
+                   for s in (first, light, first, light)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == [True] * 4 and first._decoders.made == decoded.DECODERS["gzip"] == 1
+        made = first._decoders.free[0].decoder
+        light.close()
         first.close()
         second = source()
         assert second.read_range(200_000, 300_000) == plain[200_000:300_000]
-        assert second._free[0].decoder is made and second._free[0].verify == second.raw.verify_open
+        reader = second._decoders.free[0]
+        assert reader.decoder is made and reader.verify == second.raw.verify_open
         second.close()
         src.write_bytes(gzip.compress(plain[::-1]))
         os.utime(src, ns=(1, 1))
         index = scan_file(src, resolve_format(src.name, ()))
         third = source()
         assert third.read_range(0, 1000) == plain[::-1][:1000]
-        assert third._free[0].decoder is not made
+        assert third._decoders.free[0].decoder is not made
         third.close()
     finally:
         decoded.close_kept()
+
