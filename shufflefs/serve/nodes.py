@@ -132,18 +132,39 @@ class Probe:
 
 class Handle:
     """An open file.  For views: the window it reads now (``slot``, held in the window cache),
-    which sits at view bytes ``[lo, hi)``, and where its last read ended.  A pass-through file's
-    handle holds its open ``source``."""
+    which sits at view bytes ``[lo, hi)``, and where its last reads end (`continues`).  A
+    pass-through file's handle holds its open ``source``."""
 
-    __slots__ = ("node", "source", "last_end", "slot", "k", "lo", "hi", "shift", "opened")
+    __slots__ = ("node", "source", "last_end", "ends", "slot", "k", "lo", "hi", "shift", "opened")
 
     def __init__(self, node: Node, source: object | None = None) -> None:
         self.node, self.source, self.last_end = node, source, 0
+        self.ends = [-1] * (STREAMS - 1) + [0]  # where the last reads asked for end, most recent last
         self.opened = time.monotonic_ns()  # a read after an error clears it only through a later open
         self.slot: Slot | None = None
         self.k = -1  # the view window ``slot`` holds
         self.lo, self.hi = 0, -1  # no window: no read is inside it
         self.shift = 0  # view byte ``lo`` is byte ``shift`` of the slot (a shard's stretch of a stream window)
+
+
+    def continues(self, off: int, end: int) -> bool:
+        """Whether a read of ``[off, end)`` continues one of the handle's last `STREAMS` reads
+        (noted as asked, before they are answered), and note it.  Readers read several streams
+        of one handle at once (pyarrow reads a row group's column chunks from several threads,
+        the kernel has a read and its readahead in flight): each stream is sequential although
+        consecutive reads are not."""
+        ends = self.ends
+        hit = off in ends
+        if hit:
+            ends.remove(off)
+        else:
+            del ends[0]
+        ends.append(end)
+        return hit
+
+
+STREAMS = 4
+"""Reads of one handle whose ends are remembered (`Handle.continues`)."""
 
 
 def view_mtime_ns(source_mtime_ns: int, epoch: int) -> int:

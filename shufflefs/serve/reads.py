@@ -46,11 +46,12 @@ class Reads:
         """The view bytes ``[off, off+size)`` for handle ``h`` (a buffer, not a copy when it
         can be a slice of one window)."""
         container = container_of(h.node.fmt)
+        sequential = h.continues(off, off + size)
         if container is not None:
-            return await self._read_packed(h, container, off, size)
-        return await self._read_plain(h, off, size)
+            return await self._read_packed(h, container, off, size, sequential)
+        return await self._read_plain(h, off, size, sequential)
 
-    async def _read_packed(self, h: Handle, container: Container, off: int, size: int) -> bytearray:
+    async def _read_packed(self, h: Handle, container: Container, off: int, size: int, sequential: bool) -> bytearray:
         """A compressed file's view: the bytes of its plain view that ``[off, off+size)`` shows
         (or checksums), in their container (`windows.container`); the plain view's windows are
         loaded, held and read ahead as for any view."""
@@ -58,7 +59,7 @@ class Reads:
         memo = self._memos.setdefault(h.node.view, {})
         for attempt in (memo, None):  # without the memo if what it planned from went meanwhile
             lo, hi = container.plain_range(off, size, plain, attempt)
-            data: Any = await self._read_plain(h, lo, hi - lo, off == h.last_end) if hi > lo else b""
+            data: Any = await self._read_plain(h, lo, hi - lo, sequential) if hi > lo else b""
             try:
                 return container.render(off, size, plain, lo, data, attempt)
             except LookupError:
