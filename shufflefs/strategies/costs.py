@@ -1,14 +1,16 @@
-"""Record costs for load-balanced ranks (``--balance``): byte lengths, a JSON lines field, or a
-Parquet file's numeric column.
+"""Record costs for load-balanced ranks (``--balance``): byte lengths, a JSON lines field (of a
+plain or a compressed file), or a Parquet file's numeric column.
 
 Field costs need the records' bytes: the source is mapped read-only and scanned once per file
-version (the caller keeps the result), never copied into the daemon's memory.
+version (the caller keeps the result), never copied into the daemon's memory.  A compressed
+file is decoded as a stream, a step at a time (`decoded_field_costs`): the daemon holds one
+decoded step and the start of the record it cuts, never the whole decoded file.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -17,6 +19,9 @@ from .. import resolve
 from ..errors import FormatError
 from ..index.table import RecordIndex
 from .balance import RecordCostError, compact_costs, field_costs
+
+DECODED_JSON_LINES = {"lines-gzip": "gzip", "lines-zstd": "zstd"}
+"""Compressed line formats whose records may be JSON lines, by format name: their codec."""
 
 
 def record_costs(path: str, index: RecordIndex, field: str | None, format_name: str,
@@ -30,6 +35,8 @@ def record_costs(path: str, index: RecordIndex, field: str | None, format_name: 
         return None
     if format_name == "parquet":
         return parquet_costs(path, index, field, load)
+    if format_name in DECODED_JSON_LINES:
+        return compressed_costs(path, index, field, DECODED_JSON_LINES[format_name], load)
     if format_name != "lines":
         raise FormatError(path, None, f"--balance-field needs JSON lines, not a {format_name} file")
     if index.n == 0:
@@ -43,6 +50,57 @@ def record_costs(path: str, index: RecordIndex, field: str | None, format_name: 
         return compact_costs(field_costs(data, index.bounds, field))
     except RecordCostError as e:
         raise FormatError(path, int(index.bounds[e.record]), f"--balance-field: {e}") from None
+
+
+def compressed_costs(path: str, index: RecordIndex, field: str, codec: str,
+                     load: Callable[[], np.ndarray] | None = None) -> np.ndarray:
+    """Costs from the numeric field ``field`` of a compressed JSON lines file's records, its
+    index's bounds being decoded offsets: the file (``load``: mapped) decoded as a stream."""
+    from ..formats import codecs
+
+    if index.n == 0:
+        return np.zeros(0, np.int32)
+    data = load() if load is not None else np.memmap(path, np.uint8, "r")
+    steps, _ = codecs.decode_all(codec, *codecs.buffer_read(data), path)
+    try:
+        return compact_costs(decoded_field_costs(steps, index.bounds, field))
+    except RecordCostError as e:
+        raise FormatError(path, None, f"--balance-field: the record at decoded byte {int(index.bounds[e.record])}: "
+                          f"{e}") from None
+    except DecodedShort as e:
+        raise FormatError(path, None, f"--balance-field: {e}; the index does not fit the file") from None
+
+
+class DecodedShort(ValueError):
+    """The decoded bytes end before the index's last record does."""
+
+
+def decoded_field_costs(steps: Iterable[memoryview | bytes], bounds: np.ndarray, field: str) -> np.ndarray:
+    """`field_costs` over decoded bytes given as consecutive steps (each valid until the next),
+    ``bounds`` in decoded offsets: the records whole in what is held are measured, and the part
+    of the next one carried over to the next step.  Memory: a step plus the longest record."""
+    b = np.asarray(bounds, np.int64)
+    n = len(b) - 1
+    parts: list[np.ndarray] = []
+    carry, at, done = b"", 0, 0  # carry: the decoded bytes from offset ``at``; records < done measured
+    for step in steps:
+        if done == n:
+            break
+        buf = carry + bytes(step)
+        end = at + len(buf)
+        last = int(np.searchsorted(b, end, side="right")) - 1  # records done..last-1 end in buf
+        if last > done:
+            try:
+                parts.append(field_costs(buf, b[done: last + 1] - at, field))
+            except RecordCostError as e:
+                raise RecordCostError(done + e.record, str(e).split(": ", 1)[1]) from None
+            done = last
+        keep = min(max(int(b[done]) - at, 0), len(buf))  # from the next record's start (or the header's end)
+        carry, at = buf[keep:], at + keep
+    if done < n:
+        raise DecodedShort(f"the decoded bytes end within record {done} (at decoded byte {at + len(carry)}), "
+                           f"the index has {n} records ending at {int(b[-1])}")
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def parquet_costs(path: str, index: RecordIndex, field: str, load: Callable[[], np.ndarray] | None = None) -> np.ndarray:

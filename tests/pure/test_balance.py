@@ -387,3 +387,24 @@ def test_balance_is_refused_where_it_cannot_hold():
         make_plan(index, ShuffleSpec(strategy="full", balance=True, random_level=1.5), 0)
     with pytest.raises(ValueError, match="costs for"):
         make_plan(index, ShuffleSpec(strategy="full", balance=True), 0, costs=np.ones(9, np.int32))
+
+
+@pytest.mark.parametrize("step", [7, 97, 4096, 1 << 20])
+def test_decoded_field_costs_over_steps_equal_the_whole_files(step: int):
+    """A compressed file's costs, read from its decoded bytes a step at a time, are the costs of
+    the whole bytes; a record without the field is named by its id wherever the steps cut."""
+    from shufflefs.strategies.balance import RecordCostError
+    from shufflefs.strategies.costs import decoded_field_costs
+
+    rng = np.random.default_rng(step)
+    lines = [json.dumps({"id": i, "tokens": int(rng.integers(1, 10**6)), "t": "x" * int(rng.integers(0, 300))})
+             .encode() + b"\n" for i in range(2000)]
+    data = b"".join(lines)
+    bounds = np.concatenate([[0], np.cumsum([len(x) for x in lines])])
+    steps = [data[i: i + step] for i in range(0, len(data), step)]
+    assert np.array_equal(decoded_field_costs(iter(steps), bounds, "tokens"), field_costs(data, bounds, "tokens"))
+    bad = data + b'{"id": 1}\n'
+    with pytest.raises(RecordCostError) as e:
+        decoded_field_costs(iter([bad[i: i + step] for i in range(0, len(bad), step)]),
+                            np.append(bounds, len(bad)), "tokens")
+    assert e.value.record == 2000
