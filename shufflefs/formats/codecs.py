@@ -296,7 +296,11 @@ class GzipDecoder:
 
     def read_into(self, start: int, out: memoryview) -> None:
         """Fill ``out`` with the decoded bytes from ``start``; EOFError if the stream ends first."""
-        self._on_thread(self._read_into, self._f, start, out)
+        self.read_runs([(start, out)])
+
+    def read_runs(self, runs: list[tuple[int, memoryview]]) -> None:
+        """`read_into` of each ``(start, out)``, on the decoder's thread in one hand-over."""
+        self._on_thread(lambda f: [self._read_into(f, start, out) for start, out in runs], self._f)
 
     @staticmethod
     def _read_into(f: object, start: int, out: memoryview) -> None:
@@ -402,6 +406,10 @@ class ZstdDecoder:
                 self._streamed(i, at - f0, out[pos: pos + n])
             pos += n
 
+    def read_runs(self, runs: list[tuple[int, memoryview]]) -> None:
+        for start, out in runs:
+            self.read_into(start, out)
+
     def close(self) -> None:
         self._stream = self._frame = None
         fd, self._fd = self._fd, -1
@@ -426,11 +434,16 @@ class DecodedReader:
 
     def into(self, start: int, out: memoryview) -> None:
         """Fill ``out`` with decoded bytes from ``start`` (one thread at a time)."""
+        self.into_runs([(start, out)])
+
+    def into_runs(self, runs: list[tuple[int, memoryview]]) -> None:
+        """Fill each ``out`` with the decoded bytes from its ``start`` (ascending: a window's runs),
+        in one call to the decoder (a gzip decoder's thread is handed them at once)."""
         with self._busy:
-            self._into(start, out)
+            self._into(runs)
         _recent(self)
 
-    def _into(self, start: int, out: memoryview) -> None:
+    def _into(self, runs: list[tuple[int, memoryview]]) -> None:
         try:
             if self.decoder is None:
                 own = os.dup(self.fd) if self.fd >= 0 else -1
@@ -438,15 +451,16 @@ class DecodedReader:
                     self.decoder = GzipDecoder(own if own >= 0 else RangeFile(self.raw, self.raw_size), self.restarts)
                 else:
                     self.decoder = ZstdDecoder(self.raw, self.restarts, own)
-            self.decoder.read_into(start, out)
+            self.decoder.read_runs(runs)
         except Exception as e:  # noqa: BLE001 -- the libraries' errors: ValueError, RuntimeError, ZstdError...
             self.close()  # a decoder that failed is not trusted with the next read
             if self.verify is not None:
                 self.verify()  # the file changed under the decoder: that is the error
             if isinstance(e, (ShuffleError, OSError)):
                 raise
+            start, end = (runs[0][0], runs[-1][0] + len(runs[-1][1])) if runs else (0, 0)
             raise FormatError(self.path, None, f"corrupt {self.restarts.codec} stream reading decoded bytes "
-                              f"{start}-{start + len(out)}: {e}") from None
+                              f"{start}-{end}: {e}") from None
 
     def __call__(self, start: int, end: int) -> bytes:
         out = bytearray(max(0, end - start))

@@ -189,12 +189,13 @@ class DecodedSource:
             return self.copy.read_runs(starts, ends, out)
         total = int((np.asarray(ends) - np.asarray(starts)).sum())
         buf = out[:total] if out is not None and len(out) >= total else np.empty(total, np.uint8)
-        view, pos = memoryview(buf), 0
+        view, pos, runs = memoryview(buf), 0, []
+        for s, e in zip(np.asarray(starts).tolist(), np.asarray(ends).tolist()):
+            runs.append((s, view[pos: pos + e - s]))
+            pos += e - s
         reader = self._take()
         try:
-            for s, e in zip(np.asarray(starts).tolist(), np.asarray(ends).tolist()):
-                reader.into(s, view[pos: pos + e - s])
-                pos += e - s
+            reader.into_runs(runs)
         finally:
             self._give(reader)
         self.raw.verify_open()  # decoded from the version the index describes, still in place

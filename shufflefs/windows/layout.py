@@ -120,10 +120,11 @@ def assemble(index: RecordIndex, ids: np.ndarray, fetch: Fetch, out: np.ndarray 
 
     ``fetch`` does the I/O (a pread loop in the daemon, a slice of an in-memory file in tests),
     so this one function defines the bytes everywhere.  ``stepwise``: fetch a few MiB at a time
-    (`assemble_steps`).
+    (`assemble_steps`), ``fetch`` being a source's ``read_runs`` (it takes a buffer to fill:
+    `reusing`).
     """
     if stepwise:
-        return assemble_steps(index, ids, fetch, out)
+        return assemble_steps(index, ids, reusing(fetch), out)
     ids = np.asarray(ids, dtype=np.int64)
     lengths = index.record_lengths(ids)
     out_len = index.out_lengths(ids)
@@ -154,6 +155,22 @@ def assemble(index: RecordIndex, ids: np.ndarray, fetch: Fetch, out: np.ndarray 
 
 STEP_BYTES = 8 << 20
 """Source bytes fetched at a time by `assemble_steps`."""
+
+
+def reusing(read_runs: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]) -> Fetch:
+    """A `Fetch` by ``read_runs(starts, ends, out)`` into one buffer, grown when a fetch needs
+    more, for `assemble_steps`, which is done with a step's bytes before it fetches the next (a
+    new buffer per step was mapped and faulted in anew: about 0.2 s of CPU per GiB)."""
+    scratch = np.empty(0, np.uint8)
+
+    def fetch(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        nonlocal scratch
+        need = int((ends - starts).sum())
+        if len(scratch) < need:
+            scratch = np.empty(need, np.uint8)
+        return read_runs(starts, ends, scratch)
+
+    return fetch
 
 
 def assemble_steps(index: RecordIndex, ids: np.ndarray, fetch: Fetch, out: np.ndarray | None = None,
