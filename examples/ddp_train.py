@@ -1,21 +1,20 @@
 """Data-parallel training on CPU (gloo) from shufflefs mounts: no sampler, the mounts shuffle.
 
-Every rank reads its own mount of the dataset, mounted with that rank's ``--rank`` and the job's
-``--world-size``: the mount shows the rank's share of each epoch in a fresh order, and the W
-ranks' shares hold every record exactly once.  On one machine::
+Every rank mounts its own share of the dataset from inside the script (`shufflefs.mount` with
+the rank and world size torchrun gives it): the mount shows the rank's share of each epoch in a
+fresh order, and the W ranks' shares hold every record exactly once.  The mount is made before
+training starts and unmounted when the script ends, also when it fails.  On one machine::
 
     python examples/ddp_train.py --generate /tmp/ddp/src/data.jsonl --records 3000
-    for r in 0 1; do mkdir -p /tmp/ddp/mnt$r
-        shufflefs mount /tmp/ddp/src /tmp/ddp/mnt$r --rank $r --world-size 2 --block-size 64KiB; done
-    torchrun --nproc_per_node 2 examples/ddp_train.py --mount-pattern '/tmp/ddp/mnt{rank}' \\
-        --file data.jsonl --epochs 2 --workers 2
-    for r in 0 1; do shufflefs umount /tmp/ddp/mnt$r; done
+    torchrun --nproc_per_node 2 examples/ddp_train.py --source /tmp/ddp/src \\
+        --mount-dir '/tmp/ddp/mnt{rank}' --block-size 64KiB --file data.jsonl --epochs 2 --workers 2
 
-On a cluster every process needs a mount of the shared dataset with its own global rank: with one
-process per node, each node mounts it once with ``--rank`` = its node's rank; with several
-processes per node, one mount per local rank (``--mount-pattern '/mnt/shuf{local_rank}'``, each
-mounted with ``--rank`` = that process's global rank).  The script checks that its mount's rank
-and world size are its own.
+On a cluster the same command runs on every node (``torchrun --nnodes N ...``): each process
+mounts the shared dataset with its own global rank, on a mount point of its own
+(``--mount-dir`` is filled in with ``{rank}`` and ``{local_rank}``).  A mount the script does
+not make itself (``shufflefs mount SRC MNT --rank R --world-size W`` in a shell beforehand)
+is named with ``--mount-pattern '/mnt/shuf{local_rank}'`` instead of ``--source``; the script
+then checks that its mount's rank and world size are its own.
 
 Ranks' shares differ by a few records under the mount's default ``--even none`` (a rank's share is
 made of whole blocks), so ranks run different numbers of batches: DDP's ``join()`` lets a rank that
@@ -35,6 +34,7 @@ gathers every rank's counts).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -48,6 +48,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
+import shufflefs
 from shufflefs.torch import LineDataset, Progress, rank_and_world
 
 STATS_XATTR = "user.shufflefs.stats"
@@ -81,7 +82,16 @@ def check_mount(mount: Path, rank: int, world: int) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--mount-pattern", help="this rank's mount; {rank} and {local_rank} are filled in")
+    p.add_argument("--source", metavar="SRC", help="dataset to mount: each rank mounts its own share of it")
+    p.add_argument("--mount-dir", default="/tmp/shufflefs-ddp/mnt{rank}",
+                   help="with --source: this rank's mount point, made if missing; {rank} and {local_rank} "
+                        "are filled in (default %(default)s)")
+    p.add_argument("--block-size", help="with --source: the mount's --block-size (default auto)")
+    p.add_argument("--buffer", help="with --source: the mount's --buffer (default 64MiB)")
+    p.add_argument("--seed", type=int, default=0, help="with --source: the mount's --seed")
+    p.add_argument("--cache-dir", help="with --source: the mount's --cache-dir")
+    p.add_argument("--mount-pattern", help="instead of --source: this rank's mount, made beforehand; {rank} and "
+                   "{local_rank} are filled in")
     p.add_argument("--file", default="data.jsonl", help="JSON Lines file, relative to the mount")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers per rank (each reads one part)")
@@ -98,8 +108,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--generate", metavar="PATH", help="write a dataset of --records records to PATH and exit")
     p.add_argument("--records", type=int, default=3000)
     args = p.parse_args(argv)
-    if args.generate is None and args.mount_pattern is None:
-        p.error("--mount-pattern is required (or --generate)")
+    if args.generate is None and (args.source is None) == (args.mount_pattern is None):
+        p.error("give --source (each rank mounts its share) or --mount-pattern (mounts made beforehand), "
+                "or --generate")
     return args
 
 
@@ -120,10 +131,22 @@ def train(args: argparse.Namespace) -> None:
     rank, world = rank_and_world()
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     torch.set_num_threads(1)  # ranks and loader workers share the CPU cores
+    with contextlib.ExitStack() as stack:
+        if args.source:  # this rank's share, unmounted when the script ends, also by an exception
+            mount = Path(args.mount_dir.format(rank=rank, local_rank=local_rank))
+            mount.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(shufflefs.mount(args.source, mount, rank=rank, world_size=world, seed=args.seed,
+                                                block_size=args.block_size, buffer=args.buffer,
+                                                cache_dir=args.cache_dir))
+        else:
+            mount = Path(args.mount_pattern.format(rank=rank, local_rank=local_rank))
+            check_mount(mount, rank, world)
+        run(args, mount, rank, world)
+
+
+def run(args: argparse.Namespace, mount: Path, rank: int, world: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
     try:
-        mount = Path(args.mount_pattern.format(rank=rank, local_rank=local_rank))
-        check_mount(mount, rank, world)
         torch.manual_seed(0)  # the same initial weights on every rank (DDP broadcasts rank 0's anyway)
         model = DDP(torch.nn.Linear(args.dim, 1))
         opt = torch.optim.SGD(model.parameters(), lr=args.lr)

@@ -90,13 +90,20 @@ def _resume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             text = f.read(RESUME_FILE_MAX + 1)
     except OSError as e:
         raise CliError(f"{source}: cannot read the resume state: {e.strerror}", EXIT_USAGE) from None
+    resume(path, text, epoch, source)
+    return EXIT_OK
+
+
+def resume(path: str, text: bytes, epoch: int | None, source: str) -> int:
+    """Resume the state ``text`` (JSON, named ``source`` in errors) on the mount root ``path``;
+    ``epoch``, if given, must be the state's.  Returns the state's epoch; raises `CliError`."""
     if len(text) > RESUME_FILE_MAX:
         raise CliError(f"{source}: a resume state is at most {RESUME_FILE_MAX} bytes", EXIT_USAGE)
     try:
         state = ResumeState.from_json(text, MAX_EPOCH)
     except ResumeError as e:
         raise CliError(f"{source}: {_printable(str(e))}", EXIT_USAGE) from None
-    if state.epoch != epoch:
+    if epoch is not None and state.epoch != epoch:
         raise CliError(f"{source} is a state of epoch {state.epoch}, not {epoch}", EXIT_USAGE)
     missing = _missing(path, state)
     if missing:
@@ -120,7 +127,7 @@ def _resume(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             raise CliError(f"{path}: a state over {RESUME_INLINE} bytes is handed to the mount as a file, which "
                            "only the mount's owner and root may do", EXIT_USAGE) from None
         raise _refused(e, path, RESUME_XATTR) from None
-    return EXIT_OK
+    return state.epoch
 
 
 def _missing(mnt: str, state: ResumeState) -> list[str]:

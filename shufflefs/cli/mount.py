@@ -246,8 +246,20 @@ def daemon_python() -> list[str]:
     return [sys.executable, "-c", _RUN_MODULE]
 
 
-def start_background(argv: list[str], config: MountConfig, verbosity: int) -> int:
-    """Run ``shufflefs mount -f ...`` in a new session and return once it has mounted."""
+class DaemonFailed(Exception):
+    """The background daemon exited (or hung) before mounting: ``output`` is what it printed,
+    ``code`` its exit status (`EXIT_FAIL` if it has none)."""
+
+    def __init__(self, message: str, output: str, code: int) -> None:
+        super().__init__(message)
+        self.output, self.code = output, code
+
+
+def start_daemon(argv: list[str], config: MountConfig) -> subprocess.Popen:
+    """Run ``shufflefs mount -f ...`` (``argv``: the arguments from ``mount`` on, already checked
+    by `mount_config`) in a new session and return it once it has mounted.  The one way both the
+    command line and `shufflefs.mount` start a daemon.  Raises `DaemonFailed` if it does not mount;
+    on KeyboardInterrupt the daemon is stopped before the interrupt goes on."""
     i = argv.index("mount")
     r, w = os.pipe()
     cmd = [*daemon_python(), "mount", "-f", "--ready-fd", str(w), *argv[i + 1:]]
@@ -271,25 +283,37 @@ def start_background(argv: list[str], config: MountConfig, verbosity: int) -> in
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-            print(f"{PROG} mount: interrupted; the daemon (pid {proc.pid}) was stopped", file=sys.stderr)
-            return 130
+                proc.wait()
+            raise
         finally:
             os.close(r)
         if ready:
-            if verbosity:
-                print(f"{PROG}: mounted {config.source} on {config.mountpoint} (daemon pid {proc.pid})")
-            return EXIT_OK
+            return proc
         try:
             rc = proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             rc = None
         capture.seek(0)
         output = capture.read().decode(errors="replace").rstrip()
-    if output:
-        print(output, file=sys.stderr)
     status = "still running" if rc is None else f"exit status {rc}"
-    print(f"{PROG} mount: error: the daemon failed to mount {config.mountpoint} ({status})", file=sys.stderr)
-    return rc if rc else EXIT_FAIL
+    raise DaemonFailed(f"the daemon failed to mount {config.mountpoint} ({status})", output, rc or EXIT_FAIL)
+
+
+def start_background(argv: list[str], config: MountConfig, verbosity: int) -> int:
+    """``shufflefs mount`` without ``-f``: `start_daemon`, reported on the terminal."""
+    try:
+        proc = start_daemon(argv, config)
+    except KeyboardInterrupt:
+        print(f"{PROG} mount: interrupted; the daemon was stopped", file=sys.stderr)
+        return 130
+    except DaemonFailed as e:
+        if e.output:
+            print(e.output, file=sys.stderr)
+        print(f"{PROG} mount: error: {e}", file=sys.stderr)
+        return e.code
+    if verbosity:
+        print(f"{PROG}: mounted {config.source} on {config.mountpoint} (daemon pid {proc.pid})")
+    return EXIT_OK
 
 
 def _wait_ready(fd: int) -> bool:

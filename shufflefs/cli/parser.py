@@ -56,12 +56,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n(options: {self.prog} --help)\n")
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
+                 ) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command line's parser and its subcommands' (``parser_class``: the Python API's raises
+    its usage errors instead of exiting, with the same messages)."""
     from ..strategies import STRATEGIES
 
     strategies = _strategy_lines()
     raw = argparse.RawDescriptionHelpFormatter
-    parser = _Parser(
+    parser = parser_class(
         prog=PROG,
         description="Mount a dataset directory read-only; every data file shows its records in a "
         "fresh shuffled order each epoch.",

@@ -97,9 +97,15 @@ def _force(mnt: str, pid: int | None) -> None:
 
 
 def cmd_umount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Nothing here passes through the mount: the daemon is found by its pid file, a hung one by
+    unmount(os.path.abspath(args.mountpoint), args.lazy, args.timeout, shown=args.mountpoint)
+    return EXIT_OK
+
+
+def unmount(mnt: str, lazy: bool = False, timeout: float = 10.0, shown: str | None = None) -> None:
+    """Unmount ``mnt`` (absolute) and wait up to ``timeout`` seconds for its daemon to exit
+    (`shufflefs umount` and `shufflefs.Mount.unmount`); raises `CliError` saying why not.
+    Nothing here passes through the mount: the daemon is found by its pid file, a hung one by
     the kernel's count of its unanswered requests (fusectl)."""
-    mnt = os.path.abspath(args.mountpoint)
     if control.mount_type(mnt) is None:  # from /proc/mounts: no stat a hung daemon would answer
         if not os.path.lexists(mnt):
             raise CliError(f"{mnt}: no such file or directory")
@@ -111,36 +117,35 @@ def cmd_umount(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         print(f"{PROG} umount: {mnt}: no live daemon is recorded for it (in {control.run_dir()}); "
               "unmounting anyway", file=sys.stderr)
 
-    result = control.unmount(mnt, args.lazy, timeout=control.CONTROL_TIMEOUT)
+    result = control.unmount(mnt, lazy, timeout=control.CONTROL_TIMEOUT)
     if result is None:
         raise CliError("neither fusermount3 nor umount was found")
     if result.returncode != 0 and control.is_shufflefs(mnt):
         detail = (result.stderr or result.stdout).strip() or f"{result.args[0]} exit status {result.returncode}"
         if result.returncode == 124 or _hung(mnt, HUNG_AFTER, pid):
             _force(mnt, pid)
-            return EXIT_OK
+            return
         hint = ""
         if "busy" in detail.lower():
             hint = ("\n  a process has a file open or its working directory under the mount; close it, "
-                    f"or detach now with '{PROG} umount --lazy {args.mountpoint}'")
+                    f"or detach now with '{PROG} umount --lazy {shown or mnt}'")
         raise CliError(f"cannot unmount {mnt}: {detail}{hint}")
 
     if pid is None:  # a killed daemon left its pid file
         control.sweep_pid_files()
-    elif args.lazy:
+    elif lazy:
         time.sleep(0.2)
         if _alive(pid):
             print(f"{PROG} umount: {mnt} detached; its daemon (pid {pid}) exits when the last open file "
                   "under it is closed", file=sys.stderr)
     else:
-        deadline = time.monotonic() + args.timeout
+        deadline = time.monotonic() + timeout
         while _alive(pid):
             if time.monotonic() >= deadline:
                 if not _end(pid, 1.0):
                     raise CliError(f"{mnt} is unmounted but its daemon (pid {pid}) did not exit after "
-                                   f"{args.timeout:g} s, nor when it was killed")
+                                   f"{timeout:g} s, nor when it was killed")
                 print(f"{PROG} umount: {mnt} is unmounted; its daemon (pid {pid}) did not exit within "
-                      f"{args.timeout:g} s and was ended", file=sys.stderr)
+                      f"{timeout:g} s and was ended", file=sys.stderr)
                 break
             time.sleep(0.05)
-    return EXIT_OK

@@ -25,7 +25,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import REPO  # noqa: E402
+from conftest import REPO, is_mounted, shufflefs_mounts  # noqa: E402
 from shufflefs.torch import LineDataset, part_path, rank_and_world, set_epoch  # noqa: E402
 
 ARGS = ["--block-size", "4KiB", "--buffer", "16KiB", "--seed", "3"]
@@ -153,32 +153,64 @@ def test_line_dataset_workers_read_disjoint_parts_that_make_the_view(mount):
 
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
-def test_ddp_training_sees_every_record_once_per_epoch(mount, tmp_path):
-    data = dataset()
-    ranks = [mount({"data.jsonl": data}, *ARGS, "--rank", "0", "--world-size", "2", name="r")]
-    ranks.append(mount(None, *ARGS, "--rank", "1", "--world-size", "2", src=ranks[0].src, name="r"))
-    pattern = str(ranks[0].mnt.parent.parent / "r{rank}" / "mnt")
-    assert [Path(pattern.format(rank=r)) for r in (0, 1)] == [m.mnt for m in ranks]
+def test_ddp_training_sees_every_record_once_per_epoch(tmp_path):
+    """Each rank mounts its own share from inside the script (`shufflefs.mount`, rank and world
+    size from torchrun) and unmounts it at the end: no shell step, nothing left behind."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "data.jsonl").write_text(dataset())
+    mnt = tmp_path / "mnt{rank}"
     logs = tmp_path / "consumed"
-    code, text = torchrun(tmp_path, 2, "--mount-pattern", pattern, "--file", "data.jsonl", "--epochs", str(EPOCHS),
-                          "--workers", "2", "--batch-size", "16", "--dim", str(DIM), "--consumed-log", str(logs))
-    assert code == 0, text
+    try:
+        code, text = torchrun(tmp_path, 2, "--source", str(src), "--mount-dir", str(mnt), "--cache-dir",
+                              str(tmp_path / "cache"), "--block-size", "4KiB", "--buffer", "16KiB", "--seed", "3",
+                              "--file", "data.jsonl", "--epochs", str(EPOCHS), "--workers", "2", "--batch-size", "16",
+                              "--dim", str(DIM), "--consumed-log", str(logs))
+        assert code == 0, text
+        left = [p for p in shufflefs_mounts() if p.startswith(str(tmp_path) + os.sep)]
+        assert not left, f"mounts left behind: {left}"
+    finally:
+        for r in (0, 1):
+            if is_mounted(str(mnt).format(rank=r)):
+                subprocess.run(["fusermount3", "-u", "-z", str(mnt).format(rank=r)], capture_output=True)
 
     every = list(range(N))
     orders = collections.defaultdict(list)
     for epoch in range(EPOCHS):
         shares = [ids_of(logs / f"rank{r}-epoch{epoch}.txt") for r in (0, 1)]
         assert sorted(shares[0] + shares[1]) == every, f"epoch {epoch}: not every record exactly once"
+        assert all(shares), f"epoch {epoch}: a rank trained on nothing"
         for r in (0, 1):
-            assert int(ranks[r].xattr("records", "data.jsonl")) == len(shares[r])  # the rank's whole share
             orders[r].append(shares[r])
         assert re.search(rf"^epoch {epoch}: loss [0-9.]+ over {N} records", text, re.M), text
     assert all(orders[r][0] != orders[r][1] for r in (0, 1))
+    assert set(orders[0][0]).isdisjoint(orders[1][0])  # two shares, not one share read twice
     # shares are cut at equal record counts, as DistributedSampler's are (join() covers a rank
     # whose loader parts end a batch earlier)
     counts = [tuple(map(int, m)) for m in re.findall(r"^rank (\d) epoch (\d): (\d+) records in \d+ batches", text, re.M)]
     per_epoch = collections.defaultdict(dict)
     for rank, epoch, n in counts:
         per_epoch[epoch][rank] = n
+        assert n == len(orders[rank][epoch])
     assert sorted(per_epoch) == list(range(EPOCHS))
     assert all(max(p.values()) - min(p.values()) <= 1 for p in per_epoch.values()), text
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_ddp_training_from_mounts_made_beforehand(mount, tmp_path):
+    """``--mount-pattern``: mounts made by ``shufflefs mount`` before the job, checked to be the rank's."""
+    ranks = [mount({"data.jsonl": dataset(600)}, *ARGS, "--rank", "0", "--world-size", "2", name="r")]
+    ranks.append(mount(None, *ARGS, "--rank", "1", "--world-size", "2", src=ranks[0].src, name="r"))
+    pattern = str(ranks[0].mnt.parent.parent / "r{rank}" / "mnt")
+    assert [Path(pattern.format(rank=r)) for r in (0, 1)] == [m.mnt for m in ranks]
+    logs = tmp_path / "consumed"
+    code, text = torchrun(tmp_path, 2, "--mount-pattern", pattern, "--file", "data.jsonl", "--epochs", "1",
+                          "--workers", "2", "--batch-size", "16", "--dim", str(DIM), "--consumed-log", str(logs))
+    assert code == 0, text
+    shares = [ids_of(logs / f"rank{r}-epoch0.txt") for r in (0, 1)]
+    assert sorted(shares[0] + shares[1]) == list(range(600))
+    for r in (0, 1):
+        assert int(ranks[r].xattr("records", "data.jsonl")) == len(shares[r])  # the rank's whole share
+    code, text = torchrun(tmp_path, 2, "--mount-pattern", str(ranks[0].mnt.parent.parent / "r0" / "mnt"),
+                          "--file", "data.jsonl", "--epochs", "1")
+    assert code != 0 and "is mounted with --rank 0 --world-size 2" in text, text
