@@ -448,7 +448,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--s3-size", help="bytes uploaded for the object-storage section (default 256MiB; 64MiB with --quick)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--update-docs", action="store_true",
-                    help="a full run (no --quick, --only or --size): rewrite docs/benchmark.md and the README's excerpt")
+                    help="a full run (no --quick, --only or --size): rewrite docs/benchmark.md and the excerpts in docs/performance.md and docs/guide/object-storage.md")
     args = ap.parse_args(argv)
     if args.update_docs and (args.quick or args.only or args.size or args.no_cold):
         ap.error("--update-docs records a full run: drop --quick, --only, --size and --no-cold")

@@ -1,5 +1,6 @@
-"""``--update-docs``: a full run rewrites docs/benchmark.md and the README's Performance excerpt
-(between `START` and `END`), so the figures users read are the last run's, with its date."""
+"""``--update-docs``: a full run rewrites docs/benchmark.md, the excerpt of docs/performance.md
+(between `START` and `END`) and the object-storage block of docs/guide/object-storage.md (between
+`S3_START` and `S3_END`), so the figures users read are the last run's, with its date."""
 
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ def _cell(v: float | None, fmt: str = "{:.2f}") -> str:
 
 
 def excerpt(report: Report, machine: str, dataset: str = "lines") -> list[str]:
-    """The README block: 1 MiB reads of one dataset, warm and cold, with ratios to the `none` view
+    """The performance page's block: 1 MiB reads of one dataset, warm and cold, with ratios to the `none` view
     and to the raw read, then the targets table of the same run."""
     none_w, raw_c = _gbps(report, dataset, "view none", "warm"), _gbps(report, dataset, RAW, "cold")
-    out = [f"Last full run: {time.strftime('%Y-%m-%d')}, {machine} (all of it: [docs/benchmark.md](docs/benchmark.md)). "
+    out = [f"Last full run: {time.strftime('%Y-%m-%d')}, {machine} (all of it: [benchmark.md](benchmark.md)). "
            f"`{dataset}` dataset, 1 MiB reads; ratios are within this run.", "",
            "| read | warm GB/s | cold GB/s | warm x `none` | cold x raw |", "|---|---:|---:|---:|---:|"]
     for what in (RAW, PASSTHROUGH, *(f"view {v}" for v in EXCERPT_VIEWS)):
@@ -44,19 +45,24 @@ def excerpt(report: Report, machine: str, dataset: str = "lines") -> list[str]:
     return out
 
 
+def _replace(path: Path, start: str, end: str, block: list[str]) -> str:
+    body = path.read_text()
+    if start not in body or end not in body:
+        raise SystemExit(f"bench: {path} has no {start} ... {end} block to update")
+    text = "\n".join([start, *block, end])
+    return re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: text, body, flags=re.S)
+
+
 def update(report: Report, text: str, repo: Path, machine: str) -> list[Path]:
-    """Write docs/benchmark.md and the README excerpt; returns the files written."""
-    readme = repo / "README.md"
-    body = readme.read_text()
-    if START not in body or END not in body:
-        raise SystemExit(f"bench: {readme} has no {START} ... {END} block to update")
-    block = "\n".join([START, *excerpt(report, machine), END])
-    body = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, body, flags=re.S)
+    """Write docs/benchmark.md, the performance page's excerpt and the object-storage page's block;
+    returns the files written. Nothing is written when a page lacks its markers."""
+    perf, objs = repo / "docs" / "performance.md", repo / "docs" / "guide" / "object-storage.md"
     s3 = [lines for title, lines in report.sections if title == S3_SECTION]
-    if s3 and S3_START in body:
-        block = "\n".join([S3_START, f"Last full run: {time.strftime('%Y-%m-%d')}, {machine}.", "", *s3[0], S3_END])
-        body = re.sub(re.escape(S3_START) + ".*?" + re.escape(S3_END), lambda _: block, body, flags=re.S)
-    readme.write_text(body)
+    pages = {perf: _replace(perf, START, END, excerpt(report, machine))}
+    if s3 and objs.exists() and S3_START in objs.read_text():
+        pages[objs] = _replace(objs, S3_START, S3_END, [f"Last full run: {time.strftime('%Y-%m-%d')}, {machine}.", "", *s3[0]])
     doc = repo / "docs" / "benchmark.md"
     doc.write_text(peers_docs.keep(doc.read_text() if doc.exists() else "", text))  # the Peers section stays
-    return [doc, readme]
+    for path, body in pages.items():
+        path.write_text(body)
+    return [doc, *pages]
