@@ -207,7 +207,14 @@ class Mounter:
             raise errors[0]
 
 
+QUICK = ("pure", "catalog")
+"""The folders ``--quick`` runs: no FUSE mount, a couple of minutes."""
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--quick", action="store_true",
+                     help="run only the tests that mount nothing (tests/pure, tests/catalog): a couple of "
+                          "minutes, for day-to-day work; CI runs the full suite")
     parser.addoption("--stress", action="store_true",
                      help="run the long versions of the fuzz, change, fault and load suites "
                           "(also SHUFFLEFS_STRESS=1)")
@@ -275,7 +282,13 @@ def no_mount_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mounted tests need FUSE; skip them (with the reason) where it is missing."""
+    """Mounted tests need FUSE; skip them (with the reason) where it is missing.  ``--quick``
+    keeps only the tests of `QUICK` folders."""
+    if config.getoption("--quick"):
+        quick = tuple(str(Path(__file__).parent / d) + os.sep for d in QUICK)
+        keep = [i for i in items if str(i.path).startswith(quick)]
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep
     reason = None
     if not os.path.exists("/dev/fuse"):
         reason = "/dev/fuse is missing"
