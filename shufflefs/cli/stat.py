@@ -90,6 +90,9 @@ def format_stats(stats: dict) -> str:
             lines.append(("indexes", f"{store['index_published']} taken from the bucket "
                                      f"({_human(store.get('index_published_bytes', 0))}), {store.get('index_built', 0)} "
                                      f"built by downloading their objects ({_human(store.get('index_built_bytes', 0))})"))
+        if store.get("packed_copies"):
+            lines.append(("copies", f"{store['packed_copies']} compressed object(s) copied to local disk "
+                                    f"({_human(store.get('packed_bytes', 0))}), decoded from there"))
         if "link_ahead" in store:
             measured = f"GETs take {store['link_latency_ms']:.0f} ms or more" if "link_latency_ms" in store else ""
             if "link_part_ms" in store:

@@ -247,7 +247,7 @@ def index_by_scan(store: Store, relpath: str, fmt: Format, cache_dir: str | os.P
         cache.drop(key)
         log.warning("%s: its published index is damaged or of another version: indexing it here", path)
     scanned = fmt.scan(store.map(relpath, stamp), path)
-    if getattr(scanned, "cache_kind", None) == "parquet":  # its records are rows, not the file's bytes
+    if getattr(scanned, "cache_kind", None) is not None:  # rows (Parquet), decoded bytes (compressed)
         index = scanned.stamped(stamp)
     elif scanned.size != stamp.size:
         raise StaleSourceError(path, None, f"read {scanned.size} bytes of a {stamp.size}-byte file")

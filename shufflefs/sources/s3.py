@@ -33,6 +33,7 @@ from ..formats.base import Format
 from ..index.table import RecordIndex, SourceStamp
 from .base import Runs, count_requests, index_by_scan
 from .objects import ClientOptions, ObjectClient, ObjectInfo
+from .packed import PackedCopies, PackedFile
 
 log = logging.getLogger("shufflefs")
 
@@ -46,6 +47,8 @@ DIR_MODE = st_mod.S_IFDIR | 0o555
 INDEX_DIR = ".shufflefs"
 """A prefix of shufflefs's own under the mounted one (published indexes): never shown as data."""
 FILE_MODE = st_mod.S_IFREG | 0o444
+PACKED_SUFFIXES = (".gz", ".zst")
+"""Objects that are compressed text: downloaded into a copy of their own (`sources.packed`)."""
 
 
 def parse_url(location: str) -> tuple[str, str]:
@@ -99,6 +102,7 @@ class S3Store:
         self._listing_now: dict[str, threading.Event] = {}  # directories being listed right now
         self._started = time.time_ns()
         self._scan_dir = tempfile.gettempdir()  # where `map` downloads (the cache directory once known)
+        self.packed = PackedCopies()  # compressed objects' copies, which their views decode
         try:
             found = self.client.first_page(prefix)  # fails now, with the reason, if the bucket cannot be listed
         except ShuffleError as e:
@@ -203,12 +207,26 @@ class S3Store:
             raise IsADirectoryError(21, "a prefix, not an object", self.path(relpath))
         return ObjectFile(self, info)
 
+    def open_packed(self, relpath: str, stamp: SourceStamp) -> PackedFile:
+        """A compressed object at version ``stamp`` as a local file: its copy (`sources.packed`),
+        downloaded now if this mount has none of this version."""
+        info = self._current(relpath, stamp)
+        return self.packed.open(relpath, stamp, self._scan_dir, lambda out: self._fetch_whole(info, out))
+
+    def _fetch_whole(self, info: ObjectInfo, out: np.ndarray) -> None:
+        self.client.fetch_runs(info.key, info.etag, np.array([0]), np.array([info.size]), out)
+        self._local.scanned = getattr(self._local, "scanned", 0) + info.size
+
     def map(self, relpath: str, stamp: SourceStamp) -> np.ndarray:
         """The whole object, downloaded in parallel parts into an unlinked file of the cache
-        directory (so an object larger than memory is scanned through the page cache)."""
+        directory (so an object larger than memory is scanned through the page cache); a
+        compressed one into its copy (`open_packed`), which its views decode afterwards."""
         info = self._current(relpath, stamp)
         if info.size == 0:
             return np.zeros(0, np.uint8)
+        if relpath.endswith(PACKED_SUFFIXES):
+            path = self.packed.path_of(relpath, stamp, self._scan_dir, lambda out: self._fetch_whole(info, out))
+            return np.memmap(path, np.uint8, "r")  # (a copy replaced meanwhile stays mapped)
         fd, name = tempfile.mkstemp(prefix=".s3-scan-", dir=self._scan_dir)
         try:
             os.unlink(name)
@@ -286,14 +304,17 @@ class S3Store:
         latency, part, rate = self.readahead.estimate(time.monotonic())
         link = {"link_latency_ms": latency * 1e3, "link_part_ms": part * 1e3, "link_rate": rate,
                 "link_ahead": self.readahead.in_flight(time.monotonic()), "link_ahead_cap": self.readahead.cap}
+        packed = self.packed.describe()
         return {"requests": sum(c.requests for c in clients), "bytes": sum(c.bytes for c in clients),
                 "failed": sum(c.failures for c in clients), **indexes,
+                "packed_copies": packed["copies"], "packed_bytes": packed["bytes"],
                 **{k: v for k, v in link.items() if v == v}}  # NaN (unmeasured) left out
 
     def close(self) -> None:
         self.client.close()
         if self.index_client is not self.client:
             self.index_client.close()
+        self.packed.close()
 
 
 class ObjectSource:

@@ -75,7 +75,8 @@ class Decoding:
         if fmt is None or fmt.codec is None:
             return self.store.open(relpath, stamp)
         restarts = self._restarts_of(relpath, stamp, fmt, index)
-        raw = self.store.open(relpath, stamp)
+        packed = getattr(self.store, "open_packed", None)  # an object: its copy on local disk (`sources.packed`)
+        raw = packed(relpath, stamp) if packed is not None else self.store.open(relpath, stamp)
         path = self.store.path(relpath)
         try:
             if (not restarts.usable or self.copy_all) and not light:
