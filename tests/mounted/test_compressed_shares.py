@@ -1,9 +1,11 @@
 """Level: mounted (real FUSE mounts, real readers).
 
 What works for plain text works for compressed text: a pool of ``.jsonl.gz`` shards, rank shares
-and loader parts (``.parts``) hold every record exactly once; an epoch resumes after a stop; a
-mixture of compressed JSON lines blends its sources; ``shufflefs inspect --label-field`` measures
-a compressed view and verifies it; a record-level order reads a decoded copy.  Every view is read
+and loader parts (``.parts``) hold every record exactly once; an epoch resumes after a stop, also
+from a state of ranks' parts on another layout; a mixture of compressed JSON lines blends its
+sources; ``shufflefs inspect --label-field`` measures a compressed view and verifies it, and
+measures a compressed source file as the plain file of its records; a record-level order reads a
+decoded copy.  Every view is read
 by a ``gzip.open`` or ``zstandard`` line loop."""
 
 from __future__ import annotations
@@ -117,3 +119,44 @@ def test_a_record_level_order_reads_a_decoded_copy(mount, strategy: str):
     assert collections.Counter(got) == collections.Counter(cf.lines_of(plain))
     info = json.loads(m.xattr("info", "r.jsonl.gz"))["compressed"]
     assert info["read_from"] == "a decoded copy" and "record by record" in info["copied_because"]
+
+
+def test_inspect_of_a_compressed_source_file_measures_its_decoded_records(tmp_path):
+    """Holds: SEMANTICS.md#views-compressed"""
+    plain = cf.jsonl(5000, seed=8)
+    files = {"t.jsonl": plain, "t.jsonl.gz": cf.gz(plain, members=2), "t.jsonl.zst": cf.zst(plain)}
+    got = {}
+    (tmp_path / "src").mkdir()
+    for name, body in files.items():
+        (tmp_path / "src" / name).write_bytes(body)
+        r = shufflefs("inspect", tmp_path / "src" / name, "--label-field", "label", "--json", "--cache-dir", tmp_path / "c")
+        assert r.returncode == 0, r.stderr
+        got[name] = json.loads(r.stdout)
+    assert got["t.jsonl.gz"]["format"] == "lines-gzip" and got["t.jsonl.zst"]["format"] == "lines-zstd"
+    assert got["t.jsonl.gz"]["records"] == 5000 and got["t.jsonl.gz"]["labels"] == [str(i) for i in range(10)]
+    for name in ("t.jsonl.gz", "t.jsonl.zst"):  # the plain file's measures: the same records and plans
+        assert got[name]["strategies"] == got["t.jsonl"]["strategies"], name
+        assert got[name]["expected"] == got["t.jsonl"]["expected"], name
+
+
+def test_an_epoch_of_ranks_and_parts_resumes_on_another_layout(mount, tmp_path):
+    """Holds: SEMANTICS.md#resume-other, SEMANTICS.md#resume-once"""
+    plain = cf.jsonl(6000, seed=9)
+    files = {"a.jsonl.gz": cf.gz(plain, members=3), "b.jsonl.zst": cf.zst(plain, frame=1 << 20)}
+    first = mount(files, "--seed", "2", "--world-size", "2", "--rank", "0", name="r0")
+    old = [first, mount(None, "--seed", "2", "--world-size", "2", "--rank", "1", src=first.src, name="r1")]
+    consumed = [[100, 250], [0, 1234]]
+    views, rests = {}, {}
+    for name in files:
+        parts = [[line_loop(m.path(f".parts/2/{i}/{name}")) for i in range(2)] for m in old]
+        views[name] = [{"world_size": 2, "parts": 2, "consumed": consumed}]
+        rests[name] = [line for r in range(2) for i in range(2) for line in parts[r][i][consumed[r][i]:]]
+        taken = [line for r in range(2) for i in range(2) for line in parts[r][i][: consumed[r][i]]]
+        assert collections.Counter(taken + rests[name]) == collections.Counter(cf.lines_of(plain))
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"epoch": 0, "views": views}))
+    new = mount(None, "--seed", "2", src=old[0].src, name="one")
+    r = shufflefs("epoch", new.path(), 0, "--resume", state)
+    assert r.returncode == 0, r.stderr
+    for name in files:
+        assert line_loop(new.path(name)) == rests[name], name  # the old views' rests, whole, in order
