@@ -7,7 +7,8 @@ command line's own parser and `shufflefs.cli.mount.mount_config` (a mistake rais
 with the command's message), then `shufflefs.cli.mount.start_daemon` runs the daemon with those
 arguments, so a mount made here is the one the command would make.  The daemon runs in its own
 session: a crash of the calling script cannot take it down mid-request, and the handle unmounts
-on leaving a ``with`` block, at `Mount.unmount` or at interpreter exit.
+on leaving a ``with`` block, at `Mount.unmount` or at interpreter exit; the daemon itself
+unmounts when the script's process is gone (killed by SIGKILL), so no mount outlives it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ ResumeInput = Union[bytes, str, "os.PathLike[str]", dict]
 
 __all__ = ["Mount", "MountError", "mount"]
 
-_NOT_KEYWORDS = ("help", "ready_fd", "foreground")
+_NOT_KEYWORDS = ("help", "ready_fd", "owner_pid", "foreground")
 """Mount options with no keyword: ``-f`` would serve in this process, which `mount` never does."""
 
 
@@ -121,7 +122,7 @@ def mount(src: StrPath, mnt: StrPath, **options: Any) -> Mount:
     """
     from .cli.mount import DaemonFailed, start_daemon
 
-    argv = mount_argv(src, mnt, options)
+    argv = [*mount_argv(src, mnt, options), f"--owner-pid={os.getpid()}"]
     config = check_options(argv)
     try:
         proc = start_daemon(argv, config)
@@ -134,8 +135,8 @@ class Mount:
     """A running mount started by `mount`: its epoch, resume state and stats, and its unmount.
 
     Unmounts on leaving a ``with`` block (also when the block raises), at `unmount`, or at
-    interpreter exit if still mounted.  A process killed outright (SIGKILL) leaves the mount
-    running, as a mount made by ``shufflefs mount`` would be: ``shufflefs umount MNT`` ends it.
+    interpreter exit if still mounted; and if the process that made it is killed outright
+    (SIGKILL runs no exit handler), the daemon unmounts when it sees that process gone.
     """
 
     def __init__(self, mountpoint: str, proc: subprocess.Popen, config: MountConfig) -> None:
@@ -146,6 +147,7 @@ class Mount:
         self._proc = proc
         self._lock = threading.Lock()
         self._mounted = True
+        self._owner = os.getpid()
         atexit.register(self._at_exit)
 
     @property
@@ -285,6 +287,8 @@ class Mount:
             self.unmount(lazy=True)
 
     def _at_exit(self) -> None:
+        if os.getpid() != self._owner:  # a forked child that exits normally: the mount is its parent's
+            return
         try:
             self._unmount_anyway()
         except MountError as e:

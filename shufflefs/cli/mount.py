@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -190,6 +193,8 @@ def cmd_mount(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: l
     v = opts.values
     log_file = str(v["log_file"]) if v["log_file"] is not None else None
     if v["foreground"] or args.ready_fd is not None:
+        if args.owner_pid is not None:
+            _end_with(args.owner_pid)
         return run_foreground(config, args.ready_fd, log_file, v["verbose"])
     if config.cache_warning:  # the daemon logs it where its output goes, perhaps nowhere
         print(f"{PROG} mount: warning: {config.cache_warning}", file=sys.stderr)
@@ -205,6 +210,27 @@ def run_foreground(config: MountConfig, ready_fd: int | None, log_file: str | No
         os.chdir("/")
         ready_fd = _relay_ready(ready_fd, log_file)
     return daemon.run(config, ready_fd=ready_fd, log_file=log_file, verbosity=verbosity)
+
+
+def _end_with(pid: int) -> None:
+    """End this daemon as SIGTERM does (unmount, exit 0) once process ``pid`` has ended, however
+    it ended: a mount made by `shufflefs.mount` does not outlive its script, also one killed by
+    SIGKILL, which runs no exit handler."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])
+        # not before the daemon handles SIGTERM (once mounted): the default action would end it
+        # with the mount left behind, dead
+        while signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
 
 
 def _relay_ready(parent_fd: int, log_file: str | None) -> int:

@@ -196,6 +196,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
                         "root; others get EPERM) or any (every user the kernel lets write the path). A state given "
                         "as @PATH is read by the daemon, so only from the owner and root")
     g.add_argument("--ready-fd", type=int, help=argparse.SUPPRESS)
+    g.add_argument("--owner-pid", type=int, help=argparse.SUPPRESS)
 
     p = subs["epoch"] = sub.add_parser(
         "epoch", help="show or set the epoch",

@@ -250,25 +250,33 @@ def test_a_script_that_ends_without_unmounting_unmounts_at_exit(tree, how):
         _leftovers(tree[1], pid)
 
 
-def test_a_killed_script_leaves_its_mount_serving_until_umount(tree):
-    """SIGKILL runs no exit handler: the daemon, in its own session, keeps serving (a reader
-    elsewhere is not cut off mid-file), and ``shufflefs umount`` ends it as for a mount made by
-    the command.
+def test_a_killed_script_leaves_no_mount_behind(tree):
+    """SIGKILL runs no exit handler: the daemon sees its script gone and unmounts as on SIGTERM.
 
     Holds: SEMANTICS.md#umount-api"""
     r, pid = _script(tree, "kill")
     mnt = tree[1]
     try:
         assert r.returncode == -signal.SIGKILL
-        assert is_mounted(mnt) and not process_gone(pid)
-        assert sorted(ids((mnt / "a.jsonl").read_bytes())) == list(range(N))
-        u = subprocess.run([sys.executable, "-m", "shufflefs", "umount", str(mnt)], capture_output=True, text=True,
-                           timeout=TIMEOUT, cwd=REPO)
-        assert u.returncode == 0, u.stderr
-        assert not is_mounted(mnt)
+        wait_for(lambda: not is_mounted(mnt), "the mount to go", 20)
         wait_for(lambda: process_gone(pid), "the daemon to exit", 10)
+        assert control.daemon_pid(str(mnt)) is None  # its pid file removed: a clean exit
+        assert list(mnt.iterdir()) == []
     finally:
         _leftovers(mnt, pid)
+
+
+def test_a_daemon_started_for_a_process_that_is_gone_ends(tree):
+    """``--owner-pid`` of a process that has already exited: the daemon does not stay mounted."""
+    src, mnt, cache = tree
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    r = subprocess.run([sys.executable, "-m", "shufflefs", "mount", str(src), str(mnt), "--cache-dir", str(cache),
+                        f"--owner-pid={gone.pid}"], capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO)
+    try:
+        wait_for(lambda: not is_mounted(mnt), "the mount to go", 20)
+    finally:
+        _leftovers(mnt, control.daemon_pid(str(mnt)))
 
 
 def test_the_function_survives_importing_the_mount_package():
