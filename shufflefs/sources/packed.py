@@ -84,7 +84,7 @@ class PackedCopies:
             try:
                 with open(tmp, "w+b") as f:
                     if stamp.size:
-                        f.truncate(stamp.size)
+                        os.posix_fallocate(f.fileno(), 0, stamp.size)  # a full disk is ENOSPC here, not SIGBUS
                         out = np.memmap(f, np.uint8, "r+")
                         try:
                             fetch(out)

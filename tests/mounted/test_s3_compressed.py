@@ -60,8 +60,12 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
         for prefix in ("cz", "pub"):
             for name, body in files.items():
                 client.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=body)
-        server.files, server.plain = files, plain
+        pool = {f"train-{i:05d}-of-00003.jsonl.gz": cf.gz(cf.jsonl(3000, seed=31 + i), members=1 + i) for i in range(3)}
+        for name, body in pool.items():
+            client.put_object(Bucket=BUCKET, Key=f"pool/{name}", Body=body)
+        server.files, server.plain, server.pool = files, plain, pool
         server.local = write_tree(work / "local", files)
+        server.local_pool = write_tree(work / "local_pool", pool)
         yield server
     finally:
         server.stop()
@@ -127,6 +131,25 @@ def test_a_record_level_order_and_rank_shares_from_the_bucket(mount, s3):
         assert sum(map(collections.Counter, shares), collections.Counter()) == every, name
         assert abs(len(shares[0]) - len(shares[1])) <= 1
         assert ranks[1].path(name).read_bytes() == local.path(name).read_bytes(), name
+
+
+def test_a_pool_of_compressed_objects_balanced_by_a_field(mount, s3):
+    """Holds: SEMANTICS.md#views-compressed-objects, SEMANTICS.md#views-compressed-balance,
+    SEMANTICS.md#ranks-pools"""
+    args = ("--strategy", "full", "--balance-field", "id", "--world-size", "2")
+    every = collections.Counter(line for body in s3.pool.values() for line in cf.lines_of(cf.decode("x.gz", body)))
+    local = mount(None, *ARGS, *args, "--rank", "1", src=s3.local_pool, name="local")
+    before = s3.faults.gets
+    ranks = [s3_mount(mount, s3, "pool", *args, "--rank", str(r), name=f"s3r{r}") for r in range(2)]
+    got = collections.Counter()
+    for m in ranks:
+        for name in s3.pool:
+            got.update(line_loop(m.path(name)))
+    assert got == every  # every record of the pool once over the ranks' shards
+    for name in s3.pool:
+        assert ranks[1].path(name).read_bytes() == local.path(name).read_bytes(), name
+    # each mount: its members' downloads (their indexes, their copies, their costs) and probes
+    assert s3.faults.gets - before == 2 * sum(first_epoch_gets(len(body)) for body in s3.pool.values())
 
 
 def publish(s3, prefix: str, cache: Path) -> subprocess.CompletedProcess:
