@@ -205,17 +205,21 @@ class ParquetView:
         most = int(rows[k]) if k is not None else int(rows.max(initial=0))
         return WORK_PER_ROW * most + 8 * KEPT_WINDOWS * lay.max_window_rows + self.copy.work()
 
-    def rows(self, g: int) -> np.ndarray:
+    def rows(self, g: int, keep: bool = True) -> np.ndarray:
         """The source rows of row group g, in view order (its plan window's ids, kept for the
-        window's other chunks and row groups)."""
+        window's other chunks and row groups unless ``keep`` is False: a peek far from the
+        readers does not push out the ids of the windows they load in turn)."""
         lay = self.layout
         k = int(lay.group_window[g])
         with self._lock:
             ids = self._ids.get(k)
-            if ids is not None:
+            if ids is not None and keep:
                 self._ids.move_to_end(k)
         if ids is None:
             ids = np.asarray(self.plan.window(k), np.int64)
+            if not keep:
+                a = int(lay.group_first[g])
+                return ids[a: a + lay.group_rows(g)]
             with self._lock:
                 self._ids[k] = ids
                 while len(self._ids) > KEPT_WINDOWS:
@@ -263,7 +267,7 @@ class ParquetView:
             return out
         self.source.check()
         g = int(lay.window_group[k])
-        rows = self.rows(g)
+        rows = self.rows(g, keep=False)
         self._fill(rows)
         view = lay.view
         a, b = base + lo, base + hi
