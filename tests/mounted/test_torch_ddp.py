@@ -25,7 +25,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import REPO, is_mounted, shufflefs_mounts  # noqa: E402
+from conftest import REPO, is_mounted, shufflefs_mounts, wait_for  # noqa: E402
 from shufflefs.torch import LineDataset, part_path, rank_and_world, set_epoch  # noqa: E402
 
 ARGS = ["--block-size", "4KiB", "--buffer", "16KiB", "--seed", "3"]
@@ -214,3 +214,23 @@ def test_ddp_training_from_mounts_made_beforehand(mount, tmp_path):
     code, text = torchrun(tmp_path, 2, "--mount-pattern", str(ranks[0].mnt.parent.parent / "r0" / "mnt"),
                           "--file", "data.jsonl", "--epochs", "1")
     assert code != 0 and "is mounted with --rank 0 --world-size 2" in text, text
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed next to this Python")
+def test_a_killed_rank_leaves_no_mount_behind(tmp_path):
+    """Rank 0 is killed (SIGKILL) mid-epoch and torchrun ends rank 1: neither runs its exit
+    handlers, and both mounts still go (each daemon sees its rank's process gone)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "data.jsonl").write_text(dataset(1000))
+    mnt = tmp_path / "mnt{rank}"
+    code, text = torchrun(tmp_path, 2, "--source", str(src), "--mount-dir", str(mnt), "--cache-dir",
+                          str(tmp_path / "cache"), "--block-size", "4KiB", "--buffer", "16KiB", "--file", "data.jsonl",
+                          "--epochs", "1", "--workers", "1", "--batch-size", "16", "--kill-at-step", "5")
+    ours = lambda: [p for p in shufflefs_mounts() if p.startswith(str(tmp_path) + os.sep)]  # noqa: E731
+    try:
+        assert code != 0 and "rank 0: killed at step 5" in text, text
+        wait_for(lambda: not ours(), "the ranks' mounts to go", 30)
+    finally:
+        for p in ours():
+            subprocess.run(["fusermount3", "-u", "-z", p], capture_output=True)
