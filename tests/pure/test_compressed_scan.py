@@ -370,3 +370,51 @@ def test_sources_of_one_file_version_share_its_decoders(tmp_path: Path) -> None:
     finally:
         decoded.close_kept()
 
+
+
+def test_a_gzip_decoder_calls_rapidgzip_on_its_own_thread_only(tmp_path: Path) -> None:
+    """Reads from many threads (the daemon's window loads) reach rapidgzip from the decoder's own
+    thread only: its allocator keeps a heap per calling thread (module docstring of codecs)."""
+    import threading
+
+    plain = jsonl(3000)
+    src = write(tmp_path, "a.jsonl.gz", gzip.compress(plain))
+    index = scan_file(src, resolve_format(src.name, ()))
+    decoder = codecs.GzipDecoder(os.open(src, os.O_RDONLY), index.restarts)
+    seen: set[int] = set()
+
+    class Watched:
+        def __init__(self, f) -> None:
+            self.f = f
+
+        def seek(self, at: int) -> int:
+            seen.add(threading.get_ident())
+            return self.f.seek(at)
+
+        def readinto(self, out) -> int:
+            seen.add(threading.get_ident())
+            return self.f.readinto(out)
+
+    decoder._f = Watched(decoder._f)
+    callers, wrong = set(), []
+    together = threading.Barrier(4)  # all alive at once: their idents are distinct
+
+    def read(at: int) -> None:
+        callers.add(threading.get_ident())
+        together.wait()
+        out = bytearray(50_000)
+        decoder.read_runs([(at, memoryview(out))])
+        if bytes(out) != plain[at: at + 50_000]:
+            wrong.append(at)
+
+    try:
+        threads = [threading.Thread(target=read, args=(at,)) for at in (0, 400_000, 1_000_000, 7)]
+        for t in threads:  # side by side: the decoder's thread takes them in turn
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        decoder._f = decoder._f.f
+        decoder.close()
+    assert not wrong and len(callers) == 4
+    assert len(seen) == 1 and not seen & callers
