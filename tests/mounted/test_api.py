@@ -286,3 +286,15 @@ def test_the_function_survives_importing_the_mount_package():
     from shufflefs import Mount, MountError, mount
 
     assert mount is shufflefs.mount and Mount.__name__ == "Mount" and issubclass(MountError, RuntimeError)
+
+
+def test_keywords_become_the_commands_arguments(tmp_path):
+    from shufflefs.api import mount_argv
+
+    argv = mount_argv("src", tmp_path / "mnt", {"block_size": 65536, "buffer": "10%", "direct_io": True,
+                                                "no_pool": False, "verbose": 2, "format": ["*.bin=fixed:record_size=8"],
+                                                "pool": "shards/*.tfrecord", "cache_dir": tmp_path / "c", "seed": None})
+    assert argv == ["mount", os.path.abspath("src"), str(tmp_path / "mnt"), "--block-size=65536", "--buffer=10%",
+                    "--direct-io", "--verbose", "--verbose", "--format=*.bin=fixed:record_size=8",
+                    "--pool=shards/*.tfrecord", f"--cache-dir={tmp_path / 'c'}"]
+    assert mount_argv("s3://bucket/prefix", "m", {})[1] == "s3://bucket/prefix"  # a URL is no path
