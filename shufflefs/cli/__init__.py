@@ -7,7 +7,8 @@ mount needs is validated before any process is started, so that mistakes surface
 error (exit 2) in the user's terminal rather than in a daemon's log.  A background mount re-runs
 this same command with ``-f`` in a new session and waits on a pipe until the daemon reports the
 mount ready, so that the mount is usable the moment we return.  The top of the path: may import
-any package; nothing imports it but ``__main__``.
+any package; nothing imports it but ``__main__`` and the Python API (`shufflefs.api`), which
+mounts through the same parser, checks and daemon start.
 """
 
 from __future__ import annotations
