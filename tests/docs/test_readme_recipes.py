@@ -3,8 +3,7 @@ mounts (the S3 one against a local moto server, the DDP one with torchrun on CPU
 
 from __future__ import annotations
 
-import os
-import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ def test_every_readme_block_runs_or_says_why() -> None:
     assert not [(b.line, b.lang) for b in unmarked(README)]
 
 
-@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(os.sys.executable)) is None,
+@pytest.mark.skipif(not (Path(sys.executable).parent / "torchrun").exists(),
                     reason="torchrun is not installed next to this Python")
 def test_readme_recipes(tmp_path: Path) -> None:
     pytest.importorskip("webdataset")
