@@ -182,7 +182,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
     g.add_argument("--direct-io", action="store_true", default=None,
                    help="serve views other than .npy and fixed-size ones with direct_io, bypassing "
                         "the page cache (the serving of earlier versions; faster on some machines, "
-                        "see the README's Performance section). What breaks: a shared mmap of those "
+                        "docs/performance.md, Serving modes). What breaks: a shared mmap of those "
                         "views fails with ENODEV, so pandas.read_csv of a CSV over a few MB and "
                         "numpy.memmap fail; private mappings (MAP_PRIVATE, as pyarrow.memory_map makes) "
                         "and read() work")

@@ -2,7 +2,7 @@
 
 A plan of ``full``, ``once``, ``window``, ``lirs-page`` or ``--balance`` holds the order of all its
 records (4 bytes each below 2**31 records); block plans hold O(blocks).  The memory bound the
-README states (16 bytes per record + 3 windows + 100 MiB) leaves `PLAN_BYTES_PER_RECORD` per
+docs/performance.md states (16 bytes per record + 3 windows + 100 MiB) leaves `PLAN_BYTES_PER_RECORD` per
 record of each file beside its offset table: room for two epochs' record-level plans of a file.
 Readers of more epochs of one file at once (32 readers each opening a new epoch while the epoch
 changes every 5 ms) held 32 plans, 190 MB on top of the bound for 1.5 M records.  Now the plan of

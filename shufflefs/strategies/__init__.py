@@ -34,7 +34,7 @@ STRATEGIES: dict[str, type[Plan]] = {
 }
 
 STRATEGY_HELP: dict[str, str] = {name: cls.help for name, cls in STRATEGIES.items()}
-"""One line per strategy for ``--help`` and the README (each class's ``help``)."""
+"""One line per strategy for ``--help`` and the docs (each class's ``help``)."""
 
 
 def check_spec(spec: ShuffleSpec) -> None:

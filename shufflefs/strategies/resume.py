@@ -100,7 +100,7 @@ class ResumeState:
 
     @classmethod
     def from_json(cls, text: str | bytes, max_epoch: int = (1 << 31) - 1) -> ResumeState:
-        """Parse and check a state (see the README's "Resume after preemption"); `ResumeError`
+        """Parse and check a state (see docs/guide/resume.md); `ResumeError`
         says what is wrong and where."""
         try:
             raw = json.loads(text)
