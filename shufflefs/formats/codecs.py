@@ -294,12 +294,9 @@ class GzipDecoder:
             raise ValueError("gzip decoder closed")
         return thread.submit(fn, *args).result()
 
-    def read_into(self, start: int, out: memoryview) -> None:
-        """Fill ``out`` with the decoded bytes from ``start``; EOFError if the stream ends first."""
-        self.read_runs([(start, out)])
-
     def read_runs(self, runs: list[tuple[int, memoryview]]) -> None:
-        """`read_into` of each ``(start, out)``, on the decoder's thread in one hand-over."""
+        """Fill each ``out`` with the decoded bytes from its ``start``, on the decoder's thread in
+        one hand-over; EOFError if the stream ends first."""
         self._on_thread(lambda f: [self._read_into(f, start, out) for start, out in runs], self._f)
 
     @staticmethod
