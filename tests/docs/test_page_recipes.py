@@ -134,3 +134,22 @@ def test_object_storage_page_runs(tmp_path: Path) -> None:
     assert len(printed) == 1
     assert len(keys) >= 4  # the published indexes, one per part
     assert os.listdir(tmp_path / "mnt") == []  # unmounted
+
+
+@pytest.mark.parametrize("page", sorted(PAGES) + ["guide/formats.md", "reference/config.md"])
+def test_config_blocks_parse(page: str, tmp_path: Path) -> None:
+    """YAML and TOML blocks are not run, but each parses as its language (a Kubernetes Job, a
+    config file), and a TOML block is a config file the mount accepts."""
+    import tomllib
+
+    from shufflefs.cli.options import read_config
+
+    for b in blocks(DOCS / page):
+        if b.lang == "yaml":
+            yaml = pytest.importorskip("yaml")
+            assert isinstance(yaml.safe_load(b.code), dict), f"{page}:{b.line}"
+        elif b.lang == "toml":
+            tomllib.loads(b.code)
+            cfg = tmp_path / f"line{b.line}.toml"
+            cfg.write_text(b.code)
+            read_config(cfg)
