@@ -444,10 +444,11 @@ class DecodedReader:
         try:
             if self.decoder is None:
                 own = os.dup(self.fd) if self.fd >= 0 else -1
+                raw: Read = lambda a, b: self.raw(a, b)  # noqa: E731 -- the source that holds it now
                 if self.restarts.codec == GZIP:
-                    self.decoder = GzipDecoder(own if own >= 0 else RangeFile(self.raw, self.raw_size), self.restarts)
+                    self.decoder = GzipDecoder(own if own >= 0 else RangeFile(raw, self.raw_size), self.restarts)
                 else:
-                    self.decoder = ZstdDecoder(self.raw, self.restarts, own)
+                    self.decoder = ZstdDecoder(raw, self.restarts, own)
             self.decoder.read_runs(runs)
         except Exception as e:  # noqa: BLE001 -- the libraries' errors: ValueError, RuntimeError, ZstdError...
             self.close()  # a decoder that failed is not trusted with the next read

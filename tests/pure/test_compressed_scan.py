@@ -418,3 +418,45 @@ def test_a_gzip_decoder_calls_rapidgzip_on_its_own_thread_only(tmp_path: Path) -
         decoder.close()
     assert not wrong and len(callers) == 4
     assert len(seen) == 1 and not seen & callers
+
+
+@pytest.mark.parametrize("kind", ["gz", "zst-frames"])
+def test_a_kept_decoder_reads_through_the_source_that_took_it(tmp_path: Path, kind: str) -> None:
+    """A source without a descriptor (object storage) is read through by its decoders: one kept
+    from a closed source reads through the next source, never through the closed one."""
+    from shufflefs.index.table import SourceStamp
+    from shufflefs.sources import decoded
+
+    plain = jsonl(3000)
+    src = write(tmp_path, f"a.jsonl.{'gz' if kind == 'gz' else 'zst'}", encodings(plain)[kind])
+    index = scan_file(src, resolve_format(src.name, ()))
+    data = src.read_bytes()
+
+    class Remote:
+        """A source read by ranges, refusing reads once closed."""
+
+        stamp = SourceStamp.of(src.stat())
+
+        def __init__(self) -> None:
+            self.closed = False
+
+        def read_range(self, a: int, b: int) -> bytes:
+            assert not self.closed, "read through a closed source"
+            return data[a:b]
+
+        def verify_open(self) -> None:
+            assert not self.closed
+
+        def close(self) -> None:
+            self.closed = True
+
+    try:
+        first = decoded.DecodedSource(Remote(), index.restarts, len(data), str(src))
+        assert first.read_range(10, 300_000) == plain[10:300_000]
+        first.close()
+        second = decoded.DecodedSource(Remote(), index.restarts, len(data), str(src))
+        assert second.read_range(600_000, 1_300_000) == plain[600_000:1_300_000]
+        assert second._decoders is first._decoders
+        second.close()
+    finally:
+        decoded.close_kept()
