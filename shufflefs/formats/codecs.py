@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import FormatError, ShuffleError
 from ..index.decoded import Restarts
+from .zstd_walk import zstd_frames
 
 GZIP, ZSTD = "gzip", "zstd"
 LIBRARIES = {GZIP: "rapidgzip", ZSTD: "zstandard"}
@@ -53,8 +54,6 @@ read needs a few KiB decoded (the end of a record that runs into the next frame)
 WHOLE_FRAME = 0.5
 """A read that needs a zstd frame up to this fraction of it or further decodes the whole frame
 (one-shot, kept for the next read of it); a shorter one decodes only what it needs, as a stream."""
-ZSTD_MAGIC = 0xFD2FB528
-SKIPPABLE = 0x184D2A50  # to 0x184D2A5F
 Read = Callable[[int, int], bytes]
 
 
@@ -161,55 +160,6 @@ def _gzip_all(read: Read, size: int, path: str, progress: Callable[[int], None] 
         got.append(Restarts(GZIP, plain, none, none, np.frombuffer(out.getvalue(), np.uint8)))
 
     return steps(), lambda: got[0]
-
-
-def zstd_frames(read: Read, size: int, path: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every frame of a zstd file: ``(start, end, content size or -1)`` of its data frames
-    (skippable frames, such as the seekable format's seek table, are passed over), by walking
-    frame and block headers: O(blocks), no decoding."""
-    pos = 0
-    starts, ends, sizes = [], [], []
-
-    def bad(at: int, what: str) -> FormatError:
-        return FormatError(path, at, f"not a zstd stream: {what}")
-
-    while pos < size:
-        if size - pos < 8:
-            raise bad(pos, "a frame is cut short")
-        data = bytes(read(pos, min(size, pos + 18)))  # the longest frame header
-        magic = int.from_bytes(data[0:4], "little")
-        if magic & 0xFFFFFFF0 == SKIPPABLE:
-            pos += 8 + int.from_bytes(data[4:8], "little")
-            if pos > size:
-                raise bad(size, "a skippable frame is cut short")
-            continue
-        if magic != ZSTD_MAGIC:
-            raise bad(pos, f"unknown magic number 0x{magic:08x}")
-        start, fhd = pos, data[4]
-        fcs_flag, single, checksum, dict_flag = fhd >> 6, (fhd >> 5) & 1, (fhd >> 2) & 1, fhd & 3
-        if fhd & 0x08:
-            raise bad(pos + 4, "reserved bit set in the frame header")
-        at = 5 + (0 if single else 1) + (0, 1, 2, 4)[dict_flag]
-        fcs_len = (1 if single else 0, 2, 4, 8)[fcs_flag]
-        content = int.from_bytes(data[at: at + fcs_len], "little") + (256 if fcs_len == 2 else 0) if fcs_len else -1
-        pos += at + fcs_len
-        while True:
-            if pos + 3 > size:
-                raise bad(pos, "a block header is cut short")
-            head = int.from_bytes(read(pos, pos + 3), "little")
-            kind, length = (head >> 1) & 3, head >> 3
-            if kind == 3:
-                raise bad(pos, "reserved block type")
-            pos += 3 + (1 if kind == 1 else length)
-            if head & 1:
-                break
-        pos += 4 * checksum
-        if pos > size:
-            raise bad(size, "the last frame is cut short")
-        starts.append(start)
-        ends.append(pos)
-        sizes.append(content)
-    return np.array(starts, np.int64), np.array(ends, np.int64), np.array(sizes, np.int64)
 
 
 def _zstd_all(read: Read, size: int, path: str, progress: Callable[[int], None] | None
@@ -341,7 +291,8 @@ class ZstdDecoder:
         self._read, self.r, self._fd = read, restarts, fd
         self._dctx = zstandard.ZstdDecompressor()
         self._stream: tuple[int, int, object] | None = None  # (frame, decoded position, reader)
-        self._frame: tuple[int, bytes] | None = None  # (frame, its decoded bytes)
+        self._frame: tuple[int, memoryview] | None = None  # (frame, its decoded bytes in _buf)
+        self._buf = bytearray(0)
 
     def _packed(self, i: int, s: int, e: int) -> bytes:
         """Compressed bytes ``[s, e)`` of frame ``i`` (offsets within the frame)."""
@@ -353,15 +304,26 @@ class ZstdDecoder:
             return got
         return bytes(self._read(a + s, a + e))
 
-    def _whole(self, i: int, size: int) -> bytes:
-        """Frame ``i`` decoded whole (``size`` bytes, as the index says), its checksum verified."""
+    def _whole(self, i: int, size: int) -> memoryview:
+        """Frame ``i`` decoded whole (``size`` bytes, as the index says) into the decoder's buffer,
+        its checksum verified: a stream over its bytes into one buffer, kept (a new 1 MiB of bytes
+        per frame, mapped and faulted in anew, made zstd's one-shot decode 1.6x as costly)."""
         got = self._frame
         if got is not None and got[0] == i:
             return got[1]
+        self._frame = None
         packed = self._packed(i, 0, int(self.r.packed_end[i]) - int(self.r.packed[i]))
-        data = self._dctx.decompress(packed, max_output_size=size)
-        if len(data) != size:
-            raise EOFError(f"frame {i} decodes to {len(data)} bytes, not {size}")
+        if len(self._buf) < size:
+            self._buf = bytearray(size)
+        data, done = memoryview(self._buf)[:size], 0
+        with self._dctx.stream_reader(packed, read_size=len(packed), read_across_frames=False) as reader:
+            while done < size:
+                n = reader.readinto(data[done:])
+                if not n:
+                    raise EOFError(f"frame {i} decodes to {done} bytes, not {size}")
+                done += n
+            if reader.read(1):  # to the frame's end: its checksum verified
+                raise EOFError(f"frame {i} decodes to more than {size} bytes")
         self._frame = (i, data)
         return data
 
@@ -398,7 +360,7 @@ class ZstdDecoder:
             n = min(len(out) - pos, f1 - at)
             got = self._frame
             if (got is not None and got[0] == i) or at + n - f0 >= WHOLE_FRAME * (f1 - f0):
-                out[pos: pos + n] = memoryview(self._whole(i, f1 - f0))[at - f0: at - f0 + n]
+                out[pos: pos + n] = self._whole(i, f1 - f0)[at - f0: at - f0 + n]
             else:
                 self._streamed(i, at - f0, out[pos: pos + n])
             pos += n
@@ -409,6 +371,7 @@ class ZstdDecoder:
 
     def close(self) -> None:
         self._stream = self._frame = None
+        self._buf = bytearray(0)
         fd, self._fd = self._fd, -1
         if fd >= 0:
             os.close(fd)

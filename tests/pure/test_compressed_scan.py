@@ -303,14 +303,16 @@ def test_zstd_frames_read_whole_or_by_their_start_give_the_right_bytes(tmp_path:
         reader.close()
 
 
-@pytest.mark.parametrize("whole", [True, False])
-def test_a_damaged_zstd_frame_read_whole_or_as_a_stream_is_a_format_error(tmp_path: Path, whole: bool) -> None:
+@pytest.mark.parametrize("whole,where", [(True, "middle"), (True, "checksum"), (False, "middle")])
+def test_a_damaged_zstd_frame_read_whole_or_as_a_stream_is_a_format_error(tmp_path: Path, whole: bool,
+                                                                          where: str) -> None:
+    """A damaged frame, or one whose content checksum does not match, is an error naming the file."""
     plain = jsonl(3000)
     frame = 1 << 18
     c = zstandard.ZstdCompressor(level=3, write_checksum=True)
     frames = [c.compress(plain[i: i + frame]) for i in range(0, len(plain), frame)]
     bad = bytearray(frames[2])
-    bad[len(bad) // 2] ^= 0xFF
+    bad[len(bad) // 2 if where == "middle" else len(bad) - 2] ^= 0xFF
     data = b"".join(frames[:2]) + bytes(bad) + b"".join(frames[3:])
     clean = scan_file(write(tmp_path, "a.jsonl.zst", b"".join(frames)), resolve_format("a.jsonl.zst", ()))
     reader = DecodedReader(clean.restarts, lambda a, b: data[a:b], len(data), "a.jsonl.zst")
