@@ -22,9 +22,15 @@ from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 import trio
+from numpy.lib.stride_tricks import as_strided
 
 from ..formats.base import Format
 from ..index.table import RecordIndex, SourceStamp
+
+try:
+    from .. import _gather  # compiled at install time; optional
+except ImportError:  # pragma: no cover - depends on the build
+    _gather = None
 
 log = logging.getLogger("shufflefs")
 
@@ -258,3 +264,34 @@ def index_by_scan(store: Store, relpath: str, fmt: Format, cache_dir: str | os.P
     except OSError:
         pass  # only costs a scan next time
     return index
+
+
+def gather(src: np.ndarray, src_pos: np.ndarray, lengths: np.ndarray, out: np.ndarray, out_pos: np.ndarray,
+           compiled: bool = True) -> None:
+    """``out[out_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]]`` for all i."""
+    n = len(lengths)
+    if n == 0:
+        return
+    L = int(lengths[0])
+    if (L > 0 and len(src) == n * L and np.all(lengths == L) and not np.any(src_pos % L)
+            and np.array_equal(out_pos, np.arange(0, n * L, L))):
+        # fixed-size records packed on both sides: one row gather (fixed / npy / equal lines)
+        np.take(src.reshape(n, L), src_pos // L, axis=0, out=out[: n * L].reshape(n, L))
+        return
+    if compiled and _gather is not None:
+        i64 = np.ascontiguousarray
+        _gather.gather(out, src, i64(out_pos, np.int64), i64(src_pos, np.int64), i64(lengths, np.int64))
+        return
+    # variable lengths: one vectorised row copy per distinct length.  Each byte range of length L
+    # is a row of an overlapping (stride 1) 2-d view of the buffer, so records of equal length
+    # move together by fancy indexing; the Python loop runs over lengths, not records.
+    order = np.argsort(lengths, kind="stable")
+    sorted_len = lengths[order]
+    edges = np.flatnonzero(np.diff(sorted_len)) + 1
+    for grp in np.split(order, edges):
+        L = int(lengths[grp[0]])
+        if L == 0:
+            continue
+        src_rows = as_strided(src, shape=(len(src) - L + 1, L), strides=(1, 1), writeable=False)
+        out_rows = as_strided(out, shape=(len(out) - L + 1, L), strides=(1, 1))
+        out_rows[out_pos[grp]] = src_rows[src_pos[grp]]

@@ -29,8 +29,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from ..errors import ShuffleError, StaleSourceError
-from ..windows.layout import gather
-from .base import count_requests
+from .base import count_requests, gather
 from .link import LinkMeter
 
 log = logging.getLogger("shufflefs")

@@ -12,8 +12,7 @@ import numpy as np
 
 from ..index.table import SourceStamp
 from ..pools.joined_index import PooledIndex, split_runs
-from ..windows.layout import gather
-from .base import Members, Runs, Source, finish_all
+from .base import Members, Runs, Source, finish_all, gather
 
 
 class PoolSource:

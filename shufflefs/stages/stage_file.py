@@ -25,9 +25,9 @@ import numpy as np
 
 from ..errors import StageError
 from ..index.table import RecordIndex
-from ..windows.layout import gather, id_runs
+from ..windows.layout import id_runs
 from ..strategies.units import cuts_by_bytes
-from ..sources.base import Reader, Runs, Source, take_requests
+from ..sources.base import Reader, Runs, Source, gather, take_requests
 from ..windows.view import READ_CHUNK, build_runs
 
 I64 = np.int64

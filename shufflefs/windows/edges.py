@@ -48,8 +48,8 @@ from ..formats.base import FramingError
 from ..formats.framing import TAR, check_pieces, framing_failure, unterminated
 from ..index.table import RecordIndex
 from ..pools.joined_index import split_runs
-from ..sources.base import Runs, Source, finish_all
-from .layout import gather, id_runs
+from ..sources.base import Runs, Source, finish_all, gather
+from .layout import id_runs
 
 I64 = np.int64
 PRED_WHOLE = 256 << 10

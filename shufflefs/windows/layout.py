@@ -1,4 +1,4 @@
-"""Plan -> bytes: where each window sits in the view, which source ranges it needs, and the gather.
+"""Plan -> bytes: where each window sits in the view, which source ranges it needs, and its assembly.
 
 The view of a file is ``header | window 0 | window 1 | ... | trailer``.  A window's bytes are
 built from its records alone, so any ``read(off, size)`` only needs the windows it overlaps.
@@ -6,7 +6,7 @@ Reading a window's records is planned as few, large reads in source order (`sour
 consecutive record ids are adjacent in the source and merge into one run.
 
 `assemble` builds a window here for any `Fetch` (reading every run, then gathering the records
-into view order); it is the reference `render` and the tests use, and the daemon's fallback when
+into view order with `sources.base.gather`); it is the reference `render` and the tests use, and the daemon's fallback when
 the compiled `_gather.build_window` (see `view`) is missing.
 """
 
@@ -16,14 +16,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from ..index.table import RecordIndex
-
-try:
-    from .. import _gather  # compiled at install time; optional
-except ImportError:  # pragma: no cover - depends on the build
-    _gather = None
+from ..sources.base import gather
 from ..strategies.base import Plan
 
 HEADER = -1
@@ -203,37 +198,6 @@ def assemble_steps(index: RecordIndex, ids: np.ndarray, fetch: Fetch, out: np.nd
         hit = np.flatnonzero(np.isin(ids, index.newline_ids))
         out[out_pos[hit] + lengths[hit]] = 0x0A
     return out
-
-
-def gather(src: np.ndarray, src_pos: np.ndarray, lengths: np.ndarray, out: np.ndarray, out_pos: np.ndarray,
-           compiled: bool = True) -> None:
-    """``out[out_pos[i]:+lengths[i]] = src[src_pos[i]:+lengths[i]]`` for all i."""
-    n = len(lengths)
-    if n == 0:
-        return
-    L = int(lengths[0])
-    if (L > 0 and len(src) == n * L and np.all(lengths == L) and not np.any(src_pos % L)
-            and np.array_equal(out_pos, np.arange(0, n * L, L))):
-        # fixed-size records packed on both sides: one row gather (fixed / npy / equal lines)
-        np.take(src.reshape(n, L), src_pos // L, axis=0, out=out[: n * L].reshape(n, L))
-        return
-    if compiled and _gather is not None:
-        i64 = np.ascontiguousarray
-        _gather.gather(out, src, i64(out_pos, np.int64), i64(src_pos, np.int64), i64(lengths, np.int64))
-        return
-    # variable lengths: one vectorised row copy per distinct length.  Each byte range of length L
-    # is a row of an overlapping (stride 1) 2-d view of the buffer, so records of equal length
-    # move together by fancy indexing; the Python loop runs over lengths, not records.
-    order = np.argsort(lengths, kind="stable")
-    sorted_len = lengths[order]
-    edges = np.flatnonzero(np.diff(sorted_len)) + 1
-    for grp in np.split(order, edges):
-        L = int(lengths[grp[0]])
-        if L == 0:
-            continue
-        src_rows = as_strided(src, shape=(len(src) - L + 1, L), strides=(1, 1), writeable=False)
-        out_rows = as_strided(out, shape=(len(out) - L + 1, L), strides=(1, 1))
-        out_rows[out_pos[grp]] = src_rows[src_pos[grp]]
 
 
 def render(index: RecordIndex, plan: Plan, data: bytes | np.ndarray) -> bytes:
