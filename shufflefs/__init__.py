@@ -6,8 +6,6 @@ this package imports nothing else until it is called.
 
 from __future__ import annotations
 
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -35,16 +33,3 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class _Package(types.ModuleType):
-    """Keeps ``shufflefs.mount`` the function: importing the subpackage of the same name
-    (``shufflefs.mount.daemon``...) would otherwise rebind the attribute to the subpackage."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "mount" and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

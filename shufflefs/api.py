@@ -190,7 +190,7 @@ class Mount:
         """Show epoch ``n``'s order in every file opened from now on (files already open keep
         theirs); clears a resume state, as ``shufflefs epoch MNT N`` does."""
         from .cli.epoch import _refused
-        from .mount import control
+        from .fs import control
 
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_EPOCH:
             raise ValueError(f"epoch {n!r}: not an epoch: an integer from 0 to {MAX_EPOCH}")
@@ -257,7 +257,7 @@ class Mount:
         last one closes).  Does nothing once unmounted.  Raises MountError if the mount is busy
         (a file open or a working directory under it) and ``lazy`` is false."""
         from .cli.umount import unmount
-        from .mount import control
+        from .fs import control
 
         with self._lock:
             if not self._mounted:

@@ -20,7 +20,7 @@ _UNITS = {
 
 
 XATTR_PREFIX = "user.shufflefs."
-"""The extended attributes of a mount (read by the CLI and `shufflefs.torch`, served by `mount.fuse_ops`)."""
+"""The extended attributes of a mount (read by the CLI and `shufflefs.torch`, served by `fs.fuse_ops`)."""
 EPOCH_XATTR = XATTR_PREFIX + "epoch"
 STATS_XATTR = XATTR_PREFIX + "stats"
 PID_XATTR = XATTR_PREFIX + "pid"

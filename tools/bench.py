@@ -65,7 +65,7 @@ from bench.report import MiB, Report, Row  # noqa: E402
 from bench.targets import targets  # noqa: E402
 from shufflefs.config import parse_size  # noqa: E402
 from shufflefs.cli.mount import daemon_python  # noqa: E402
-from shufflefs.mount.daemon import raise_readahead  # noqa: E402
+from shufflefs.fs.daemon import raise_readahead  # noqa: E402
 from shufflefs.formats import load_or_build_index, make_format  # noqa: E402
 from shufflefs.index.table import IndexCache, RecordIndex  # noqa: E402
 from shufflefs.strategies import STRATEGIES, ShuffleSpec, make_plan  # noqa: E402

@@ -8,7 +8,7 @@ import os
 from ..config import (
     STATS_XATTR,
 )
-from ..mount import control
+from ..fs import control
 from ..strategies.base import OBJECT_BLOCK
 
 PROG = "shufflefs"

@@ -17,7 +17,7 @@ from ..config import (
     RESUME_INLINE,
     RESUME_XATTR,
 )
-from ..mount import control
+from ..fs import control
 from ..strategies.resume import ResumeError, ResumeState
 from .common import (
     EXIT_OK,

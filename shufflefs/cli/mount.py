@@ -202,7 +202,7 @@ def cmd_mount(args: argparse.Namespace, parser: argparse.ArgumentParser, argv: l
 
 
 def run_foreground(config: MountConfig, ready_fd: int | None, log_file: str | None, verbosity: int) -> int:
-    from ..mount import daemon
+    from ..fs import daemon
 
     if ready_fd is not None:
         # Started by `start_background`: never pin the caller's working directory, and stop

@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 
-from ..mount import control
+from ..fs import control
 from .common import EXIT_OK, PROG, CliError
 
 

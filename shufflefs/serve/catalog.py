@@ -1,5 +1,5 @@
 """The catalog of one mount: the source tree as nodes, each data file's views by epoch, their
-plans, pools, parts, stages and windows.  Async (trio) but free of FUSE: `shufflefs.mount.fuse_ops` maps
+plans, pools, parts, stages and windows.  Async (trio) but free of FUSE: `shufflefs.fs.fuse_ops` maps
 kernel requests onto it, and tests can drive it without a mount.
 
 All methods run in the trio thread; anything that touches the source or gathers records runs on

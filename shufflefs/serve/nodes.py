@@ -1,5 +1,5 @@
 """The catalog's vocabulary: nodes (one per inode), directory probes, open handles, and the
-errno a request ends with.  No FUSE import: the adapter (`shufflefs.mount.fuse_ops`) maps these onto pyfuse3.
+errno a request ends with.  No FUSE import: the adapter (`shufflefs.fs.fuse_ops`) maps these onto pyfuse3.
 """
 
 from __future__ import annotations

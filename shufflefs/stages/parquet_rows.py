@@ -203,7 +203,7 @@ class RowCopy:
 
 def _system_allocator() -> None:
     """Let pyarrow allocate through malloc, which gives a decoded row group's memory back to the
-    system when it is freed (the daemon maps large blocks on their own, `mount.daemon`), where
+    system when it is freed (the daemon maps large blocks on their own, `fs.daemon`), where
     pyarrow's own allocator kept it: measured on a 1 GiB file, the daemon's own memory stayed at
     500-620 MiB after its copy was made."""
     import pyarrow as pa

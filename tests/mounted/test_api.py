@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO, is_mounted, process_gone, shufflefs_mounts, wait_for, write_tree
 
 import shufflefs
-from shufflefs.mount import control
+from shufflefs.fs import control
 
 N = 2000
 OPTS: dict[str, Any] = {"block_size": "4KiB", "buffer": 16 << 10, "seed": 3}
@@ -183,7 +183,6 @@ def test_bad_options_raise_the_command_lines_message_before_any_mount(tree, opti
 def test_unknown_keywords_and_flags_that_are_no_bools_raise_before_any_mount(tree):
     """Holds: SEMANTICS.md#umount-api"""
     src, mnt, cache = tree
-    before = shufflefs_mounts()
     with pytest.raises(TypeError, match="unexpected keyword argument 'sed'"):
         shufflefs.mount(src, mnt, sed=3)
     for key in ("foreground", "ready_fd", "help"):
@@ -196,7 +195,7 @@ def test_unknown_keywords_and_flags_that_are_no_bools_raise_before_any_mount(tre
         shufflefs.mount(src, mnt, cache_dir=cache)
     with pytest.raises(ValueError):
         shufflefs.mount(src / "missing", mnt, cache_dir=cache)
-    assert shufflefs_mounts() == before
+    assert not [m for m in shufflefs_mounts() if m.startswith(str(mnt.parent))]  # other tests' mounts may come and go
 
 
 def test_an_exception_in_the_block_leaves_no_mount_and_no_daemon(tree):
@@ -279,8 +278,8 @@ def test_a_daemon_started_for_a_process_that_is_gone_ends(tree):
         _leftovers(mnt, control.daemon_pid(str(mnt)))
 
 
-def test_the_function_survives_importing_the_mount_package():
-    import shufflefs.mount.daemon  # noqa: F401  (binds the subpackage on the package, normally)
+def test_the_function_survives_importing_the_daemon_package():
+    import shufflefs.fs.daemon  # noqa: F401
 
     assert callable(shufflefs.mount) and shufflefs.mount.__module__ == "shufflefs"
     from shufflefs import Mount, MountError, mount

@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, write_tree
 
 from shufflefs.config import MountConfig
-from shufflefs.mount import daemon
+from shufflefs.fs import daemon
 
 LINES = b"".join(b'{"i": %d}\n' % i for i in range(3000))
 PLS = ["--strategy", "pls", "--world-size", "2", "--exchange", "0.25", "--block-size", "4096"]

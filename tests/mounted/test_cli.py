@@ -38,7 +38,7 @@ def _fuse_usable() -> str | None:
     if shutil.which("fusermount3") is None:
         return "no fusermount3"
     try:
-        import shufflefs.mount.daemon  # noqa: F401
+        import shufflefs.fs.daemon  # noqa: F401
     except ImportError as e:
         return f"daemon not importable: {e}"
     return None

@@ -24,7 +24,7 @@ import pytest
 
 from conftest import REPO, bounded, is_mounted
 
-from shufflefs.mount import control
+from shufflefs.fs import control
 from shufflefs.serve.workers import META_DEADLINE
 
 LINES = b"".join(b'{"id": %06d}\n' % i for i in range(5000))

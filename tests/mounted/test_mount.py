@@ -29,7 +29,7 @@ import pytest
 
 from conftest import Link, Mount, is_mounted, write_tree
 from shufflefs.config import parse_buffer, parse_size
-from shufflefs.mount.daemon import READAHEAD_KB
+from shufflefs.fs.daemon import READAHEAD_KB
 from shufflefs.formats import parse_format_option, resolve_format, scan_file
 from shufflefs.windows.layout import Layout, render
 from shufflefs.windows.cache import WINDOWS
@@ -725,7 +725,7 @@ def test_mount_is_listed_as_fuse_shufflefs(data: Mount):
 def test_daemon_refuses_unusable_paths(tmp_path: Path, capsys):
     """Holds: SEMANTICS.md#never-opened-own-mount"""
     from shufflefs.config import MountConfig
-    from shufflefs.mount.daemon import run
+    from shufflefs.fs.daemon import run
 
     src, mnt = write_tree(tmp_path / "src", {"a.jsonl": b"1\n"}), tmp_path / "mnt"
     mnt.mkdir()

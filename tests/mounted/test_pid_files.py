@@ -16,7 +16,7 @@ from pathlib import Path
 
 from conftest import REPO, process_gone, wait_for
 
-from shufflefs.mount import control
+from shufflefs.fs import control
 
 FILES = {"a.jsonl": b"".join(b'{"i": %d}\n' % i for i in range(500))}
 

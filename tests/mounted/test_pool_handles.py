@@ -13,7 +13,7 @@ import time
 
 from test_mount_pools import POOL_ARGS, SIZES, pooled_reference, shard_files
 
-from shufflefs.mount.fuse_ops import META_TIMEOUT
+from shufflefs.fs.fuse_ops import META_TIMEOUT
 
 NAMES = sorted(SIZES)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, bounded
-from shufflefs.mount import control
+from shufflefs.fs import control
 
 N = 400
 LINES = b"".join(b'{"id": %05d, "pad": "%s"}\n' % (i, b"x" * (i % 13)) for i in range(N))

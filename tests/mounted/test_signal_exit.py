@@ -18,7 +18,7 @@ import pytest
 from conftest import process_gone, wait_for
 from test_indexer import _children, _cmdline, _workers
 
-from shufflefs.mount.daemon import EXIT_GRACE
+from shufflefs.fs.daemon import EXIT_GRACE
 
 LINES = 100_000_000
 """8-byte lines: an 800 MB file whose scan takes seconds (and whose index 800 MB)."""
