@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shufflefs.index.table import RecordIndex  # noqa: E402
-from shufflefs.pools.joined_index import PooledIndex  # noqa: E402
+from shufflefs.index.joined_index import PooledIndex  # noqa: E402
 from shufflefs.pools.mix_index import epoch_index  # noqa: E402
 from shufflefs.strategies import ShuffleSpec, make_plan  # noqa: E402
 

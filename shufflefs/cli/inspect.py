@@ -124,7 +124,7 @@ def _inspect_mounted(args: argparse.Namespace, parser: argparse.ArgumentParser, 
     import numpy as np
 
     from ..index.table import IndexCache
-    from ..pools.joined_index import PooledIndex
+    from ..index.joined_index import PooledIndex
     from ..strategies import make_plan
     from ..strategies.slices import SlicePlan, slice_edges
 

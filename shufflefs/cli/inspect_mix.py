@@ -39,7 +39,7 @@ def mixture_orders(members: list[Path], firsts: Sequence[int], mix: MixSpec, fmt
     """The pool of ``members`` and, per column, the plan of its spec over the mixture's epoch (a
     shard's stretch of it if ``shard`` is given) and the map of that epoch's records to pool ids."""
     from ..formats import load_or_build_index, scan_file
-    from ..pools.joined_index import PooledIndex
+    from ..index.joined_index import PooledIndex
     from ..pools.mix_index import epoch_index
     from ..strategies import make_plan
     from ..strategies.slices import SlicePlan, slice_edges

@@ -126,7 +126,7 @@ class RecordIndex:
 
     def torn_last(self) -> "RecordIndex":
         """The index whose views are planned: one with its unterminated records last (a file's
-        is already; a pool's moves its members' to the end, `pools.joined_index`)."""
+        is already; a pool's moves its members' to the end, `index.joined_index`)."""
         return self
 
     @property

@@ -1,7 +1,7 @@
 """One epoch of a mixture as one offset table: the records the epoch takes from its sources
 (repeats included), in the order of `strategies.mixture.epoch_segments`.
 
-A `MixIndex` is a `joined_index.SegmentIndex`: its members are *segments*, runs of consecutive
+A `MixIndex` is an `index.joined_index.SegmentIndex`: its members are *segments*, runs of consecutive
 records of one file, each at a shift of its own (``member_file`` names the file).  Every
 strategy then works on it unchanged, and reading works as for a pool: a run of ids is cut where
 segments end, and each piece is one contiguous range of one file.  A record an epoch takes twice
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..strategies.base import ShuffleSpec, effective_block_size, floored
 from ..strategies.mixture import epoch_segments, quotas
-from .joined_index import PooledIndex, SegmentIndex
+from ..index.joined_index import PooledIndex, SegmentIndex
 
 I64 = np.int64
 

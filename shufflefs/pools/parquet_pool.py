@@ -1,6 +1,6 @@
 """A pool of Parquet shards (``train-00000-of-00042.parquet``, ...) as one index of rows.
 
-The pool's rows are its members' rows in shard order, planned as one file's (`joined_index`:
+The pool's rows are its members' rows in shard order, planned as one file's (`index.joined_index`:
 each member cut into blocks on its own), and laid out as one Parquet source: a footer with the
 members' schema and the first member's key-value metadata, their row groups one after the
 other, and their per-row sizes joined (`formats.parquet.sizes.RowSizes`).  So a shard of the
@@ -23,7 +23,7 @@ from ..errors import FormatError
 from ..formats.parquet.footer import SourceFooter
 from ..formats.parquet.index import ParquetIndex
 from ..formats.parquet.sizes import ColumnSizes, RowSizes, compact
-from .joined_index import PooledIndex, SegmentIndex
+from ..index.joined_index import PooledIndex, SegmentIndex
 
 
 def _joined(parts: Sequence[np.ndarray | int | None], rows: Sequence[int]) -> np.ndarray | int | None:

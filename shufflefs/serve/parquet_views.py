@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 from ..formats import Format
 from ..formats.parquet.index import ParquetIndex
-from ..pools.joined_index import joined
-from ..pools.joined_index import SegmentIndex
+from ..index.joined_index import joined
+from ..index.joined_index import SegmentIndex
 from ..pools.parquet_pool import PoolRowsPlan, joined_parquet
 from ..sources.base import Source
 from ..stages.parquet_rows import RowCopies

@@ -19,7 +19,7 @@ from ..errors import FormatError, ResumeMismatch, StaleSourceError
 from ..formats import Format
 from ..formats.npy import header_with_rows
 from ..index.table import IndexCache, RecordIndex, SourceStamp, cache_key
-from ..pools.joined_index import PooledIndex, SegmentIndex
+from ..index.joined_index import PooledIndex, SegmentIndex
 from ..pools.lookup import PoolEntry
 from ..pools.mix_index import MixIndex, describe_epoch, epoch_index
 from ..pools.mixes import MixError

@@ -2,7 +2,7 @@
 
 A store is chosen by the scheme of the mount's source (``scheme://...``; a plain path is local).
 Adding one: a module implementing `base.Store` and `base.Source`, and one line in `STORES`.
-Imports `formats`, `index`, `pools.joined_index` (a pool's members) and `resolve`; `base` holds
+Imports `formats`, `index` (`joined_index`: a pool's members) and `resolve`; `base` holds
 `gather`, the record copy (compiled, else numpy) that sources and the windows above use.
 """
 

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from ..index.table import SourceStamp
-from ..pools.joined_index import PooledIndex, split_runs
+from ..index.joined_index import PooledIndex, split_runs
 from .base import Members, Runs, Source, finish_all, gather
 
 

@@ -47,7 +47,7 @@ import numpy as np
 from ..formats.base import FramingError
 from ..formats.framing import TAR, check_pieces, framing_failure, unterminated
 from ..index.table import RecordIndex
-from ..pools.joined_index import split_runs
+from ..index.joined_index import split_runs
 from ..sources.base import Runs, Source, finish_all, gather
 from .layout import id_runs
 

@@ -27,7 +27,7 @@ from test_mount import ARGS, SEED, error_after_appending, jsonl, lines, read
 from shufflefs.config import parse_buffer, parse_size
 from shufflefs.formats import make_format
 from shufflefs.windows.layout import assemble, slice_fetch
-from shufflefs.pools.joined_index import PooledIndex
+from shufflefs.index.joined_index import PooledIndex
 from shufflefs.strategies import ShuffleSpec, make_plan
 from shufflefs.strategies.slices import SlicePlan, slice_edges
 

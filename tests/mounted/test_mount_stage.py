@@ -19,7 +19,7 @@ from test_mount import error_after_appending, jsonl, lines, read
 
 from shufflefs.formats import make_format
 from shufflefs.index.table import RecordIndex
-from shufflefs.pools.joined_index import PooledIndex
+from shufflefs.index.joined_index import PooledIndex
 from shufflefs.strategies import ShuffleSpec
 from shufflefs.strategies.partial_local import pls_exchange
 

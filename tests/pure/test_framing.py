@@ -25,7 +25,7 @@ from shufflefs.formats import framing, tar_walk
 from shufflefs.formats.framing import gather_check
 from shufflefs.formats.tfrecord import encode_frame
 from shufflefs.index.table import RecordIndex, SourceStamp
-from shufflefs.pools.joined_index import PooledIndex, SegmentIndex
+from shufflefs.index.joined_index import PooledIndex, SegmentIndex
 from shufflefs.sources.pool import PoolSource
 from shufflefs.sources.local import SourceFile
 from shufflefs.stages.stage_file import StagedSource, write_stage

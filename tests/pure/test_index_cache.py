@@ -21,7 +21,7 @@ from shufflefs.formats.lines import check_lines, check_rows
 from shufflefs.formats.tfrecord import check_frames, check_lengths, encode_frame
 from shufflefs.index.table import INDEX_VERSION, IndexCache, RecordIndex, SourceStamp, _digest, cache_key
 from shufflefs.windows.layout import assemble
-from shufflefs.pools.joined_index import PooledIndex
+from shufflefs.index.joined_index import PooledIndex
 
 STAMP = SourceStamp(100, 5, 7, 9)
 

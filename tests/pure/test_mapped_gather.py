@@ -148,7 +148,7 @@ def test_an_empty_or_already_shorter_file_has_no_mapping(tmp_path):
 def test_a_pool_member_that_shrinks_is_named(tmp_path):
     """Records copied in view order from a pool's members: the member cut short is the one the
     stale-source error names, and its offset."""
-    from shufflefs.pools.joined_index import PooledIndex
+    from shufflefs.index.joined_index import PooledIndex
     from shufflefs.sources.pool import PoolSource
 
     paths, members = [], []

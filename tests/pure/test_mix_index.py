@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from shufflefs.formats import make_format
 from shufflefs.index.table import SourceStamp
-from shufflefs.pools.joined_index import PooledIndex
+from shufflefs.index.joined_index import PooledIndex
 from shufflefs.pools.mix_index import MixIndex, epoch_index
 from shufflefs.sources.local import SourceFile
 from shufflefs.sources.pool import PoolSource

@@ -18,7 +18,7 @@ from shufflefs.formats import make_format
 from shufflefs.windows import view
 from shufflefs.index.table import RecordIndex, SourceStamp, unit_firsts
 from shufflefs.windows.layout import assemble
-from shufflefs.pools.joined_index import PooledIndex, split_runs
+from shufflefs.index.joined_index import PooledIndex, split_runs
 from shufflefs.strategies import ShuffleSpec, make_plan
 from shufflefs.strategies.slices import SlicePlan, slice_edges
 from shufflefs.sources.local import SourceFile

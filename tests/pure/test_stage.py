@@ -18,7 +18,7 @@ from shufflefs.errors import StageError, StaleSourceError
 from shufflefs.formats import make_format
 from shufflefs.index.table import RecordIndex, SourceStamp
 from shufflefs.windows.layout import render
-from shufflefs.pools.joined_index import PooledIndex
+from shufflefs.index.joined_index import PooledIndex
 from shufflefs.stages.stage_file import StageCancelled, StagedSource, StageMap, run_ids, write_stage
 from shufflefs.strategies import ShuffleSpec, make_plan
 from shufflefs.strategies.partial_local import pls_exchange

@@ -20,7 +20,7 @@ import functools
 
 import numpy as np
 
-from ..index.table import RecordIndex, SourceStamp, unit_firsts
+from .table import RecordIndex, SourceStamp, unit_firsts
 
 I64 = np.int64
 LOOPED_SEGMENTS = 4096
