@@ -154,7 +154,7 @@ def encode_rate(src: Path, work: Path) -> tuple[float, float, int]:
     from shufflefs.stages.parquet_rows import RowCopies
     from shufflefs.strategies import make_plan
     from shufflefs.strategies.base import ShuffleSpec
-    from shufflefs.windows.parquet_view import ParquetLayout, ParquetView
+    from shufflefs.stages.parquet_view import ParquetLayout, ParquetView
 
     index = scan_file(src, make_format("parquet"))
     plan = make_plan(index, ShuffleSpec(), 1, 0, 1)

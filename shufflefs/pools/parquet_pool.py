@@ -4,7 +4,7 @@ The pool's rows are its members' rows in shard order, planned as one file's (`in
 each member cut into blocks on its own), and laid out as one Parquet source: a footer with the
 members' schema and the first member's key-value metadata, their row groups one after the
 other, and their per-row sizes joined (`formats.parquet.sizes.RowSizes`).  So a shard of the
-pool's stream is laid out and encoded as a single file's view is (`windows.parquet_view`), from a
+pool's stream is laid out and encoded as a single file's view is (`stages.parquet_view`), from a
 decoded copy of the whole pool that fills each member's row groups from that member's file
 (`member_of`).  Members must share their schema (the same schema elements, byte for byte).
 A mixture of Parquet files draws its epochs' rows from such a pool of its files: its views are

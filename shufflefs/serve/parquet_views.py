@@ -1,7 +1,7 @@
 """Parquet files in a mount: what the planner and the views do differently for them.
 
 A Parquet file's index orders its rows (`formats.parquet.index`), so it is planned like any file;
-its layout is `windows.parquet_view.ParquetLayout` (row groups and a footer, not the records'
+its layout is `stages.parquet_view.ParquetLayout` (row groups and a footer, not the records'
 bytes) and its view a `ParquetView` that encodes row groups from the file's decoded copy
 (`stages.parquet_rows`), one copy per file version for the whole mount (a pool's or a
 mixture's: one for its files).
@@ -21,7 +21,7 @@ from ..sources.base import Source
 from ..stages.parquet_rows import RowCopies
 from ..strategies.base import Plan
 from ..windows.layout import Layout
-from ..windows.parquet_view import ParquetLayout, ParquetView
+from ..stages.parquet_view import ParquetLayout, ParquetView
 from ..windows.view import window_work
 
 NAME = "parquet"

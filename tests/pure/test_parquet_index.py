@@ -171,7 +171,7 @@ def test_any_run_of_pages_encodes_to_its_slice_of_the_chunk(files):
 
 
 def test_page_windows_tile_every_row_group(files):
-    from shufflefs.windows.parquet_view import page_windows
+    from shufflefs.stages.parquet_view import page_windows
 
     index = scan_file(files["pandas"], make_format("parquet"))
     view = plan_view(index.footer, index.sizes, np.random.default_rng(4).permutation(index.n), 3_000,

@@ -18,8 +18,8 @@ from shufflefs.sources.local import SourceFile  # noqa: E402
 from shufflefs.stages.parquet_rows import RowCopies  # noqa: E402
 from shufflefs.strategies import make_plan  # noqa: E402
 from shufflefs.strategies.base import ShuffleSpec  # noqa: E402
-from shufflefs.windows import parquet_view  # noqa: E402
-from shufflefs.windows.parquet_view import ParquetLayout, ParquetView  # noqa: E402
+from shufflefs.stages import parquet_view  # noqa: E402
+from shufflefs.stages.parquet_view import ParquetLayout, ParquetView  # noqa: E402
 
 
 @pytest.mark.parametrize("strategy", ["stratified", "full"])

@@ -38,9 +38,9 @@ from ..formats.parquet.index import ParquetIndex
 from ..formats.parquet.layout import ViewLayout, plan_view
 from ..formats.parquet.streams import encode_pages
 from ..sources.base import Source
-from ..stages.parquet_rows import RowCopy
 from ..strategies.base import Plan
-from .layout import Layout
+from ..windows.layout import Layout
+from .parquet_rows import RowCopy
 
 ROW_GROUP_BYTES = 128 << 20
 """The most record bytes (the rows' PLAIN values) a view's row group holds: a window of the
