@@ -1,5 +1,5 @@
 """Formats whose scan misbehaves (kills its process, changes its file, waits), for tests of
-`shufflefs.index.build`.
+`shufflefs.formats.build`.
 
 They live in a plain module (not a test module) so that an indexing process can import them
 cheaply when it unpickles one.  The killing ones refuse to run outside a child process: if such

@@ -2,7 +2,8 @@
 
 Which format a file gets: the first `FormatRule` whose glob matches its path relative to the
 mount root (or its basename), else its extension; files of no known format pass through
-unshuffled.  Imports `index.table` (a scan's result) and `resolve` only.
+unshuffled.  `build` runs the scans in worker processes, so that a bad file costs a worker, never
+the mount.  Imports `errors`, `index` (a scan's result) and `resolve` only.
 """
 
 from __future__ import annotations
@@ -243,7 +244,7 @@ def scan_file(path: str | os.PathLike, fmt: Format, progress: Progress | None = 
     Raises `StaleSourceError` if the file's size or mtime changed while it was being scanned
     (the index might then describe bytes that no longer exist).  Truncating a file while it is
     mapped can still kill the process with SIGBUS; that is a property of mmap, and why the daemon
-    runs this in a worker process (`shufflefs.index.build`).
+    runs this in a worker process (`shufflefs.formats.build`).
     """
     path = os.fspath(path)
     fd = resolve.open_path(path)
@@ -307,7 +308,7 @@ def load_or_build_index(
     """The cached index of ``path`` if its stamp still matches, else a fresh scan (then cached).
 
     A cache that cannot be written is logged and ignored: it only costs a rescan next time.
-    Scans in the calling process; `shufflefs.index.build.IndexBuilder.build` is the same with the
+    Scans in the calling process; `shufflefs.formats.build.IndexBuilder.build` is the same with the
     scan in a worker process.
     """
     stamp = SourceStamp.of(resolve.stat_path(path))

@@ -23,7 +23,7 @@ import trio
 from .. import scratch
 from ..config import MountConfig, check_paths
 from ..errors import ShuffleError
-from ..index import build as indexer
+from ..formats import build as indexer
 from ..sources import scheme_of
 from . import control
 from .fuse_ops import VIEW_BLKSIZE, ShuffleFS

@@ -278,7 +278,7 @@ class LocalStore:
     def index(self, relpath: str, fmt: Format, cache_dir: str | os.PathLike) -> RecordIndex:
         # Scans run in a worker process: a source truncated under its mmap (SIGBUS) must not end
         # the daemon.  Cached indexes load here directly.
-        from ..index.build import default_builder
+        from ..formats.build import default_builder
 
         return default_builder().build(self.path(relpath), fmt, cache_dir, self.index_dir, self._distrusted)
 

@@ -27,7 +27,7 @@ from shufflefs.errors import FormatError, StaleSourceError
 from shufflefs.formats import FORMATS, CsvFormat, FixedFormat, LinesFormat, NpyFormat, TFRecordFormat
 from shufflefs.formats import load_or_build_index, make_format, scan_file
 from shufflefs.index.table import IndexCache, RecordIndex, cache_key
-from shufflefs.index.build import DIED, STOPPED, IndexBuilder
+from shufflefs.formats.build import DIED, STOPPED, IndexBuilder
 
 WAIT = 30.0
 
@@ -308,7 +308,7 @@ def test_workers_end_with_a_killed_daemon(tmp_path) -> None:
     code = (
         "import sys; sys.path[:0] = sys.argv[1:3]\n"
         "from faulty_formats import GatedFormat\n"
-        "from shufflefs.index.build import IndexBuilder\n"
+        "from shufflefs.formats.build import IndexBuilder\n"
         "IndexBuilder().build(sys.argv[3], GatedFormat(sys.argv[4], sys.argv[5]), sys.argv[6])\n"
     )
     (tmp_path / "a.jsonl").write_bytes(b"1\n")

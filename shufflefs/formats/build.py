@@ -26,8 +26,8 @@ from typing import Container
 
 from .. import resolve
 from ..errors import StaleSourceError
-from ..formats import Format, scan_file
-from .table import IndexCache, RecordIndex, SourceStamp, cache_key
+from ..index.table import IndexCache, RecordIndex, SourceStamp, cache_key
+from . import Format, scan_file
 
 __all__ = ["IndexBuilder", "default_builder", "interrupt_default", "shutdown_default"]
 
