@@ -89,7 +89,7 @@ def bounded(code: str, *args: str, mnt: Path, timeout: float = 90.0) -> subproce
     """``code`` in a child Python; a child still running after ``timeout`` is a hang: the mount's
     FUSE connection is ended (every call waiting on it returns), the child killed, and the test
     fails, so that a regression cannot stall the run."""
-    from shufflefs.mount import control
+    from shufflefs.fs import control
 
     child = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              stdin=subprocess.DEVNULL, text=True)
@@ -270,7 +270,7 @@ def private_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 def no_mount_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """After the session no shufflefs mount of ours may remain (others' mounts are not ours),
     nor a pid file of a daemon that is gone (tests kill daemons on purpose)."""
-    from shufflefs.mount import control
+    from shufflefs.fs import control
 
     base = str(tmp_path_factory.getbasetemp())
     yield

@@ -30,7 +30,7 @@ import pytest
 
 from conftest import REPO, bounded, is_mounted
 
-from shufflefs.mount import control
+from shufflefs.fs import control
 
 LINES = b"".join(b'{"id": %05d, "pad": "%s"}\n' % (i, b"x" * (i % 23)) for i in range(3000))
 ARGS = ["--block-size", "4KiB", "--buffer", "16KiB", "--seed", "3"]
