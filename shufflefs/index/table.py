@@ -331,17 +331,21 @@ class IndexCache:
                                                  **extra), prefix=f"{os.getpid()}-")  # see scratch.py
 
 
-def write_atomically(path: Path, write: Callable[[BinaryIO], object], prefix: str, mode: int | None = None) -> None:
-    """Write ``path`` through a temporary file beside it, flushed to disk and renamed over it, so
-    that a crash leaves the old file or the whole new one, never a part."""
+def write_atomically(path: Path, write: Callable[[BinaryIO], object], prefix: str, mode: int | None = None,
+                     sync: bool = True) -> None:
+    """Write ``path`` through a temporary file beside it (opened for reading too, so ``write`` may
+    map it), flushed and renamed over it, so that a crash or an error in ``write`` leaves the old
+    file or the whole new one, never a part.  ``sync``: flushed to disk first (a node-local copy
+    removed at unmount needs no fsync)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
     try:
         if mode is not None:
             os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as out:
+        with os.fdopen(fd, "w+b") as out:
             write(out)
             out.flush()
-            os.fsync(out.fileno())
+            if sync:
+                os.fsync(out.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:

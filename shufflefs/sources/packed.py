@@ -19,12 +19,13 @@ import logging
 import os
 import shutil
 import threading
-from typing import Callable
+from pathlib import Path
+from typing import BinaryIO, Callable
 
 import numpy as np
 
 from .. import scratch
-from ..index.table import SourceStamp
+from ..index.table import SourceStamp, write_atomically
 from .local import SourceFile
 
 log = logging.getLogger("shufflefs")
@@ -80,24 +81,18 @@ class PackedCopies:
             directory = self._directory(root)
             with self._lock:
                 target = os.path.join(directory, f"{len(self._copies)}-{stamp.ino}-{stamp.mtime_ns}")
-            tmp = target + ".part"
-            try:
-                with open(tmp, "w+b") as f:
-                    if stamp.size:
-                        os.posix_fallocate(f.fileno(), 0, stamp.size)  # a full disk is ENOSPC here, not SIGBUS
-                        out = np.memmap(f, np.uint8, "r+")
-                        try:
-                            fetch(out)
-                            out.flush()
-                        finally:
-                            del out
-                os.replace(tmp, target)
-            except BaseException:
-                try:
-                    os.unlink(tmp)
-                except OSError:
-                    pass
-                raise
+
+            def fill(f: BinaryIO) -> None:
+                if stamp.size:
+                    os.posix_fallocate(f.fileno(), 0, stamp.size)  # a full disk is ENOSPC here, not SIGBUS
+                    out = np.memmap(f, np.uint8, "r+")
+                    try:
+                        fetch(out)
+                        out.flush()
+                    finally:
+                        del out
+
+            write_atomically(Path(target), fill, prefix="part-", sync=False)
             with self._lock:
                 self.downloaded += stamp.size
                 old = self._copies.get(relpath)

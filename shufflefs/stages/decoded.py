@@ -20,14 +20,15 @@ import os
 import shutil
 import threading
 import time
-from typing import Any, Callable
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
 
 from .. import scratch
 from ..errors import StageError, StaleSourceError
 from ..formats import Format
 from ..formats.codecs import decode_all
 from ..index.decoded import DecodedIndex, Restarts
-from ..index.table import SourceStamp
+from ..index.table import SourceStamp, write_atomically
 from ..sources.base import Source, Store
 from ..sources.decoded import DecodedSource, close_kept
 from ..sources.local import SourceFile
@@ -166,26 +167,21 @@ class Decoding:
         """Decode the whole file into a new copy (checksums verified, size checked)."""
         directory = self._directory()
         target = os.path.join(directory, f"{len(self._copies)}-{stamp.ino}-{stamp.mtime_ns}")
-        tmp = target + ".part"
         size = int(restarts.plain[-1])
         t0 = time.monotonic()
         steps, _ = decode_all(restarts.codec, raw.read_range, stamp.size, path)
         written = 0
-        try:
-            with open(tmp, "wb") as out:
-                for step in steps:
-                    out.write(step)
-                    written += len(step)
+
+        def decode(out: BinaryIO) -> None:
+            nonlocal written
+            for step in steps:
+                out.write(step)
+                written += len(step)
             if written != size:
                 raise StaleSourceError(path, None, f"decodes to {written} bytes now, {size} when indexed")
             raw.verify_open()  # decoded from the indexed version to its end
-            os.replace(tmp, target)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+
+        write_atomically(Path(target), decode, prefix="part-", sync=False)
         seconds = time.monotonic() - t0
         log.info("%s: %s: decoded copy of %d bytes in %s (%.1f s)", path,
                  "no restart points worth decoding from" if not restarts.usable else "read record by record",
