@@ -6,6 +6,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, shufflefs_mounts
 from tests.docs.recipes import Block, blocks, run
 
@@ -13,16 +15,12 @@ from tests.docs.recipes import Block, blocks, run
 def run_page(page: Path, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300.0) -> list[str]:
     """What each block that runs printed, in order; every mount under ``cwd`` is unmounted after,
     whether the blocks passed or not. ``env`` adds variables for the page's blocks."""
-    saved = {k: os.environ.get(k) for k in (env or {})}
-    os.environ.update(env or {})
     try:
-        return [run(b, cwd, timeout) for b in blocks(page) if b.runs]
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in (env or {}).items():
+                mp.setenv(k, v)
+            return [run(b, cwd, timeout) for b in blocks(page) if b.runs]
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         for mnt in shufflefs_mounts():
             if mnt.startswith(str(cwd) + os.sep):
                 subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True, timeout=30)

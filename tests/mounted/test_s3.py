@@ -65,26 +65,22 @@ def dataset(tmp: Path) -> dict[str, bytes]:
 def s3(tmp_path_factory: pytest.TempPathFactory):
     """The server, with the dataset under ``ds/`` and the same tree on local disk."""
     work = tmp_path_factory.mktemp("s3")
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
-    server = S3Server(work).start()
-    try:
-        files = dataset(work)
-        client = server.client()
-        client.create_bucket(Bucket=BUCKET)
-        for rel, body in files.items():
-            client.put_object(Bucket=BUCKET, Key=f"ds/{rel}", Body=body)
-        client.put_object(Bucket=BUCKET, Key="ds/marker/", Body=b"")  # a console's "folder": an empty directory
-        server.files = files
-        server.local = write_tree(work / "local", files)
-        yield server
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in CREDENTIALS.items():
+            mp.setenv(k, v)
+        server = S3Server(work).start()
+        try:
+            files = dataset(work)
+            client = server.client()
+            client.create_bucket(Bucket=BUCKET)
+            for rel, body in files.items():
+                client.put_object(Bucket=BUCKET, Key=f"ds/{rel}", Body=body)
+            client.put_object(Bucket=BUCKET, Key="ds/marker/", Body=b"")  # a console's "folder": an empty directory
+            server.files = files
+            server.local = write_tree(work / "local", files)
+            yield server
+        finally:
+            server.stop()
 
 
 def s3_mount(mount, server: S3Server, *args: str, prefix: str = "ds") -> Mount:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -50,30 +49,26 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
     """The server with the objects under ``cz/`` (and again under ``pub/``), and the same files
     on local disk (``server.local``)."""
     work = tmp_path_factory.mktemp("s3cz")
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
-    server = S3Server(work).start()
-    try:
-        files, plain = objects()
-        client = server.client()
-        client.create_bucket(Bucket=BUCKET)
-        for prefix in ("cz", "pub"):
-            for name, body in files.items():
-                client.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=body)
-        pool = {f"train-{i:05d}-of-00003.jsonl.gz": cf.gz(cf.jsonl(3000, seed=31 + i), members=1 + i) for i in range(3)}
-        for name, body in pool.items():
-            client.put_object(Bucket=BUCKET, Key=f"pool/{name}", Body=body)
-        server.files, server.plain, server.pool = files, plain, pool
-        server.local = write_tree(work / "local", files)
-        server.local_pool = write_tree(work / "local_pool", pool)
-        yield server
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in CREDENTIALS.items():
+            mp.setenv(k, v)
+        server = S3Server(work).start()
+        try:
+            files, plain = objects()
+            client = server.client()
+            client.create_bucket(Bucket=BUCKET)
+            for prefix in ("cz", "pub"):
+                for name, body in files.items():
+                    client.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=body)
+            pool = {f"train-{i:05d}-of-00003.jsonl.gz": cf.gz(cf.jsonl(3000, seed=31 + i), members=1 + i) for i in range(3)}
+            for name, body in pool.items():
+                client.put_object(Bucket=BUCKET, Key=f"pool/{name}", Body=body)
+            server.files, server.plain, server.pool = files, plain, pool
+            server.local = write_tree(work / "local", files)
+            server.local_pool = write_tree(work / "local_pool", pool)
+            yield server
+        finally:
+            server.stop()
 
 
 def s3_mount(mount, server: S3Server, prefix: str, *args: str, name: str = "s3") -> Mount:

@@ -7,7 +7,6 @@ Timings are measured by ``tools/s3_latency.py``, not asserted here."""
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 import time
@@ -38,20 +37,14 @@ SHARDS = {f"pool/train-{i:05d}-of-00004.jsonl": jsonl(9000 + 500 * i, 40 + i) fo
 @pytest.fixture(scope="module")
 def link(tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("link")
-    saved = {k: os.environ.get(k) for k in ENV}
-    os.environ.update(ENV)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in ENV.items():
+            mp.setenv(k, v)
         with EmulatedBucket(work / "server", RTT, 40e6, 200e6, (BUCKET,)) as b:
             for rel, body in SHARDS.items():
                 b.put(BUCKET, f"ds/{rel}", body)
             b.local = write_tree(work / "local", SHARDS)
             yield b
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def over_link(mount, link: EmulatedBucket, *args: str):

@@ -46,35 +46,31 @@ def s3(tmp_path_factory: pytest.TempPathFactory):
     download takes two parts), ``rich/types.parquet`` (every column type) and ``pool/`` (three
     numbered shards), and the same files on local disk (``server.local``)."""
     work = tmp_path_factory.mktemp("s3pq")
-    saved = {k: os.environ.get(k) for k in CREDENTIALS}
-    os.environ.update(CREDENTIALS)
-    server = S3Server(work).start()
-    try:
-        local = work / "local"
-        (local / "pq").mkdir(parents=True)
-        (local / "rich").mkdir()
-        (local / "pool").mkdir()
-        pf.label_sorted(local / "pq" / "sorted.parquet", n=N, group_rows=GROUP)
-        pq.write_table(pf.arrow_table(3_000, seed=8), local / "rich" / "types.parquet", row_group_size=700)
-        whole = pq.read_table(local / "pq" / "sorted.parquet").slice(0, SHARDS * PER)
-        for i in range(SHARDS):
-            pq.write_table(whole.slice(i * PER, PER), local / "pool" / f"train-{i:05d}-of-{SHARDS:05d}.parquet",
-                           row_group_size=1_500)
-        client = server.client()
-        client.create_bucket(Bucket=BUCKET)
-        for path in sorted(local.rglob("*.parquet")):
-            rel = path.relative_to(local).as_posix()
-            client.put_object(Bucket=BUCKET, Key=rel, Body=path.read_bytes())
-            client.put_object(Bucket=BUCKET, Key=f"again/{rel}", Body=path.read_bytes())
-        server.local = local
-        yield server
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in CREDENTIALS.items():
+            mp.setenv(k, v)
+        server = S3Server(work).start()
+        try:
+            local = work / "local"
+            (local / "pq").mkdir(parents=True)
+            (local / "rich").mkdir()
+            (local / "pool").mkdir()
+            pf.label_sorted(local / "pq" / "sorted.parquet", n=N, group_rows=GROUP)
+            pq.write_table(pf.arrow_table(3_000, seed=8), local / "rich" / "types.parquet", row_group_size=700)
+            whole = pq.read_table(local / "pq" / "sorted.parquet").slice(0, SHARDS * PER)
+            for i in range(SHARDS):
+                pq.write_table(whole.slice(i * PER, PER), local / "pool" / f"train-{i:05d}-of-{SHARDS:05d}.parquet",
+                               row_group_size=1_500)
+            client = server.client()
+            client.create_bucket(Bucket=BUCKET)
+            for path in sorted(local.rglob("*.parquet")):
+                rel = path.relative_to(local).as_posix()
+                client.put_object(Bucket=BUCKET, Key=rel, Body=path.read_bytes())
+                client.put_object(Bucket=BUCKET, Key=f"again/{rel}", Body=path.read_bytes())
+            server.local = local
+            yield server
+        finally:
+            server.stop()
 
 
 def s3_mount(mount, server: S3Server, prefix: str, *args: str) -> Mount:
