@@ -2,6 +2,7 @@
 """shufflefs against its baselines and the user-space alternatives, in one run on one machine.
 
     python tools/bench.py [--size 2GiB] [--quick] [--out results.md] [--only views,torch,...]
+    python tools/bench.py --only SECTION [its own options]     (a section that runs alone)
 
 Generates (or takes, ``--data DIR``) two datasets, JSON Lines of ~1 KiB records and fixed-size
 3 KiB records, then measures side by side:
@@ -23,6 +24,9 @@ Generates (or takes, ``--data DIR``) two datasets, JSON Lines of ~1 KiB records 
   epoch        epoch change -> first byte of a corgipile view
   s3           views of a bucket on a local S3 server: bytes and GET requests per epoch of
                none, corgipile and full, first byte, corgipile by requests in flight
+
+Sections that run alone (their own data and options; ``--only NAME --help`` lists them) are
+listed at the end of ``--help``.
 
 Each read is done warm (source in the page cache) and cold (after dropping caches; needs root).
 Mounting needs root or FUSE permissions; the passthrough needs gcc and libfuse3-dev; the
@@ -57,7 +61,7 @@ TOOLS = Path(__file__).resolve().parent
 REPO = TOOLS.parent
 sys.path[:0] = [str(TOOLS), str(REPO)]
 
-from bench import alternatives, data, proc, reads, timings  # noqa: E402
+from bench import alternatives, data, proc, reads, sections, timings  # noqa: E402
 from bench.paired import Paired  # noqa: E402
 from bench.serving import Serving  # noqa: E402
 from bench.reads import Reading  # noqa: E402
@@ -423,12 +427,15 @@ class Bench:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="sections that run alone (--only NAME [its options]; --only NAME --help):\n"
+                                 + "\n".join(sections.describe()))
     ap.add_argument("--size", help="bytes per dataset (default 2GiB; 256MiB with --quick)")
     ap.add_argument("--quick", action="store_true",
                     help="a short run: 256MiB datasets, reads cut after 5 s, 1M records for the remount test")
     ap.add_argument("--out", type=Path, help="also write the markdown report here")
-    ap.add_argument("--only", default="", help=f"comma-separated sections (default all: {','.join(SECTIONS)})")
+    ap.add_argument("--only", default="", help=f"comma-separated sections (default all: {','.join(SECTIONS)}), "
+                    "or one section that runs alone (listed below)")
     ap.add_argument("--data", help="take (or generate once and keep) the datasets in this directory; "
                     f"it should hold {data.LINES_NAME} and/or {data.FIXED_NAME}")
     ap.add_argument("--tmp", help="where the temporary work directory is created (default: the system's)")
@@ -461,6 +468,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    code = sections.dispatch(sys.argv[1:] if argv is None else argv)
+    if code is not None:
+        return code
     args = parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="shufflefs-bench-", dir=args.tmp))
     try:

@@ -8,7 +8,7 @@ stream can be decoded on its own.
   point about every `GZIP_SPACING` decoded bytes, each with the 32 KiB of history it needs; that
   index is kept (gztool format, history compressed: about 0.5% of the decoded bytes) and
   imported into a decoder that seeks to any offset.  Measured against indexed_gzip on 1.06 GiB of
-  JSON lines (`tools/compressed_bench.py`): see docs/benchmark.md.
+  JSON lines (`tools/bench.py --only compressed`): see docs/benchmark.md.
 * zstd: every frame is a restart point (a file of several frames, or of the seekable format,
   whose seek table is a skippable frame this walk passes over).  Frames are found by walking
   their headers and block headers (RFC 8878), decoded with zstandard.  A file of one frame has

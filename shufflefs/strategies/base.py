@@ -98,7 +98,7 @@ def effective_block_size(spec: ShuffleSpec, data_bytes: int) -> int:
 
 OBJECT_BLOCK = 8 * MiB
 """The block size a mount of object storage takes for ``--block-size auto``: one ranged GET per
-block, where 128 KiB blocks read a third as fast over a 30 ms link (`tools/s3_latency.py`)."""
+block, where 128 KiB blocks read a third as fast over a 30 ms link (`tools/bench.py --only s3-latency`)."""
 
 BLOCK_STRATEGIES = ("block", "corgipile", "stratified")
 """The strategies whose windows are buffers of whole blocks: blocks per buffer set their mix."""

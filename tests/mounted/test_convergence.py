@@ -2,8 +2,8 @@
 
 Convergence through a real mount: SGD on label-sorted digits read through shufflefs views.
 
-The tool's own functions (tools/convergence.py) write the dataset, mount it, read each epoch
-through the mount and train; these tests check the pieces the results rest on (the parse of the
+The tool's own functions (tools/bench/convergence/, run as `tools/bench.py --only convergence`)
+write the dataset, mount it, read each epoch through the mount and train; these tests check the pieces the results rest on (the parse of the
 records read through the mount, the rank interleave) and the paper's headline on clustered data:
 CorgiPile reaches a clearly higher test accuracy than no shuffle.
 """
@@ -23,7 +23,7 @@ pytest.importorskip("torch")
 pytest.importorskip("sklearn")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import convergence as C  # noqa: E402
+from bench import convergence as C  # noqa: E402
 
 VARIANTS = {v.label: v for v in C.all_variants()}
 needs_fuse = pytest.mark.skipif(not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None,

@@ -153,7 +153,7 @@ def test_stat_shows_source_bytes_per_epoch(mount, tmp_path):
 
 def test_the_staging_tool_reports_the_received_share(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path))
-    out = subprocess.run([sys.executable, str(REPO / "tools" / "staging.py"), "--records", "6000", "--world", "2",
+    out = subprocess.run([sys.executable, str(REPO / "tools" / "bench.py"), "--only", "staging", "--records", "6000", "--world", "2",
                           "--exchange", "0.5", "--epochs", "2", "--block-size", "16KiB"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr

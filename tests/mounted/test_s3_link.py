@@ -2,7 +2,7 @@
 network namespace, 20 ms round trips, 40 MB/s per connection, 200 MB/s in all): the views are
 what local disk's are, the mount measures the link it reads over and shows it in ``stat``, and a
 sequential reader's loads run ahead across the end of a pool's shard into the next one.
-Timings are measured by ``tools/s3_latency.py``, not asserted here."""
+Timings are measured by ``tools/bench.py --only s3-latency``, not asserted here."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Level: pure (no mount, no daemon).
 
-``tools/peers.py``: the label mix of a read (against the whole set's label shares) agrees with
+``tools/bench.py --only peers``: the label mix of a read (against the whole set's label shares) agrees with
 `shufflefs.quality.label_mix_tv` where both apply, scores a sorted read near 1 - 1/L and a
 uniform permutation near the exact expectation; its section survives the main benchmark's
 rewrite of docs/benchmark.md and a re-run replaces it."""

@@ -1,4 +1,4 @@
-"""tools/s3_costs.py: its model of a record-level order's requests agrees with the requests the
+"""tools/bench.py --only s3-costs (tools/bench/s3_costs.py): its model of a record-level order's requests agrees with the requests the
 views would make, and a block order fetches its share once."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "s3_costs.py"
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench.py"
 
 
 def test_the_model_matches_a_count_and_block_orders_fetch_their_share_once():
-    r = subprocess.run([sys.executable, str(TOOL), "--records", "2e6", "--world", "20", "--objects", "100",
+    r = subprocess.run([sys.executable, str(TOOL), "--only", "s3-costs", "--records", "2e6", "--world", "20", "--objects", "100",
                         "--sample", "3", "--check-records", "1e6"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     m = re.search(r"([0-9.]+) requests per record measured, ([0-9.]+) modelled", r.stdout)

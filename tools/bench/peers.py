@@ -1,4 +1,4 @@
-"""shufflefs against the loaders people use, on one label-sorted dataset (``tools/peers.py``).
+"""shufflefs against the loaders people use, on one label-sorted dataset (``tools/bench.py --only peers``).
 
 Every contender runs in its own process (`peers_child`), one after the other; shufflefs rows get a
 fresh mount (and a fresh index cache) each, made here with the benchmark's `proc.FuseDaemon` and
@@ -196,7 +196,7 @@ class Peers:
 
     def run(self) -> None:
         self.prepare()
-        wanted = set(self.args.only.split(",")) if self.args.only else None
+        wanted = set(self.args.contenders.split(",")) if self.args.contenders else None
         for i, spec in enumerate(SPECS):
             if wanted and spec.key not in wanted:
                 continue
@@ -206,13 +206,13 @@ class Peers:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description="shufflefs against the loaders people use (see tools/bench/peers.py)")
+    ap = argparse.ArgumentParser(description="shufflefs against the loaders people use (tools/bench.py --only peers; see tools/bench/peers.py)")
     ap.add_argument("--records", type=int, help="records in the dataset (default 1,000,000; 50,000 with --quick)")
     ap.add_argument("--quick", action="store_true", help="a small smoke run: 50,000 records, reads cut at 10 s")
     ap.add_argument("--max-seconds", type=float, help="cut each pass here (default 60; 10 with --quick)")
     ap.add_argument("--min-samples", type=int, default=200_000,
                     help="the warm pass reads at least this many samples (the label mix's sample)")
-    ap.add_argument("--only", default="", help="comma-separated contender keys: " + ",".join(dict.fromkeys(s.key for s in SPECS)))
+    ap.add_argument("--contenders", default="", help="comma-separated contender keys (default all): " + ",".join(dict.fromkeys(s.key for s in SPECS)))
     ap.add_argument("--data", help="keep the generated dataset in this directory (reused by later runs)")
     ap.add_argument("--tmp", help="where the work directory is made (default: the system's temporary directory)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")

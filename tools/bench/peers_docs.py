@@ -1,5 +1,5 @@
 """The "Peers" section of docs/benchmark.md: written between `START` and `END` by
-``tools/peers.py --update-docs`` (a re-run replaces it; `bench.docs.update` keeps it when the main
+``tools/bench.py --only peers --update-docs`` (a re-run replaces it; `bench.docs.update` keeps it when the main
 benchmark rewrites the file).  Every figure and every comparison in the text comes from the run."""
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def findings(peers) -> list[str]:
 def section(peers, argv: list[str]) -> list[str]:
     a = peers.args
     u = peers.uniform
-    cmd = "sudo .venv/bin/python tools/peers.py " + " ".join(shlex.quote(x) for x in argv)
+    cmd = "sudo .venv/bin/python tools/bench.py --only peers " + " ".join(shlex.quote(x) for x in argv)
     out = [START, "## Peers: shufflefs against the loaders people use", "",
            f"`{cmd.strip()}` on {time.strftime('%Y-%m-%d %H:%M')}: {proc.cpu_name()} ({os.cpu_count()} CPUs), "
            f"{proc.mem_gib():.0f} GiB RAM, Linux {platform.release()}. The run took {peers.seconds / 60:.1f} min; "

@@ -12,7 +12,7 @@ loader it reports, from the records it delivered:
 * how far each source's share in every 1,000 consecutive records is from its share (mean, worst);
 * records per second (each loader's own reading path: not a like-for-like speed race).
 
-    python tools/mix_compare.py [--records-scale 1.0]
+    python tools/bench.py --only mix-compare [--records-scale 1.0]
 
 Streaming is optional (``pip install streaming-community``, or ``mosaicml-streaming``); without it
 its rows are left out.  Its package imports torchvision at import time: where torchvision is
@@ -35,9 +35,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tools"), str(REPO)]
-from bench.proc import FuseDaemon  # noqa: E402
+from .proc import FuseDaemon  # noqa: E402
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 WEIGHTS = {"web": 0.6, "books": 0.2, "code": 0.2}
@@ -183,11 +183,11 @@ def run_streaming(streaming: types.ModuleType, files: dict[str, list[Path]], wor
     return measure(epochs, time.monotonic() - t0)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records-scale", type=float, default=1.0,
                     help="scale every source's record count and the records asked for")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rows = {}
     samples = int(SAMPLES * args.records_scale)
     with tempfile.TemporaryDirectory(prefix="mixcmp-") as tmp:

@@ -1,6 +1,6 @@
 """Does SGD converge when it reads label-clustered data through a shufflefs view?
 
-    python tools/convergence.py [--quick] [--rows N] [--epochs E] [--out DIR]
+    python tools/bench.py --only convergence [--quick] [--rows N] [--epochs E] [--out DIR]
                                 [--strategies S,...] [--models M,...] [--datasets D,...]
                                 [--formats F,...] [--blocks N] [--seed N] [--work DIR]
 

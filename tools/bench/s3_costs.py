@@ -2,7 +2,7 @@
 """Requests and bytes per epoch per rank on object storage, for a thousand ranks, and what an
 epoch costs at given request and transfer prices.  No mounts, no data: a block summary.
 
-    python tools/s3_costs.py [--world 1000] [--records 1e9] [--record-bytes 1KiB] [--block-size 8MiB]
+    python tools/bench.py --only s3-costs [--world 1000] [--records 1e9] [--record-bytes 1KiB] [--block-size 8MiB]
                              [--buffer 64MiB] [--objects 10000] [--exchange 0.1] [--sample 8]
                              [--check-records 2e6] [--get-price 0.0004] [--list-price 0.005]
                              [--transfer-price 0]
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from shufflefs.config import format_size, parse_size  # noqa: E402
 from shufflefs.sources.objects import COALESCE_GAP, PART, plan_requests  # noqa: E402

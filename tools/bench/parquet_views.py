@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Parquet views against pyarrow reading the source file itself.
 
-    python tools/parquet_bench.py --data DIR [--rows 2000000] [--rounds 3] [--update-docs]
+    python tools/bench.py --only parquet --data DIR [--rows 2000000] [--rounds 3] [--update-docs]
 
 On a label-sorted Parquet file of at least 1 GiB (generated into DIR once: id, label, a 50-1000
 character text, a score, a list<int32> and a dictionary-encoded string, snappy, row groups of
@@ -37,11 +37,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench.proc import FuseDaemon, Sampler  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from .proc import FuseDaemon, Sampler
+
+REPO = Path(__file__).resolve().parents[2]
 START, END = "<!-- parquet-bench:start -->", "<!-- parquet-bench:end -->"
 NAME = "sorted.parquet"
 LABELS = 10
@@ -404,7 +403,7 @@ def update_docs(text: str, stamp: str) -> Path:
     return doc
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="where the file, the cache and the mount go")
     ap.add_argument("--rows", type=int, default=2_000_000, help="rows of the file (2,000,000: about 1.05 GiB)")
@@ -412,11 +411,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-peers", action="store_true", help="leave out HF datasets")
     ap.add_argument("--update-docs", action="store_true", help="write the section into docs/benchmark.md")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     text = run(args.data, args.rows, args.rounds, args.group_rows, not args.no_peers)
     print(text)
     if args.update_docs:
-        stamp = (f"python tools/parquet_bench.py --data {args.data} --rows {args.rows} --rounds {args.rounds} "
+        stamp = (f"python tools/bench.py --only parquet --data {args.data} --rows {args.rows} --rounds {args.rounds} "
                  f"--update-docs ({time.strftime('%Y-%m-%d %H:%M')})")
         print("wrote", update_docs(text, stamp))
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compressed text views against the loops users run over the compressed files themselves.
 
-    python tools/compressed_bench.py --data DIR [--gib 1.05] [--update-docs]
+    python tools/bench.py --only compressed --data DIR [--gib 1.05] [--update-docs]
 
 On a label-sorted JSON-lines corpus of at least 1 GiB decoded (generated into DIR once: word-like
 text, about 3x compressible, as real corpora are), written as ``gzip -6`` writes it (one member),
@@ -33,10 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench.proc import FuseDaemon, Sampler  # noqa: E402
+from .proc import FuseDaemon, Sampler
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 START, END = "<!-- compressed-bench:start -->", "<!-- compressed-bench:end -->"
 LABELS = 10
 GZ, FRAMES, ONE = "corpus.jsonl.gz", "frames.jsonl.zst", "one.jsonl.zst"
@@ -291,7 +290,7 @@ def update_docs(text: str, stamp: str) -> Path:
     return doc
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="where the corpus and the mount go")
     ap.add_argument("--gib", type=float, default=1.05, help="decoded size of the corpus to generate")
@@ -299,13 +298,13 @@ def main() -> None:
     ap.add_argument("--update-docs", action="store_true", help="write the section into docs/benchmark.md")
     ap.add_argument("--files", nargs="+", choices=("corpus.jsonl", GZ, FRAMES, ONE),
                     help="measure these views only (default: all four)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.update_docs and args.files:
         ap.error("--update-docs measures every view: leave out --files")
     text = run(args.data, args.gib, args.skip_libraries, args.files)
     print(text)
     if args.update_docs:
-        stamp = f"python tools/compressed_bench.py --data {args.data} --update-docs ({time.strftime('%Y-%m-%d %H:%M')})"
+        stamp = f"python tools/bench.py --only compressed --data {args.data} --update-docs ({time.strftime('%Y-%m-%d %H:%M')})"
         print("wrote", update_docs(text, stamp))
 
 

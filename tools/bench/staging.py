@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Source bytes per epoch with and without ``--stage-dir``, read through real mounts.
 
-    python tools/staging.py [--records N] [--world W] [--exchange 0.1,0.25,0.5] [--epochs E]
+    python tools/bench.py --only staging [--records N] [--world W] [--exchange 0.1,0.25,0.5] [--epochs E]
                             [--block-size 256KiB] [--local uniform|corgipile] [--out FILE]
 
 Generates a JSON lines file (log-normal record lengths) and, for each exchanged fraction Q, mounts
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MiB = 1 << 20
 
 
@@ -106,7 +106,7 @@ def table(rows: list[dict], records: int, world: int, block: str) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=400_000)
     p.add_argument("--world", type=int, default=4)
@@ -115,7 +115,7 @@ def main() -> int:
     p.add_argument("--block-size", default="256KiB")
     p.add_argument("--local", choices=("uniform", "corgipile"), default="corgipile")
     p.add_argument("--out", help="also write the table here")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="shufflefs-staging-") as tmp:
         work = Path(tmp)
         (work / "src").mkdir()

@@ -2,7 +2,7 @@
 """Views of a bucket behind a wide-area link (`s3_link.EmulatedBucket`): how close each order
 reads to the link's own rate, and how long an epoch change takes to its first byte.
 
-    python tools/s3_latency.py [--rtt-ms 30] [--conn-rate 80MB] [--link-rate 400MB] [--size 1GiB]
+    python tools/bench.py --only s3-latency [--rtt-ms 30] [--conn-rate 80MB] [--link-rate 400MB] [--size 1GiB]
                                [--shards 16] [--strategies corgipile,none,full,lirs-page]
                                [--mount-args "--buffer 8MiB --block-size 8MiB"] [--rounds 2]
 
@@ -33,11 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "tools")]
 
-from bench import proc  # noqa: E402
-from bench.objstore import shards_of  # noqa: E402
+from . import proc  # noqa: E402
+from .objstore import shards_of  # noqa: E402
 from s3_link import EmulatedBucket, missing  # noqa: E402
 
 from shufflefs.config import format_size, parse_size  # noqa: E402
@@ -117,7 +117,7 @@ def measure(b: EmulatedBucket, work: Path, strategy: str, extra: list[str], roun
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rtt-ms", type=float, default=30.0)
     ap.add_argument("--conn-rate", default="80MB", help="bytes a second per connection (default 80MB)")
@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--max-seconds", type=float, default=20.0, help="cut a pass after this long (scaled)")
     ap.add_argument("--work", type=Path, help="work directory (default: a new temporary one)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if (why := missing()) is not None:
         sys.exit(f"s3_latency: {why}")
     work = args.work or Path(tempfile.mkdtemp(prefix="shufflefs-s3-latency-"))

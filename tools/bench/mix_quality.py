@@ -8,7 +8,7 @@ cut into stretches of 1,000 records: how far each source's share in a stretch is
 in the blend (mean and worst), against the same for ``full`` (a uniform shuffle of the same
 records) computed in the same run.
 
-    python tools/mix_quality.py [--samples 600000] [--epoch 1] [--seed 3]
+    python tools/bench.py --only mix-quality [--samples 600000] [--epoch 1] [--seed 3]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from shufflefs.index.table import RecordIndex  # noqa: E402
 from shufflefs.index.joined_index import PooledIndex  # noqa: E402
@@ -44,12 +44,12 @@ def deviation(seq: np.ndarray, k: int) -> tuple[float, float]:
     return float(d.mean()), float(d.max())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--samples", type=int, default=600_000)
     ap.add_argument("--epoch", type=int, default=1)
     ap.add_argument("--seed", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     members = ([synthetic(250_000, 600, rng) for _ in range(4)] + [synthetic(20_000, 5000, rng)]
                + [synthetic(100_000, 1500, rng) for _ in range(2)])

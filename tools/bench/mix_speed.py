@@ -9,7 +9,7 @@ epoch every round; the medians and their ratio are printed, with the mixture's l
 (``shufflefs inspect``'s TV per 100 records over the ``--label-field``, against a uniform
 shuffle's) when the data has that field.
 
-    python tools/mix_speed.py --data FILE.jsonl [--strategy stratified] [--rounds 3]
+    python tools/bench.py --only mix-speed --data FILE.jsonl [--strategy stratified] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "tools"), str(REPO)]
-from bench.proc import FuseDaemon  # noqa: E402
+from .proc import FuseDaemon  # noqa: E402
 
 ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
@@ -59,13 +59,13 @@ def label_tv(path: Path, field: str) -> tuple[float, float] | None:
     return next(iter(got["strategies"].values()))["label_tv"], got["uniform"]["label_tv"]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, type=Path, help="a JSON-lines file (used twice)")
     ap.add_argument("--strategy", default="stratified")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--label-field", default="label")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="mixspeed-", dir=args.data.parent) as tmp:
         work = Path(tmp)
         src = work / "src"
