@@ -11,7 +11,7 @@ size is recommended from the latter, against a buffered sequential read (the ker
 The files are only read, never written.  `advise.cache` keeps the result per device
 (`measured_block_floor` is what a mount reads).
 
-Measured with ``tools/cold_io.py`` (2-core VM, virtio disk with 8 MiB readahead, 8 GiB file, page
+Measured with ``tools/cold_io.py`` (retired, in git at 62680a3; 2-core VM, virtio disk with 8 MiB readahead, 8 GiB file, page
 cache dropped): see `strategies.base.AUTO_BLOCK_FLOOR`.
 
 Reads use ``O_DIRECT`` into page-aligned buffers so that the page cache cannot serve them; where

@@ -20,7 +20,7 @@ Read = Callable[[int, int], bytes]
 """``read(start, end)``: source bytes ``[start, end)`` (headers read to check an index)."""
 FRAMING_ENV = "SHUFFLEFS_FRAMING"
 """Set to ``off`` in a daemon's environment: no framing checks (only to measure what they cost,
-``tools/verify_cost.py``; never needed otherwise)."""
+``tools/verify_cost.py``, retired, in git at fa6dcf3; never needed otherwise)."""
 
 
 class FramingError(FormatError):

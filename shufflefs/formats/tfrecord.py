@@ -138,7 +138,7 @@ def check_frames(window: np.ndarray, ids: np.ndarray, index: RecordIndex, path: 
     source since (with its mtime set back, so the change went unseen) would otherwise be served.
 
     One crc32c call per frame (hardware CRC, 16 GB/s here); everything else is vectorised.  The
-    per-frame call still costs about 0.3 us: measured with ``tools/verify_cost.py`` (256 MiB of
+    per-frame call still costs about 0.3 us: measured with ``tools/verify_cost.py`` (retired, in git at fa6dcf3; 256 MiB of
     1-4 KiB frames, warm corgipile view, 1 MiB reads, 2-core VM) the view reads at 0.54-0.60x of
     ``--verify index`` (1.7-1.9 against 3.1-3.2 GB/s), hence the option."""
     ids = np.asarray(ids, np.int64)

@@ -176,7 +176,7 @@ READAHEAD_KB = VIEW_BLKSIZE >> 10
 ``--direct-io``).  The kernel starts a FUSE mount at 128 KiB, so a reader's 1 MiB read became
 eight 128 KiB requests; measured on a 2-core VM (520 MB fixed-size view, corgipile, warm source):
 1.3 GB/s at 128 KiB, 1.9-2.0 GB/s at 1 MiB, the largest request the kernel sends.  More does not
-help: 1.6 GB JSON lines, warm, 1 MiB reads (`tools/mmap_modes.py`, 3 rounds), none / corgipile
+help: 1.6 GB JSON lines, warm, 1 MiB reads (`tools/mmap_modes.py`, retired, in git at 4d8b9e3; 3 rounds), none / corgipile
 read 1.87 / 1.46 GB/s at 1 MiB, 1.51 / 1.14 at 2 MiB, 1.47 / 1.53 at 4 MiB, 1.42 / 1.31 at 8 MiB."""
 
 

@@ -5,7 +5,7 @@ The client is `obstore` (``pip install shufflefs[s3]``): its requests run in Rus
 GIL, it retries 5xx answers, timeouts and dropped connections with exponential backoff, and
 every GET carries ``If-Match`` with the ETag the index was built from, so a changed object
 answers 412 and is never served as a mix of versions.  Measured against boto3 on the same moto
-server (``tools/s3_clients.py``; docs/guide/object-storage.md has the table), obstore
+server (``tools/s3_clients.py``, retired, in git at 983bbbd; docs/guide/object-storage.md has the table), obstore
 read more per second at every depth and spent less client CPU per GB.  Credentials come from the
 standard AWS environment variables; otherwise, when boto3 is installed, from the shared config and
 credentials files (profiles, SSO, instance roles) through obstore's boto3 credential provider.

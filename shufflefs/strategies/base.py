@@ -65,7 +65,7 @@ shuffle's windows of 1,000 records over 10 labels)."""
 AUTO_BLOCK_FLOOR = 128 << 10
 """The smallest automatic block where no measurement of the storage is saved (`shufflefs
 advise`): a 64 MiB buffer then holds 512 blocks.  Measured on a 2-core VM (virtio disk, 8 MiB
-readahead; `tools/cold_io.py`, 8 GiB file, 64 MiB windows, page cache dropped, 2026-11-25):
+readahead; `tools/cold_io.py`, retired, in git at 62680a3; 8 GiB file, 64 MiB windows, page cache dropped, 2026-11-25):
 WILLNEED on a window's blocks then ascending preads, as views read, got 758/892/1370/2086/2033
 MB/s for 16/32/64/128/256 KiB blocks against 1.9-2.5 GB/s for 0.5-4 MiB (0.96 of that at 128 KiB,
 0.63 at 64 KiB); one pread at a time 153/280/403/892 MB/s at 16-128 KiB; 16-32 threads and

@@ -22,7 +22,7 @@ starts there (`member_edges`) and where the file's samples end (`file_runs`):
   sample walked once is remembered with its index (`seen_of`): its neighbours' windows need not
   fetch it again, so after a first epoch nothing more is fetched.
 
-Measured (`tools/tar_edges_cost.py`: a shard of samples of three members, ~100 KB of ``.jpg`` +-20%,
+Measured (`tools/tar_edges_cost.py`, retired, in git at 9526d83: a shard of samples of three members, ~100 KB of ``.jpg`` +-20%,
 a ``.cls`` and a ``.json``, in a local moto server; the whole view read every epoch; GETs and bytes
 the mount fetched, against the code that did not fetch neighbours):
 

@@ -97,7 +97,7 @@ count, file, shift), about one per record in a sparse window."""
 HINT_RUN = MAP_RUN
 """Runs at least this long always get the readahead hint (shorter ones only while the source is
 cold, below), so that the blocks of a block order are all in flight at once: the automatic block
-is 128 KiB or more.  Measured (2026-11-25, `tools/cold_io.py`, 8 GiB file, page cache dropped,
+is 128 KiB or more.  Measured (2026-11-25, `tools/cold_io.py`, retired, in git at 62680a3; 8 GiB file, page cache dropped,
 64 MiB of random blocks, MB/s over a sequential read's): 128 KiB blocks read by 1 MiB preads one
 at a time 892 (0.91), with WILLNEED on the window's blocks first 2,086 (2.12), 32 threads 1,272,
 io_uring at depth 64 1,836; 64 KiB 403 / 1,370; 1 MiB 1,331 / 2,534.  With hints only for runs
@@ -110,7 +110,7 @@ loaded back to back, median of six rounds: hinting the next window after each lo
 hinting each window's own blocks before reading them 1.13, no hint 1.14: on that virtual disk a
 deeper queue alone gained nothing, overlapping disk time with the copying did.
 
-Measured again (2026-11-25, same VM, virtio disk with 8 MiB readahead; `tools/cold_io.py`, 2 GiB
+Measured again (2026-11-25, same VM, virtio disk with 8 MiB readahead; `tools/cold_io.py`, retired, in git at 62680a3; 2 GiB
 file, page cache dropped, median of 2 rounds) for reading a block shuffle's windows at a deeper
 queue: 4 MiB blocks, windows of 64 MiB: 1 MiB preads one at a time 1.63 GB/s, WILLNEED on the
 next window after each 2.12, WILLNEED on each window's own blocks first 2.08, 1/2/4/8 threads
