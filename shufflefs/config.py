@@ -146,6 +146,9 @@ class MountConfig:
     verify: str = "frames"
     """``frames``: check every record's checksums (TFRecord) in every window as it is gathered;
     ``index``: only when the index is built."""
+    source_cache: str = "auto"
+    """``keep`` or ``drop`` a window's source pages once it is built; ``auto`` chooses per view
+    (`sources.cache_mode`)."""
     direct_io: bool = False
     """Serve every view but npy and fixed-size ones with ``direct_io`` (no page cache): shared
     mappings of them fail with ENODEV.  False: every view goes through the page cache."""

@@ -5,11 +5,20 @@ cannot hold the file and `full`'s record reads go to the disk.
     sudo python tools/lirs_penalty.py [--size 2GiB] [--memory 640MiB] [--max-seconds 30] [--dir DIR]
 
 Needs root and a cgroup v1 memory controller (/sys/fs/cgroup/memory) or cgroup v2 with the memory
-controller.  Generates JSON lines of ~1 KiB (tools/bench/data.py), prebuilds the index, then for
-each strategy: drops the page cache, mounts inside the cgroup and reads the view with 1 MiB reads
-from a process in the same cgroup (cut after ``--max-seconds``, the rate taken from what was
-read).  Prints GB/s, the ratio corgipile / full, and `shufflefs advise`'s random-read table for the
-same storage.  The cgroup, the mounts and the daemons are removed in ``finally`` blocks.
+controller.  Generates JSON lines of ~1 KiB sorted by label (tools/bench/data.py) and prebuilds
+the index (``--data DIR`` keeps both in DIR for the next run), then for each round reads every
+entry in turn, the order rotated from round to round: drops the page cache, mounts inside the
+cgroup and reads the view with 1 MiB reads from a process in the same cgroup (cut after
+``--max-seconds``, the rate taken from what was read); ``raw`` reads the source file itself the
+same way.  An entry ``NAME:opt=value,...`` mounts strategy NAME with ``--opt value``
+(``stratified:source-cache=keep``).  ``--memory`` defaults to 1/4 of ``--size``; ``large`` sets no
+limit (nothing is under pressure).
+
+Prints, per entry, the median GB/s of the rounds (and their range), the CPU seconds per GB read
+of the daemon (its process, all threads, from mounted to unmount) and of the reader, and the
+per-round ratios stratified / none and none / raw (median and range), then `shufflefs advise`'s
+random-read table for the same storage.  The cgroup, the mounts and the daemons are removed in
+``finally`` blocks.
 """
 
 from __future__ import annotations
@@ -141,6 +150,56 @@ def main() -> int:
             cg.remove()
         advise = subprocess.run([*daemon_python(), "advise", str(src), "--budget", "256MiB"], capture_output=True,
                                 text=True)
+def measure(strategy: str, src: Path, work: Path, cg: Cgroup, max_seconds: float, block: str, buffer: str,
+            cache_dir: Path | None = None) -> tuple[float, int, float]:
+    """`run_view` as (GB/s, bytes read, daemon uptime s)."""
+    got = run_view(strategy, src, work, cg, max_seconds, block, buffer, cache_dir)
+    return got["gbps"], got["bytes"], got["uptime"]
+
+
+def entry_args(entry: str) -> tuple[str, list[str]]:
+    """``NAME:opt=value,...`` -> (NAME, ["--opt", "value", ...])."""
+    name, _, opts = entry.partition(":")
+    extra: list[str] = []
+    for item in filter(None, opts.split(",")):
+        key, _, value = item.partition("=")
+        extra += [f"--{key}", value] if value else [f"--{key}"]
+    return name, extra
+
+
+def prepare(src: Path, cache: Path, size: int) -> None:
+    """The dataset and its index in ``src`` and ``cache``, made unless a file of ``size`` is there."""
+    path = src / "lines.jsonl"
+    if path.exists() and abs(path.stat().st_size - size) < (4 << 20):
+        return
+    src.mkdir(parents=True, exist_ok=True)
+    data.make_lines(path, size)
+    subprocess.run([*daemon_python(), "index", str(src), "--cache-dir", str(cache)], check=True, capture_output=True)
+
+
+def _span(values: list[float], fmt: str = ".3f") -> str:
+    med = statistics.median(values)
+    return f"{med:{fmt}}" + (f" ({min(values):{fmt}}-{max(values):{fmt}})" if len(values) > 1 else "")
+
+
+def report(entries: list[str], rounds: list[dict[str, dict]]) -> None:
+    print("| entry | GB/s, median (range) | daemon CPU-s/GB | reader CPU-s/GB | stat: source cache |")
+    print("|---|---:|---:|---:|---|")
+    for e in entries:
+        got = [r[e] for r in rounds if e in r]
+        rate = [g["gbps"] for g in got]
+        dcpu = [g["daemon_cpu"] / (g["bytes"] / 1e9) for g in got]
+        rcpu = [g["reader_cpu"] / (g["bytes"] / 1e9) for g in got]
+        modes = sorted({json.dumps(g["stats"].get("source_cache", {}).get("views", {}), sort_keys=True)
+                        for g in got if "stats" in g})
+        print(f"| {e} | {_span(rate)} | {_span(dcpu, '.2f')} | {_span(rcpu, '.2f')} | {' '.join(modes) or '-'} |")
+    print()
+    for a, b in (("stratified", "none"), ("none", "raw")):
+        pairs = [r[a]["gbps"] / r[b]["gbps"] for r in rounds if a in r and b in r and r[b]["gbps"]]
+        if pairs:
+            print(f"{a} / {b}: {_span(pairs, '.2f')}  (per round: {', '.join(f'{p:.2f}' for p in pairs)})")
+
+
     print(f"cold reads of a {size / 2**30:.1f} GiB JSON lines file (~1 KiB records) through a mount, daemon and "
           f"reader in a memory cgroup of {args.memory}; 1 MiB reads, cut after {args.max_seconds:g} s; "
           f"--block-size {args.block_size} --buffer {args.buffer}\n")

@@ -149,6 +149,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
                                                        "kept only until it ends"),
     )
     if v["no_pool"] and opts.pools:
+        source_cache=v["source_cache"],
         parser.error("--pool declares a set but --no-pool turns pooling off")
     if config.allow_other and os.geteuid() != 0 and not user_allow_other():
         parser.error(f"--allow-other: only root may mount for other users unless {FUSE_CONF} has a line "

@@ -29,6 +29,7 @@ from ..config import (
     parse_size,
 )
 from ..serve.access import SETTERS
+from ..sources.cache_mode import SOURCE_CACHE_MODES
 from ..strategies.base import EVEN_MODES, LOCAL_MODES
 from .common import _message
 
@@ -195,6 +196,7 @@ OPTIONS: dict[str, _Option] = {
     "pls_local": _Option(_one_of(LOCAL_MODES), "uniform"),
     "stage_dir": _Option(_path, None),
     "verify": _Option(_one_of(VERIFY_MODES), "frames"),
+    "source_cache": _Option(_one_of(SOURCE_CACHE_MODES), "auto"),
     "balance": _Option(_flag, False),
     "balance_field": _Option(_field, None),
     "random_level": _Option(_fraction, 0.0),

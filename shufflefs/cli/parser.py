@@ -11,6 +11,7 @@ from ..config import (
 )
 from ..index.table import default_cache_dir
 from ..serve.access import SETTERS
+from ..sources.cache_mode import SOURCE_CACHE_MODES
 from ..strategies.base import EVEN_MODES, LOCAL_MODES
 from .common import PROG
 from .options import VERIFY_MODES
@@ -116,6 +117,12 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
                         "index is built")
     g.add_argument("--stage-dir", metavar="DIR",
                    help="pls: keep this rank's partition of every file on local disk under DIR: "
+    g.add_argument("--source-cache", choices=SOURCE_CACHE_MODES, default=None,
+                   help="whether a source file's pages stay in the page cache once a window is built "
+                        "from them: drop (each byte is cached once, as the view's), keep, or auto "
+                        "(default: drop when the file and its view do not both fit the machine's "
+                        "memory or the daemon's memory cgroup limit, unless the file is already "
+                        "cached); shufflefs stat shows the choice")
                         "copied from SRC when a file's first view opens, then each next epoch's "
                         "built in the background from the kept records plus only the received "
                         "ones read from SRC (about Q of the share); removed at unmount")

@@ -44,7 +44,12 @@ def format_stats(stats: dict) -> str:
         lines.append(("gather", gather + (f"  (code in {code})" if code else "")
                       + ("" if gather == "compiled" else "  WARNING: the compiled module is missing, "
                          "windows are built several times slower; reinstall shufflefs")))
-    block_size = s.get("block_size")
+    cache = take("source_cache", None)
+    if cache is not None:
+        chosen = "; ".join(f"{why} ({n} view(s))" for why, n in cache.get("views", {}).items()) or "no view opened yet"
+        lines.append(("source cache", f"{cache.get('option')}: {chosen}; room {_human(int(cache.get('room', 0)))} "
+                      f"({cache.get('room_from')}); {_human(int(cache.get('dropped_bytes', 0)))} of source pages dropped"))
+    block_size, buffer = s.get("block_size"), s.get("buffer")
     params = [f"{k}={_param(k, take(k))}" for k in ("seed", "block_size", "buffer", "page_size") if k in s]
     lines.append(("strategy", "  ".join([str(take("strategy", "?")), *params])))
     floor, floor_note = take("block_floor", None), take("block_floor_note", None)

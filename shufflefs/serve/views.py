@@ -24,6 +24,7 @@ from ..formats import gather_check
 from ..formats.npy import Columns, c_order_header, columns_of
 from ..shared_tasks import SharedTasks
 from ..sources.base import Source, Store
+from ..sources.cache_mode import SourceCache
 from ..sources.pool import PoolSource
 from ..stages.stage_file import Stage, StagedSource
 from ..stages.store import EpochBytes, StageStore, StageTarget
@@ -88,6 +89,7 @@ class Views:
         # whether a node shows its file's current epoch (and resume state); default: the epoch alone
         self.current = current or (lambda n: n.epoch == epoch_of(n.epoch_path))
         self.read_bytes = EpochBytes()
+        self.source_cache = SourceCache(config.source_cache)  # drop a window's source pages? (stat shows it)
         self.stages = StageStore(config.stage_dir, self.read_bytes) if config.stage_dir is not None else None
         self.open_views: set[int] = set()
         self.idle: OrderedDict[int, Node] = OrderedDict()
@@ -186,7 +188,7 @@ class Views:
             return View(self.store.path(node.relpath), node.index, plan, source, frame,
                         meter=self.read_bytes.meter(node.epoch),
                         check=gather_check(node.fmt, self.config.verify), distrust=self.planner.distrust_for(node),
-                        columns=columns)
+                        columns=columns, source_cache=self.source_cache)
         except BaseException:
             source.close()
             raise

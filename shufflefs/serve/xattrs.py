@@ -310,6 +310,7 @@ def _describe(cat: Catalog) -> dict[str, Any]:
     )
 
 
+        source_cache=views.source_cache.describe(),
 def _decoded(cat: Catalog) -> dict[str, Any]:
     """The decoded copies of compressed files (`stages.decoded`): where, how many bytes, which."""
     got = cat.planner.decoding.describe()

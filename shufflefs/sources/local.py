@@ -126,6 +126,14 @@ class SourceFile:
     def mapping(self) -> object | None:
         """A read-only mapping of the whole file (`_gather.Mapping`: a buffer, no second
         descriptor), made on first use and held until `close`, for windows of short runs
+    def drop(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> None:
+        """Ask the kernel to drop the runs' pages from the page cache once a window is built from
+        them (`sources.cache_mode`): whole pages inside each run only, so the pages a run shares
+        with its neighbours stay; a page another load still reads is only read again."""
+        b = index.bounds
+        for s, e in zip(b[first].tolist(), b[first + count].tolist()):
+            os.posix_fadvise(self.fd, s, e - s, os.POSIX_FADV_DONTNEED)
+
         (`view.MAP_RUN`); None for an empty or closed file, or without the compiled module.  The
         compiled gather guards its copies from it against SIGBUS (a file that shrank), and every
         window is verified against the stamp afterwards, as with preads."""

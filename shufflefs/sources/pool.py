@@ -137,7 +137,7 @@ class PoolSource:
         b = index.bounds
         starts, ends = b[first] + index.shifts[member], b[first + count] + index.shifts[member]
         for m, s, e in zip(index.member_file[member].tolist(), starts.tolist(), ends.tolist()):
-            os.posix_fadvise(self.files[m].fd, s, e - s, os.POSIX_FADV_WILLNEED)
+            os.posix_fadvise(self.files[m].fd, s, e - s, advice)
 
     def close(self) -> None:
         with self._lock:
@@ -147,6 +147,13 @@ class PoolSource:
             self._close()
 
     def _close(self) -> None:
+        self._fadvise(index, first, count, os.POSIX_FADV_WILLNEED)
+
+    def drop(self, index: PooledIndex, first: np.ndarray, count: np.ndarray) -> None:
+        """The runs' pages out of the page cache (`SourceFile.drop`)."""
+        self._fadvise(index, first, count, os.POSIX_FADV_DONTNEED)
+
+    def _fadvise(self, index: PooledIndex, first: np.ndarray, count: np.ndarray, advice: int) -> None:
         for f in self.files:
             f.close()
 

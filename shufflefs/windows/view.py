@@ -31,9 +31,11 @@ from ..formats.base import FramingError, WindowCheck
 from ..formats.framing import TAR, FramingCheck, raise_framing, unterminated
 from ..formats.npy import Columns
 from ..index.table import RecordIndex
-from .edges import check_detached, fd_edges, load_checked, mapped_args, runs_args
+from .edges import check_detached, fd_edges, load_checked, mapped_args
 from .layout import Layout, assemble, id_runs
-from ..sources.base import Members, Reader, Runs, Source, take_requests
+from ..sources.base import Members, Source, take_requests
+from ..sources.cache_mode import SourceCache
+from .build import added_newlines, build_runs
 
 try:
     from .._gather import build_window as _build_window  # compiled at install time; optional
@@ -133,54 +135,20 @@ them in flight at once.  Measured (2026-11-25, 2 GiB of ~1 KiB JSON lines, 64 Mi
 they would cost that time for nothing, so they are not sent then."""
 
 
-def build_runs(out: np.ndarray, scratch: np.ndarray, index: RecordIndex, ids: np.ndarray, runs: Runs,
-               newline_ids: np.ndarray, file_of: Callable[[int], Reader], framing: int = 0,
-               report: np.ndarray | None = None, edges: tuple | None = None) -> np.ndarray:
-    """Records ``ids`` (view order; the same records as ``runs``) read into ``out`` in one pass
-    (see the module docstring); ``file_of(fd)`` names the file behind a descriptor.  Every file
-    read is verified afterwards, so bytes of a file that changed meanwhile are never returned.
-    ``framing``: the compiled check of every record (`FramingCheck.code`), its first failure in
-    ``report`` (the caller raises it); ``edges``: the runs' files, for the check of tar samples
-    against their neighbours there (`edges.fd_edges`)."""
-    c = np.ascontiguousarray
-    fds = c(runs.fd, np.int64)
-    extra = runs_args(index, framing, edges, report) if framing else ()
-    got = _build_window(out, scratch, index.bounds, c(ids, np.int64), c(runs.first, np.int64),
-                        c(runs.count, np.int64), fds, c(runs.shift, np.int64), newline_ids, *extra)
-    if isinstance(got, tuple):  # (run, file offset): that file ended early
-        file_of(int(fds[got[0]])).ended(got[1])
-        raise OSError(errno.EIO, "a file ended early")  # ended() raises; never serve a short window
-    if len(fds):
-        used, at = np.unique(fds, return_index=True)
-        offsets = index.bounds[runs.first[at]] + runs.shift[at]
-        for fd, off in zip(used.tolist(), offsets.tolist()):
-            file_of(fd).verify_read(off)
-    return out[:got]
-
-
-def added_newlines(newline_ids: np.ndarray, ids: np.ndarray) -> int:
-    """How many of ``ids`` gain a newline in the view (``newline_ids`` sorted; a repeated id
-    counts each time): the window bytes that did not come from the source.  Works in slices of
-    `RECORD_CHUNK` ids, so that a window of tiny records needs no array as long as its ids."""
-    if not len(newline_ids) or not len(ids):
-        return 0
-    added = 0
-    for lo in range(0, len(ids), RECORD_CHUNK):
-        part = ids[lo: lo + RECORD_CHUNK]
-        at = np.minimum(np.searchsorted(newline_ids, part), len(newline_ids) - 1)
-        added += int(np.count_nonzero(newline_ids[at] == part))
-    return added
-
-
-def _cached(members: Members) -> bool:
-    """Whether at least `CACHED` of the mapped files' pages are in the page cache."""
+def resident(members: Members) -> float:
+    """The share of the mapped files' pages in the page cache (one cachestat(2) per file)."""
     cached = total = 0
     slots, at = np.unique(members.slot, return_index=True)  # a file once, however many members map it
     for m in at[slots >= 0].tolist():
         mapped = members.maps[int(members.slot[m])]
         cached += _cached_pages(int(members.fd[m]), mapped)
         total += -(-len(mapped) // PAGE)
-    return cached >= CACHED * total
+    return cached / total if total else 1.0
+
+
+def _cached(members: Members) -> bool:
+    """Whether at least `CACHED` of the mapped files' pages are in the page cache."""
+    return resident(members) >= CACHED
 
 
 def gather_members(out: np.ndarray, index: RecordIndex, ids: np.ndarray, members: Members,
@@ -236,9 +204,11 @@ class View:
     def __init__(self, path: str, index: RecordIndex, plan: Plan, source: Source | None = None,
                  frame: tuple[bytes, bytes] | None = None, meter: Meter | None = None,
                  check: WindowCheck | None = None, distrust: Callable[[RecordIndex], None] | None = None,
-                 columns: Columns | None = None) -> None:
+                 columns: Columns | None = None, source_cache: SourceCache | None = None) -> None:
         """``columns``: the rows are strided (a Fortran-order ``.npy``), gathered by
-        `transposed.load_columns`; ``frame`` must then carry the C-order header."""
+        `transposed.load_columns`; ``frame`` must then carry the C-order header.
+        ``source_cache``: the mount's choice whether a window's source pages are dropped once it
+        is built (`sources.cache_mode`); None keeps them."""
         self.path = path
         self.columns = columns
         self.check = check
@@ -271,6 +241,9 @@ class View:
         none = np.zeros(0, np.int64)  # a source without descriptors places nothing (`Source.place`)
         self._cold = False  # the last load found the source cold (short runs are hinted then)
         self._gathered = _build_window is not None and source.place(index, none, none) is not None
+        self._source_cache = source_cache
+        self.drop_behind = (source_cache is not None and columns is None and hasattr(source, "drop")
+                            and source_cache.decide(int(index.bounds[-1] - index.bounds[0]), self._resident))
 
     @property
     def size(self) -> int:
@@ -326,6 +299,8 @@ class View:
             pos, remote, local_bytes = pos + built, remote + r, local_bytes + loc
         window = out[:pos]
         self._check(window, ids, framed=bool(self._framing))
+        if self.drop_behind and runs is not None and members is None:
+            self._drop(runs)
         if self.meter is not None:
             self.meter(remote, local_bytes)
         if ahead and k + 1 < plan.n_windows:
@@ -392,6 +367,19 @@ class View:
         if self.distrust is not None:
             self.distrust(self.index)
         raise e from None
+
+    def _resident(self) -> float:
+        """The share of the source's pages cached now (0 if it cannot be mapped)."""
+        members = self._mapped_members()
+        return resident(members) if members is not None and _cached_pages is not None else 0.0
+
+    def _drop(self, runs: tuple[np.ndarray, np.ndarray]) -> None:
+        """The window's runs out of the page cache, now that it is built and verified: the view's
+        pages keep its bytes (`sources.cache_mode`)."""
+        self.source.drop(self.index, runs[0], runs[1])
+        if self._source_cache is not None:
+            b = self.index.bounds
+            self._source_cache.dropped(int((b[runs[0] + runs[1]] - b[runs[0]]).sum()))
 
     def _mapped_members(self) -> Members | None:
         """The source's files as mappings (`Source.mapped_members`), asked once per view; None
