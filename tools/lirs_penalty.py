@@ -1,8 +1,9 @@
-"""The LIRS penalty when the dataset does not fit in memory: `corgipile` against `full` with the
-daemon and the reader in a memory cgroup well below the dataset's size, so that the page cache
-cannot hold the file and `full`'s record reads go to the disk.
+"""Data larger than memory: a raw read of the source, the `none` view, the default view
+(`stratified`) and `full`, with the daemon and the reader in one memory cgroup well below the
+dataset's size, so that the page cache cannot hold the file.
 
-    sudo python tools/lirs_penalty.py [--size 2GiB] [--memory 640MiB] [--max-seconds 30] [--dir DIR]
+    sudo python tools/lirs_penalty.py [--size 2GiB] [--memory SIZE|large] [--rounds 3]
+        [--strategies raw,none,stratified,full] [--max-seconds 30] [--dir DIR] [--data DIR]
 
 Needs root and a cgroup v1 memory controller (/sys/fs/cgroup/memory) or cgroup v2 with the memory
 controller.  Generates JSON lines of ~1 KiB sorted by label (tools/bench/data.py) and prebuilds
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,24 +50,28 @@ while time.perf_counter() - t0 < limit:
     if not k:
         break
     n += k
-print(n, time.perf_counter() - t0)
+t = os.times()
+print(n, time.perf_counter() - t0, t.user + t.system)
 """
+"""1 MiB reads of a file for at most ``limit`` s: bytes, seconds, the reader's own CPU seconds."""
+
+TICK = os.sysconf("SC_CLK_TCK")
 
 
 class Cgroup:
-    """A memory cgroup (v1 or v2) that processes join with `wrap`."""
+    """A memory cgroup (v1 or v2) that processes join with `wrap`; ``limit`` None: no limit."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int | None) -> None:
         v1, v2 = Path("/sys/fs/cgroup/memory"), Path("/sys/fs/cgroup")
         name = f"shufflefs-lirs-{os.getpid()}"
         if (v1 / "memory.limit_in_bytes").exists():
             self.path = v1 / name
             self.path.mkdir()
-            (self.path / "memory.limit_in_bytes").write_text(str(limit))
+            (self.path / "memory.limit_in_bytes").write_text(str(limit if limit is not None else -1))
         elif "memory" in (v2 / "cgroup.controllers").read_text():
             self.path = v2 / name
             self.path.mkdir()
-            (self.path / "memory.max").write_text(str(limit))
+            (self.path / "memory.max").write_text(str(limit) if limit is not None else "max")
         else:
             raise SystemExit("lirs_penalty: no memory cgroup controller here")
 
@@ -87,15 +93,37 @@ def drop_caches() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
-def measure(strategy: str, src: Path, work: Path, cg: Cgroup, max_seconds: float, block: str, buffer: str,
-            cache_dir: Path | None = None) -> tuple[float, int, float]:
-    """Cold 1 MiB reads of ``src``'s lines.jsonl through a mount of ``strategy``, daemon and reader
-    in ``cg``: (GB/s, bytes read, daemon uptime s).  ``cache_dir`` holds the prebuilt index."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def read_file(path: Path, cg: Cgroup, max_seconds: float) -> tuple[int, float, float]:
+    """1 MiB reads of ``path`` by a process in ``cg``: (bytes, seconds, the reader's CPU s)."""
+    r = subprocess.run(cg.wrap([sys.executable, "-c", READER, str(path), str(max_seconds)]),
+                       capture_output=True, text=True, check=True)
+    nbytes, seconds, cpu = r.stdout.split()
+    return int(nbytes), float(seconds), float(cpu)
+
+
+def raw(src: Path, cg: Cgroup, max_seconds: float) -> dict:
+    """A cold read of the source file itself in ``cg`` (what the disk and page cache give)."""
+    drop_caches()
+    nbytes, seconds, cpu = read_file(src / "lines.jsonl", cg, max_seconds)
+    return {"gbps": nbytes / seconds / 1e9, "bytes": nbytes, "reader_cpu": cpu, "daemon_cpu": 0.0}
+
+
+def run_view(strategy: str, src: Path, work: Path, cg: Cgroup, max_seconds: float, block: str, buffer: str,
+             cache_dir: Path | None = None, extra: list[str] | None = None) -> dict:
+    """Cold 1 MiB reads of ``src``'s lines.jsonl through a mount of ``strategy`` (mount options
+    ``extra``), daemon and reader in ``cg``: GB/s, bytes, CPU s of the daemon and the reader while
+    it read, and the mount's stats."""
     mnt = work / f"mnt-{strategy}"
     mnt.mkdir(exist_ok=True)
     cache = cache_dir or work / "cache"
     cmd = cg.wrap([*daemon_python(), "mount", "-f", str(src), str(mnt), "--cache-dir", str(cache),
-                   "--strategy", strategy, "--block-size", block, "--buffer", buffer])
+                   "--strategy", strategy, "--block-size", block, "--buffer", buffer, *(extra or [])])
     drop_caches()
     daemon = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=open(work / f"{strategy}.log", "wb"))
@@ -105,11 +133,12 @@ def measure(strategy: str, src: Path, work: Path, cg: Cgroup, max_seconds: float
             if daemon.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"lirs_penalty: {strategy} mount failed: {(work / f'{strategy}.log').read_text()}")
             time.sleep(0.05)
-        r = subprocess.run(cg.wrap([sys.executable, "-c", READER, str(mnt / "lines.jsonl"),
-                                    str(max_seconds)]), capture_output=True, text=True, check=True)
-        nbytes, seconds = r.stdout.split()
+        before = cpu_seconds(daemon.pid)  # sh execs the daemon: the same pid
+        nbytes, seconds, reader_cpu = read_file(mnt / "lines.jsonl", cg, max_seconds)
+        daemon_cpu = cpu_seconds(daemon.pid) - before
         stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
-        return int(nbytes) / float(seconds) / 1e9, int(nbytes), float(stats.get("uptime_s", 0))
+        return {"gbps": nbytes / seconds / 1e9, "bytes": nbytes, "reader_cpu": reader_cpu,
+                "daemon_cpu": daemon_cpu, "uptime": float(stats.get("uptime_s", 0)), "stats": stats}
     finally:
         subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
         try:
@@ -121,35 +150,6 @@ def measure(strategy: str, src: Path, work: Path, cg: Cgroup, max_seconds: float
             subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", default="2GiB")
-    p.add_argument("--memory", default="640MiB", help="memory limit of the cgroup (daemon + reader + their page cache)")
-    p.add_argument("--max-seconds", type=float, default=30.0)
-    p.add_argument("--block-size", default="auto")
-    p.add_argument("--buffer", default="64MiB")
-    p.add_argument("--strategies", default="corgipile,full,lirs-page")
-    p.add_argument("--dir", default=None)
-    args = p.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("lirs_penalty: needs root (cgroups, dropping caches, mounts)")
-    size, limit = parse_size(args.size), parse_size(args.memory)
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        work = Path(tmp)
-        src = work / "src"
-        src.mkdir()
-        data.make_lines(src / "lines.jsonl", size)
-        subprocess.run([*daemon_python(), "index", str(src), "--cache-dir", str(work / "cache")], check=True,
-                       capture_output=True)
-        cg = Cgroup(limit)
-        rows = []
-        try:
-            for strategy in args.strategies.split(","):
-                rows.append((strategy, *measure(strategy, src, work, cg, args.max_seconds, args.block_size, args.buffer)))
-        finally:
-            cg.remove()
-        advise = subprocess.run([*daemon_python(), "advise", str(src), "--budget", "256MiB"], capture_output=True,
-                                text=True)
 def measure(strategy: str, src: Path, work: Path, cg: Cgroup, max_seconds: float, block: str, buffer: str,
             cache_dir: Path | None = None) -> tuple[float, int, float]:
     """`run_view` as (GB/s, bytes read, daemon uptime s)."""
@@ -200,17 +200,57 @@ def report(entries: list[str], rounds: list[dict[str, dict]]) -> None:
             print(f"{a} / {b}: {_span(pairs, '.2f')}  (per round: {', '.join(f'{p:.2f}' for p in pairs)})")
 
 
-    print(f"cold reads of a {size / 2**30:.1f} GiB JSON lines file (~1 KiB records) through a mount, daemon and "
-          f"reader in a memory cgroup of {args.memory}; 1 MiB reads, cut after {args.max_seconds:g} s; "
-          f"--block-size {args.block_size} --buffer {args.buffer}\n")
-    print("| strategy | GB/s | bytes read | corgipile / this |")
-    print("|---|---:|---:|---:|")
-    corgi = next((g for s, g, _, _ in rows if s == "corgipile"), None)
-    for strategy, gbps, nbytes, _ in rows:
-        ratio = f"{corgi / gbps:.1f}" if corgi and gbps else "-"
-        print(f"| {strategy} | {gbps:.3f} | {nbytes / 1e6:,.0f} MB | {ratio} |")
-    print("\n`shufflefs advise` on the same storage:\n")
-    print(advise.stdout.strip() or advise.stderr.strip())
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", default="2GiB")
+    p.add_argument("--memory", default=None, help="memory limit of the cgroup (daemon + reader + their page cache); "
+                   "default 1/4 of --size; 'large': no limit")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--max-seconds", type=float, default=30.0)
+    p.add_argument("--block-size", default="auto")
+    p.add_argument("--buffer", default="64MiB")
+    p.add_argument("--strategies", default="raw,none,stratified,full")
+    p.add_argument("--dir", default=None, help="where the temporary files go")
+    p.add_argument("--data", default=None, help="keep the dataset and its index here (reused when the size matches)")
+    p.add_argument("--no-advise", action="store_true", help="skip `shufflefs advise`'s table")
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        raise SystemExit("lirs_penalty: needs root (cgroups, dropping caches, mounts)")
+    size = parse_size(args.size)
+    limit = None if args.memory == "large" else parse_size(args.memory) if args.memory else size // 4
+    entries = args.strategies.split(",")
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        work = Path(tmp)
+        home = Path(args.data) if args.data else work
+        src, cache = home / "src", home / "cache"
+        prepare(src, cache, size)
+        cg = Cgroup(limit)
+        rounds: list[dict[str, dict]] = []
+        try:
+            for i in range(args.rounds):
+                order = entries[i % len(entries):] + entries[: i % len(entries)]
+                got: dict[str, dict] = {}
+                for e in order:
+                    if e == "raw":
+                        got[e] = raw(src, cg, args.max_seconds)
+                    else:
+                        name, extra = entry_args(e)
+                        got[e] = run_view(name, src, work, cg, args.max_seconds, args.block_size, args.buffer,
+                                          cache, extra)
+                    print(f"round {i + 1}: {e} {got[e]['gbps']:.3f} GB/s", file=sys.stderr, flush=True)
+                rounds.append(got)
+        finally:
+            cg.remove()
+        advise = None if args.no_advise else subprocess.run(
+            [*daemon_python(), "advise", str(src), "--budget", "256MiB"], capture_output=True, text=True)
+    memory = "no limit" if limit is None else f"{limit / 2**20:,.0f} MiB"
+    print(f"cold reads of a {size / 2**30:.1f} GiB JSON lines file (~1 KiB records, sorted by label), daemon and "
+          f"reader in a memory cgroup of {memory}; 1 MiB reads, cut after {args.max_seconds:g} s; "
+          f"--block-size {args.block_size} --buffer {args.buffer}; {args.rounds} round(s), order rotated\n")
+    report(entries, rounds)
+    if advise is not None:
+        print("\n`shufflefs advise` on the same storage:\n")
+        print(advise.stdout.strip() or advise.stderr.strip())
     return 0
 
 
