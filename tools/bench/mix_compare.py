@@ -86,7 +86,7 @@ def measure(epochs: list[list[tuple[str, int]]], seconds: float) -> dict:
         "web_again": len(web[1].keys() & web[0].keys()) if len(web) > 1 else None,
         "books_max": [max(collections.Counter(k for s, k in r if s == "books").values(), default=0) for r in epochs],
         "dev_mean": float(np.mean(devs)) if devs else None,
-        "dev_worst": worst,
+        "dev_worst": worst if devs else None,
         "records_per_s": sum(len(r) for r in epochs) / max(seconds, 1e-9),
     }
 
@@ -183,6 +183,11 @@ def run_streaming(streaming: types.ModuleType, files: dict[str, list[Path]], wor
     return measure(epochs, time.monotonic() - t0)
 
 
+def _fmt(value: float | int | None, spec: str) -> str:
+    """A table cell; ``-`` where a small run has no value (one epoch, or fewer than 1,000 records)."""
+    return "-" if value is None else format(value, spec)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--records-scale", type=float, default=1.0,
@@ -214,7 +219,8 @@ def main(argv: list[str] | None = None) -> int:
         per = r["per_source"][0]
         print(f"| {name} | {r['records'][0]:,} / {r['records'][1]:,} | "
               f"{per.get('web', 0):,} / {per.get('books', 0):,} / {per.get('code', 0):,} | {r['web_repeats'][0]:,} | "
-              f"{r['web_again']:,} | {r['books_max'][0]} | {r['dev_mean']:.3f} / {r['dev_worst']:.3f} | "
+              f"{_fmt(r['web_again'], ',')} | {r['books_max'][0]} | {_fmt(r['dev_mean'], '.3f')} / "
+              f"{_fmt(r['dev_worst'], '.3f')} | "
               f"{r['records_per_s']:,.0f} |")
     print("\n" + json.dumps(rows, indent=1))
     return 0
