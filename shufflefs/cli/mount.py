@@ -142,6 +142,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         source=src, mountpoint=mnt, spec=spec, epoch=v["epoch"], rank=v["rank"], world=v["world_size"],
         rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
         pool=not v["no_pool"], pool_globs=opts.pools, mixes=opts.mixes, stage_dir=stage_dir, verify=v["verify"],
+        source_cache=v["source_cache"],
         store_options=store_options, direct_io=v["direct_io"], block_floor_note=floor_note,
         allow_other=bool(v["allow_other"]), epoch_setters=v["epoch_setters"],
         cache_warning=None if unwritable is None else (f"cache directory {cache_dir} cannot be written "
@@ -149,7 +150,6 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
                                                        "kept only until it ends"),
     )
     if v["no_pool"] and opts.pools:
-        source_cache=v["source_cache"],
         parser.error("--pool declares a set but --no-pool turns pooling off")
     if config.allow_other and os.geteuid() != 0 and not user_allow_other():
         parser.error(f"--allow-other: only root may mount for other users unless {FUSE_CONF} has a line "

@@ -301,6 +301,7 @@ def _describe(cat: Catalog) -> dict[str, Any]:
         memory={**cat.windows.describe(), **cat.planner.describe(), "peeks": cat.reads.peeks},
         epoch_prefetches=cat.prep.prefetches,
         gather=GATHER,
+        source_cache=views.source_cache.describe(),
         code=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         read_bytes=views.read_bytes.snapshot(),
         **({"store_requests": cat.store.requests()} if hasattr(cat.store, "requests") else {}),
@@ -310,7 +311,6 @@ def _describe(cat: Catalog) -> dict[str, Any]:
     )
 
 
-        source_cache=views.source_cache.describe(),
 def _decoded(cat: Catalog) -> dict[str, Any]:
     """The decoded copies of compressed files (`stages.decoded`): where, how many bytes, which."""
     got = cat.planner.decoding.describe()

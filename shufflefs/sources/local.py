@@ -120,12 +120,6 @@ class SourceFile:
         for s, e in zip(b[first].tolist(), b[first + count].tolist()):
             os.posix_fadvise(self.fd, s, e - s, os.POSIX_FADV_WILLNEED)
 
-    def read_range(self, start: int, end: int) -> bytes:
-        return self.read_runs(np.array([start]), np.array([end])).tobytes()
-
-    def mapping(self) -> object | None:
-        """A read-only mapping of the whole file (`_gather.Mapping`: a buffer, no second
-        descriptor), made on first use and held until `close`, for windows of short runs
     def drop(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> None:
         """Ask the kernel to drop the runs' pages from the page cache once a window is built from
         them (`sources.cache_mode`): whole pages inside each run only, so the pages a run shares
@@ -134,6 +128,12 @@ class SourceFile:
         for s, e in zip(b[first].tolist(), b[first + count].tolist()):
             os.posix_fadvise(self.fd, s, e - s, os.POSIX_FADV_DONTNEED)
 
+    def read_range(self, start: int, end: int) -> bytes:
+        return self.read_runs(np.array([start]), np.array([end])).tobytes()
+
+    def mapping(self) -> object | None:
+        """A read-only mapping of the whole file (`_gather.Mapping`: a buffer, no second
+        descriptor), made on first use and held until `close`, for windows of short runs
         (`view.MAP_RUN`); None for an empty or closed file, or without the compiled module.  The
         compiled gather guards its copies from it against SIGBUS (a file that shrank), and every
         window is verified against the stamp afterwards, as with preads."""

@@ -131,6 +131,13 @@ class PoolSource:
         raise ValueError("a view over a pool needs its header and trailer")
 
     def advise(self, index: PooledIndex, first: np.ndarray, count: np.ndarray) -> None:
+        self._fadvise(index, first, count, os.POSIX_FADV_WILLNEED)
+
+    def drop(self, index: PooledIndex, first: np.ndarray, count: np.ndarray) -> None:
+        """The runs' pages out of the page cache (`SourceFile.drop`)."""
+        self._fadvise(index, first, count, os.POSIX_FADV_DONTNEED)
+
+    def _fadvise(self, index: PooledIndex, first: np.ndarray, count: np.ndarray, advice: int) -> None:
         if not self._placed:
             return
         first, count, member = index.split_runs(first, count)
@@ -147,13 +154,6 @@ class PoolSource:
             self._close()
 
     def _close(self) -> None:
-        self._fadvise(index, first, count, os.POSIX_FADV_WILLNEED)
-
-    def drop(self, index: PooledIndex, first: np.ndarray, count: np.ndarray) -> None:
-        """The runs' pages out of the page cache (`SourceFile.drop`)."""
-        self._fadvise(index, first, count, os.POSIX_FADV_DONTNEED)
-
-    def _fadvise(self, index: PooledIndex, first: np.ndarray, count: np.ndarray, advice: int) -> None:
         for f in self.files:
             f.close()
 
