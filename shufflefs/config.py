@@ -152,6 +152,9 @@ class MountConfig:
     direct_io: bool = False
     """Serve every view but npy and fixed-size ones with ``direct_io`` (no page cache): shared
     mappings of them fail with ENODEV.  False: every view goes through the page cache."""
+    compiled_replies: bool = True
+    """Answer reads inside a handle's loaded window without entering Python (`shufflefs.replies`);
+    False: Python answers every read."""
     allow_other: bool = False
     """Let users other than the owner reach the mount (FUSE ``allow_other``; the kernel checks
     every access against the source's modes, ``default_permissions``)."""

@@ -197,6 +197,11 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
                    help="let other users read the mount (FUSE allow_other; -o allow_other in mount(8) and fstab): "
                         "the kernel checks every access against the source's modes, so a user reads, and reads the "
                         "attributes and errors of, only the files they could read in SRC. A user other than root "
+    g.add_argument("--python-replies", action="store_true", default=None,
+                   help="answer every read in Python. By default a read inside the window its open file "
+                        "already reads is answered by compiled code, with the same check of the source "
+                        "before each reply and no Python call (docs/performance.md, Compiled replies); "
+                        "shufflefs stat shows how many under compiled_replies")
                         "needs user_allow_other in /etc/fuse.conf")
     g.add_argument("--epoch-setters", choices=SETTERS, default=None,
                    help="who may set epochs and resume states: owner (default: the user who mounted it, and "

@@ -254,6 +254,7 @@ class ShuffleFS(pyfuse3.Operations):
         h = await self.catalog.open(node)
         fh = self._fh()
         self._handles[fh] = h
+        h.fh = fh
         if node.kind != VIEW:
             return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=False)
         page_cache = self.catalog.page_cache(node)

@@ -30,21 +30,7 @@ from ..windows.cache import WindowCache
 from .epoch_prep import EpochPrep
 from .epochs import Epochs
 from .mix_tree import MixTree, in_mix_tree
-from .nodes import (
-    DIR,
-    FILE,
-    LINK,
-    NO_POOL,
-    ROOT,
-    UNREAD,
-    VIEW,
-    Handle,
-    Node,
-    Probe,
-    Reply,
-    Stat,
-    shard_stat,
-)
+from .nodes import DIR, FILE, LINK, NO_POOL, ROOT, UNREAD, VIEW, Handle, Node, Probe, Reply, Stat, shard_stat
 from .planner import RESUME_MISFIT, Planner
 from .reads import Reads
 from .stats import Stats
@@ -84,7 +70,7 @@ class Catalog:
                                lambda: self.views.drop_a_plan(), lambda: self.windows.landed)
         self.views = Views(config, self.store, self.tree, self.planner, self.workers, self.tasks,
                            self.windows, self.epochs.of, self.current)
-        self.reads = Reads(self.views, self.windows)
+        self.reads = Reads(self.views, self.windows, config.compiled_replies)
         self.pools = PoolTable(self.store, self.tree.pool_key, config.pool_globs) if config.pool else None
         self.tree.pools = self.pools
         self.mixes = None
@@ -452,16 +438,20 @@ class Catalog:
             return data
         if node.broken is not None:
             raise Reply(node.broken.errno)
+        replies = self.reads.replies
         try:
+            replies.sync(h)
             data = await self.reads.read(h, off, size)
             node.view.view.source.verify_open()  # never serve bytes of a source that changed
         except (ShuffleError, OSError) as e:
+            replies.withdraw(h)
             if isinstance(e, StaleSourceError):
                 node.broken = e
             raise self.fail("read", node.relpath, node.epoch, off, e) from None
         n = len(data)
         self.stats.served(n, node.relpath, h.opened)
         h.last_end = off + n
+        self.reads.offer(h)
         return data
 
     def release(self, h: Handle) -> None:

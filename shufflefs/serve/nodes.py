@@ -135,7 +135,7 @@ class Handle:
     which sits at view bytes ``[lo, hi)``, and where its last reads end (`continues`).  A
     pass-through file's handle holds its open ``source``."""
 
-    __slots__ = ("node", "source", "last_end", "ends", "slot", "k", "lo", "hi", "shift", "opened")
+    __slots__ = ("node", "source", "last_end", "ends", "slot", "k", "lo", "hi", "shift", "opened", "fh", "offered")
 
     def __init__(self, node: Node, source: object | None = None) -> None:
         self.node, self.source, self.last_end = node, source, 0
@@ -145,6 +145,8 @@ class Handle:
         self.k = -1  # the view window ``slot`` holds
         self.lo, self.hi = 0, -1  # no window: no read is inside it
         self.shift = 0  # view byte ``lo`` is byte ``shift`` of the slot (a shard's stretch of a stream window)
+        self.fh: int | None = None  # the kernel's number for it (compiled replies are keyed by it)
+        self.offered: Slot | None = None  # the window the compiled replies answer reads from (`serve.replies`)
 
 
     def continues(self, off: int, end: int) -> bool:
@@ -161,6 +163,14 @@ class Handle:
             del ends[0]
         ends.append(end)
         return hit
+
+    def noted(self, end: int) -> None:
+        """Reads answered without Python (`serve.replies`) ended at ``end``: the next read that
+        starts there continues them."""
+        self.last_end = end
+        if end not in self.ends:
+            del self.ends[0]
+            self.ends.append(end)
 
 
 STREAMS = 4

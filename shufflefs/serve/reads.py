@@ -16,6 +16,7 @@ from ..windows.cache import Slot, WindowCache
 from ..windows.container import Container, container_of
 from ..windows.layout import HEADER, TRAILER
 from .nodes import Handle, Node
+from .replies import Replies
 from .views import Views
 from .workers import Timeout
 
@@ -36,8 +37,10 @@ class MemoryWait(Timeout):
 
 
 class Reads:
-    def __init__(self, views: Views, windows: WindowCache) -> None:
+    def __init__(self, views: Views, windows: WindowCache, compiled: bool = True) -> None:
         self.views, self.windows = views, windows
+        self.replies = Replies(compiled)
+        windows.recycled, windows.touched = self.replies.recycled, self.replies.touch
         self.peeks = 0  # reads answered by `ParquetView.peek`
         # compressed views: the checksums of the container units reads left unfinished, per view
         self._memos: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -129,6 +132,12 @@ class Reads:
                 self.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work)
         return data if out is None else out
 
+    def offer(self, h: Handle) -> None:
+        """After a read served: the handle's next reads inside its window may be answered by
+        the compiled replies (`serve.replies`); not for compressed views, whose reads render."""
+        if container_of(h.node.fmt) is None:
+            self.replies.offer(h)
+
     def _peeks(self, node: Node, ref: Any, size: int, sequential: bool) -> bool:
         """Whether a read of ``size`` bytes of a window is answered from the pages it falls in
         (`ParquetView.peek`) rather than by loading the window: a small read that continues no
@@ -176,6 +185,7 @@ class Reads:
 
     def leave(self, h: Handle) -> None:
         """The handle no longer reads its window (it may be dropped when memory is needed)."""
+        self.replies.withdraw(h)
         if h.slot is not None:
             self.windows.unhold(h.slot)
             h.slot, h.k, h.lo, h.hi, h.shift = None, -1, 0, -1, 0

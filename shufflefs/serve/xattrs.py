@@ -261,6 +261,15 @@ def describe(cat: Catalog, details: bool = True) -> dict[str, Any]:
 
 
 def _describe(cat: Catalog) -> dict[str, Any]:
+    state = _snapshot(cat)
+    replies = cat.reads.replies.describe()  # reads answered without entering Python count too
+    state["reads"] += replies.get("replies", 0)
+    state["bytes_served"] += replies.get("bytes", 0)
+    state["compiled_replies"] = replies
+    return state
+
+
+def _snapshot(cat: Catalog) -> dict[str, Any]:
     spec, config, views = cat.spec, cat.config, cat.views
     return cat.stats.snapshot(
         source=cat.source,

@@ -152,6 +152,10 @@ class Source(Protocol):
     def verify_open(self) -> None:
         """Before every read is served: a cheap check that the open source is unchanged."""
 
+    # optional: ``open_checks() -> list[(fd, ino, size, mtime_ns, ctime_ns)] | None``, what
+    # `verify_open` checks when it is only ``fstat`` of open files: the compiled replies
+    # (`serve.replies`) repeat it before each reply; a source without it is answered by Python
+
     def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> Runs | None:
         """Where runs of record ids lie (descriptors and shifts for the compiled gather), or None
         if the source has no descriptors (its windows are then built from `read_runs`)."""

@@ -67,6 +67,12 @@ class SourceFile:
         if st.st_nlink == 0 or not self.stamp.matches(st):
             self._verify(st, None)
 
+    def open_checks(self) -> list[tuple[int, int, int, int, int]]:
+        """`verify_open` as data, for the compiled replies to repeat before each reply: the
+        descriptor and the stamp its ``fstat`` must match (and a link count above zero)."""
+        s = self.stamp
+        return [(self.fd, s.ino, s.size, s.mtime_ns, s.ctime_ns)]
+
     def check(self, offset: int | None = None) -> None:
         """Raise unless the path still names the same, unchanged file."""
         try:

@@ -14,6 +14,9 @@ from ..index.table import SourceStamp
 from ..index.joined_index import PooledIndex, split_runs
 from .base import Members, Runs, Source, finish_all, gather
 
+OPEN_CHECKS = 16
+"""The most member files a pool's reads may be answered by compiled replies for (`open_checks`)."""
+
 
 class PoolSource:
     """The member files of a pool, each pinned to its stamp; shared by the views of the pool's
@@ -64,6 +67,19 @@ class PoolSource:
     def verify_open(self) -> None:
         for f in self.files:
             f.verify_open()
+
+    def open_checks(self) -> list[tuple[int, int, int, int, int]] | None:
+        """Every member's `SourceFile.open_checks`, for pools of at most `OPEN_CHECKS` files
+        (a reply's checks are one ``fstat`` each); None otherwise, or if a member has none."""
+        if len(self.files) > OPEN_CHECKS:
+            return None
+        out: list[tuple[int, int, int, int, int]] = []
+        for f in self.files:
+            got = getattr(f, "open_checks", None)
+            if got is None:
+                return None
+            out += got()
+        return out
 
     def place(self, index: PooledIndex, first: np.ndarray, count: np.ndarray) -> Runs | None:
         """The runs cut where members end, each in its member file at the member's shift."""

@@ -79,7 +79,6 @@ ROOM_WAIT = 5.0
 load stuck on a hung source would otherwise keep every reader waiting).  Counted from when its
 turn came, not reset by other windows landing."""
 __all__ = ["AHEAD", "WINDOWS", "Loader", "Readahead", "Slot", "WindowCache", "new_buffer", "touched_buffer"]
-
 Loader = Callable[[np.ndarray, np.ndarray | None], tuple[np.ndarray, np.ndarray | None]]
 """Blocking: ``loader(out, scratch) -> (window bytes, scratch used)``.  The window is built in
 ``out`` (always large enough) and the source read through ``scratch`` if it is large enough
@@ -113,6 +112,8 @@ class WindowCache:
         self._changed = trio.Event()  # set (and replaced) whenever memory may have become free
         self._warming = False
         self._warm_limiter = trio.CapacityLimiter(1)
+        self.recycled: Callable[[Slot], None] = lambda slot: None  # told before a buffer is reused or dropped
+        self.touched: Callable[[], None] = lambda: None  # asked to bring reads' `Slot.used` up to date
 
     # ------------------------------------------------------------------ views and the limit
 
@@ -198,6 +199,7 @@ class WindowCache:
 
     def _recycle(self, slot: Slot) -> None:
         """A slot no one can reach any more: its buffer joins the free list."""
+        self.recycled(slot)
         buf, slot.buf, slot.data = slot.buf, None, None
         self.resident -= slot.nbytes
         slot.nbytes = 0
@@ -222,6 +224,7 @@ class WindowCache:
                 if not slot.busy and slot.unread == unread:
                     self._drop(slot)
         if idle_since is not None:
+            self.touched()
             for slot in sorted(self._idle_held(), key=lambda s: s.used):
                 if self.resident + need <= self.limit:
                     return True

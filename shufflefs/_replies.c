@@ -1,0 +1,300 @@
+/*
+ * Compiled replies to reads of loaded windows.
+ *
+ * pyfuse3 hands every request the kernel sends to libfuse's fuse_session_process_buf, which calls
+ * back into Python; a read inside the window its handle already holds then costs a trip through
+ * pyfuse3, trio and the catalog only to slice a buffer.  This module defines
+ * fuse_session_process_buf itself.  Loaded with RTLD_GLOBAL before pyfuse3 (shufflefs/fs does),
+ * it is the definition pyfuse3's calls bind to: a READ whose byte range lies inside the window
+ * registered for its handle is answered here, with one writev from the window's buffer, after
+ * the same per-read check of the source the catalog makes (fstat: still linked, same size,
+ * mtime, ctime and inode).  Every other request, and every read that misses, goes to libfuse's
+ * own function unchanged, so Python keeps control: it registers a handle's window when a read of
+ * its own enters it, and unregisters it before the window's buffer can be reused or dropped.
+ *
+ * Python registers and unregisters on the trio thread, and pyfuse3 calls in from that thread
+ * too, holding the GIL: the table changes only under the GIL.  The GIL is let go around a
+ * reply's writev; the window's buffer cannot be recycled meanwhile, because only the trio thread
+ * recycles buffers, and it is the one waiting here.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+
+/* libfuse 3's public buffer (fuse_common.h, unchanged since 3.0) and the kernel protocol's
+   headers (linux/fuse.h); declared here so that building needs no libfuse headers. */
+struct fuse_session;
+struct fuse_buf {
+    size_t size;
+    int flags;
+    void *mem;
+    int fd;
+    off_t pos;
+};
+#define FUSE_BUF_IS_FD (1 << 1)
+#define FUSE_READ_OPCODE 15
+
+struct in_header {
+    uint32_t len, opcode;
+    uint64_t unique, nodeid;
+    uint32_t uid, gid, pid;
+    uint16_t total_extlen, padding;
+};
+struct read_in {
+    uint64_t fh, offset;
+    uint32_t size, read_flags;
+    uint64_t lock_owner;
+    uint32_t flags, padding;
+};
+struct out_header {
+    uint32_t len;
+    int32_t error;
+    uint64_t unique;
+};
+
+#define MAX_CHECKS 16
+#define TABLE 4096 /* open handles with a registered window; a collision just leaves one to Python */
+
+typedef struct {
+    int fd;
+    uint64_t ino, size;
+    int64_t mtime_ns, ctime_ns;
+} check_t;
+
+typedef struct {
+    int used;
+    uint64_t fh;
+    int64_t lo, hi;    /* view bytes [lo, hi) */
+    const char *base;  /* view byte lo */
+    Py_buffer view;    /* keeps the buffer alive while registered */
+    int nchecks;
+    check_t checks[MAX_CHECKS];
+    uint64_t reads;    /* replies since the last `take` */
+    int64_t last_end;  /* where the last reply ended */
+    uint64_t last_ns;  /* CLOCK_MONOTONIC of the last reply */
+} entry_t;
+
+static entry_t table[TABLE];
+static uint64_t n_replies, n_bytes, n_passed, n_missed, n_stale, n_write_errors;
+static int last_write_errno;
+
+typedef void (*process_fn)(struct fuse_session *, const struct fuse_buf *);
+typedef int (*fd_fn)(struct fuse_session *);
+static process_fn real_process;
+static fd_fn real_fd;
+
+static int resolve_libfuse(void)
+{
+    if (real_process && real_fd)
+        return 0;
+    void *h = dlopen("libfuse3.so.3", RTLD_NOW | RTLD_NOLOAD);
+    if (!h)
+        h = dlopen("libfuse3.so.3", RTLD_NOW);
+    if (!h)
+        return -1;
+    real_process = (process_fn)dlvsym(h, "fuse_session_process_buf", "FUSE_3.0");
+    real_fd = (fd_fn)dlvsym(h, "fuse_session_fd", "FUSE_3.0");
+    if (!real_process)
+        real_process = (process_fn)dlsym(h, "fuse_session_process_buf");
+    if (!real_fd)
+        real_fd = (fd_fn)dlsym(h, "fuse_session_fd");
+    return real_process && real_fd ? 0 : -1;
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int source_unchanged(const entry_t *e)
+{
+    for (int i = 0; i < e->nchecks; i++) {
+        const check_t *c = &e->checks[i];
+        struct stat st;
+        if (fstat(c->fd, &st) != 0 || st.st_nlink == 0 || (uint64_t)st.st_ino != c->ino
+            || (uint64_t)st.st_size != c->size
+            || (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec != c->mtime_ns
+            || (int64_t)st.st_ctim.tv_sec * 1000000000 + st.st_ctim.tv_nsec != c->ctime_ns)
+            return 0;
+    }
+    return 1;
+}
+
+/* Answer ``in`` from its handle's window: 1 if answered (or the reply failed to go out, as
+   libfuse would), 0 to leave it to libfuse and Python. */
+static int reply_from_window(struct fuse_session *se, const struct in_header *in, const struct read_in *rd)
+{
+    entry_t *e = &table[rd->fh & (TABLE - 1)];
+    int64_t off = (int64_t)rd->offset, end = off + (int64_t)rd->size;
+    if (!e->used || e->fh != rd->fh || off < e->lo || end > e->hi || rd->size == 0) {
+        n_missed += e->used && e->fh == rd->fh;
+        return 0;
+    }
+    if (!source_unchanged(e)) { /* the catalog's own check then fails the read, and logs why */
+        n_stale++;
+        return 0;
+    }
+    struct out_header out = {(uint32_t)(sizeof out + rd->size), 0, in->unique};
+    struct iovec iov[2] = {{&out, sizeof out}, {(void *)(e->base + (off - e->lo)), rd->size}};
+    ssize_t w;
+    int fd = real_fd(se);
+    Py_BEGIN_ALLOW_THREADS
+    w = writev(fd, iov, 2);
+    Py_END_ALLOW_THREADS
+    if (w < 0) {
+        n_write_errors++; /* ENOENT: the request was interrupted; libfuse ignores that too */
+        last_write_errno = errno;
+    } else {
+        n_replies++;
+        n_bytes += rd->size;
+    }
+    e->reads++;
+    e->last_end = end;
+    e->last_ns = now_ns();
+    return 1;
+}
+
+/* The definition pyfuse3 binds to (see the top of this file). */
+__attribute__((visibility("default"))) void fuse_session_process_buf(struct fuse_session *se,
+                                                                     const struct fuse_buf *buf)
+{
+    if (resolve_libfuse() != 0)
+        abort(); /* cannot happen: pyfuse3 itself needs libfuse3 loaded */
+    if (!(buf->flags & FUSE_BUF_IS_FD) && buf->size >= sizeof(struct in_header) + sizeof(struct read_in)) {
+        const struct in_header *in = buf->mem;
+        if (in->opcode == FUSE_READ_OPCODE && in->len >= sizeof *in + sizeof(struct read_in)
+            && reply_from_window(se, in, (const struct read_in *)(in + 1)))
+            return;
+    }
+    n_passed++;
+    real_process(se, buf);
+}
+
+static void clear(entry_t *e)
+{
+    if (e->used)
+        PyBuffer_Release(&e->view);
+    memset(e, 0, sizeof *e);
+}
+
+static PyObject *py_register(PyObject *self, PyObject *args)
+{
+    unsigned long long fh;
+    long long lo, hi, at;
+    PyObject *buffer, *checks;
+    if (!PyArg_ParseTuple(args, "KLLOLO", &fh, &lo, &hi, &buffer, &at, &checks))
+        return NULL;
+    PyObject *seq = PySequence_Fast(checks, "checks must be a sequence");
+    if (!seq)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    check_t cs[MAX_CHECKS];
+    if (n > MAX_CHECKS) {
+        Py_DECREF(seq);
+        Py_RETURN_FALSE;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int fd;
+        unsigned long long ino, size;
+        long long m, c;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "iKKLL", &fd, &ino, &size, &m, &c)) {
+            Py_DECREF(seq);
+            return NULL;
+        }
+        cs[i] = (check_t){fd, ino, size, m, c};
+    }
+    Py_DECREF(seq);
+    if (lo < 0 || hi < lo || at < 0) {
+        PyErr_SetString(PyExc_ValueError, "bad window range");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (at + (hi - lo) > view.len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "window range past the end of its buffer");
+        return NULL;
+    }
+    entry_t *e = &table[fh & (TABLE - 1)];
+    if (e->used && e->fh != fh) { /* another open handle has the place: Python serves this one */
+        PyBuffer_Release(&view);
+        Py_RETURN_FALSE;
+    }
+    clear(e);
+    e->used = 1;
+    e->fh = fh;
+    e->lo = lo;
+    e->hi = hi;
+    e->view = view;
+    e->base = (const char *)view.buf + at;
+    e->nchecks = (int)n;
+    memcpy(e->checks, cs, sizeof(check_t) * (size_t)n);
+    e->last_end = -1;
+    Py_RETURN_TRUE;
+}
+
+/* (replies since the last call, where the last one ended, its CLOCK_MONOTONIC ns) of ``fh``'s
+   window, or None if none is registered; ``drop``: unregister it too. */
+static PyObject *take(unsigned long long fh, int drop)
+{
+    entry_t *e = &table[fh & (TABLE - 1)];
+    if (!e->used || e->fh != fh) {
+        Py_RETURN_NONE;
+    }
+    unsigned long long reads = e->reads, ns = e->last_ns;
+    long long last_end = e->last_end;
+    e->reads = 0;
+    if (drop)
+        clear(e);
+    return Py_BuildValue("KLK", reads, last_end, ns);
+}
+
+static PyObject *py_take(PyObject *self, PyObject *arg)
+{
+    unsigned long long fh = PyLong_AsUnsignedLongLong(arg);
+    return PyErr_Occurred() ? NULL : take(fh, 0);
+}
+
+static PyObject *py_unregister(PyObject *self, PyObject *arg)
+{
+    unsigned long long fh = PyLong_AsUnsignedLongLong(arg);
+    return PyErr_Occurred() ? NULL : take(fh, 1);
+}
+
+static PyObject *py_stats(PyObject *self, PyObject *unused)
+{
+    int registered = 0;
+    for (int i = 0; i < TABLE; i++)
+        registered += table[i].used;
+    PyObject *d = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i}", "replies", (unsigned long long)n_replies,
+                                "bytes", (unsigned long long)n_bytes, "passed",
+                                (unsigned long long)n_passed, "missed",
+                                (unsigned long long)n_missed, "stale", (unsigned long long)n_stale,
+                                "write_errors", (unsigned long long)n_write_errors, "last_write_errno",
+                                last_write_errno, "registered", registered);
+    return d;
+}
+
+static PyMethodDef methods[] = {
+    {"register", py_register, METH_VARARGS,
+     "register(fh, lo, hi, buffer, at, checks) -> bool: reads of view bytes [lo, hi) through fh are answered "
+     "from buffer[at:], after checking every (fd, ino, size, mtime_ns, ctime_ns) in checks with fstat"},
+    {"unregister", py_unregister, METH_O, "unregister(fh) -> (replies, last_end, last_ns) or None"},
+    {"take", py_take, METH_O, "take(fh) -> (replies since the last take, last_end, last_ns) or None"},
+    {"stats", py_stats, METH_NOARGS, "counters of every reply made here and request passed on"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_replies", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__replies(void) { return PyModule_Create(&module); }

@@ -1,0 +1,150 @@
+"""Reads answered by the compiled replies (`shufflefs.replies`) are the bytes Python would answer,
+are refused once the source changes, and stay right while windows are recycled under many readers."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import Mount
+from shufflefs.config import parse_buffer, parse_size
+from shufflefs.formats import resolve_format, scan_file
+from shufflefs.strategies import ShuffleSpec, make_plan
+from shufflefs.windows.layout import render
+
+pytestmark = pytest.mark.skipif(
+    not __import__("shufflefs.replies", fromlist=["compiled"]).compiled, reason="compiled replies not built")
+
+BLOCK, BUFFER, SEED = "64KiB", "4MiB", 3
+ARGS = ["--block-size", BLOCK, "--buffer", BUFFER, "--seed", str(SEED)]
+
+
+def jsonl(n: int, seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    widths = rng.integers(0, 120, n)
+    return b"".join(json.dumps({"id": i, "label": i * 10 // n, "text": "x" * int(w)}).encode() + b"\n"
+                    for i, w in enumerate(widths.tolist()))
+
+
+def reference(path: Path, strategy: str, epoch: int = 0) -> bytes:
+    index = scan_file(path, resolve_format(path.name, [], {}))
+    spec = ShuffleSpec(strategy=strategy, seed=SEED, block_size=parse_size(BLOCK), buffer=parse_buffer(BUFFER))
+    return render(index, make_plan(index, spec, epoch, 0, 1), path.read_bytes())
+
+
+def read_all(path: Path, chunk: int) -> bytes:
+    parts, buf = [], bytearray(chunk)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while n := os.readv(fd, [buf]):
+            parts.append(bytes(buf[:n]))
+    finally:
+        os.close(fd)
+    return b"".join(parts)
+
+
+def replies(m: Mount) -> dict:
+    return m.stats()["compiled_replies"]
+
+
+@pytest.mark.parametrize("strategy", ["stratified", "none", "corgipile", "full", "lirs-page"])
+def test_compiled_replies_serve_the_bytes_python_serves(mount, strategy: str):
+    """Holds: SEMANTICS.md#views-compiled-replies"""
+    files = {"a.jsonl": jsonl(90000, 1)}
+    fast = mount(files, *ARGS, "--strategy", strategy)
+    slow = mount(files, *ARGS, "--strategy", strategy, "--python-replies")
+    want = reference(fast.src / "a.jsonl", strategy)
+    for epoch in (0, 1):
+        if epoch:
+            fast.set_epoch(epoch)
+            slow.set_epoch(epoch)
+            want = reference(fast.src / "a.jsonl", strategy, epoch)
+        assert read_all(fast.path("a.jsonl"), 1 << 20) == want
+        assert read_all(slow.path("a.jsonl"), 1 << 20) == want
+    got = replies(fast)
+    assert got["state"] == "on" and got["replies"] > 0 and got["write_errors"] == 0
+    assert got["registered"] == 0  # every handle closed: nothing left registered
+    assert replies(slow)["state"] == "off" and replies(slow)["replies"] == 0
+    # every read is counted once, wherever it was answered
+    assert fast.stats()["bytes_served"] == slow.stats()["bytes_served"] == 2 * len(want)
+
+
+def test_random_reads_of_any_size_match(mount):
+    """Reads as the application issues them (``--direct-io``): inside a window, across window
+    ends, past the end of the file."""
+    m = mount({"a.jsonl": jsonl(90000, 2)}, *ARGS, "--direct-io")
+    want = reference(m.src / "a.jsonl", "stratified")
+    rng = random.Random(5)
+    fd = os.open(m.path("a.jsonl"), os.O_RDONLY)
+    try:
+        for _ in range(3000):
+            off = rng.randrange(0, len(want) + 100)
+            size = rng.choice([1, 17, 4096, 65536, 200_000, 1 << 20])
+            assert os.pread(fd, size, off) == want[off: off + size]
+    finally:
+        os.close(fd)
+    assert replies(m)["replies"] > 1000
+
+
+def test_a_source_changed_under_a_window_is_refused(mount):
+    """Holds: SEMANTICS.md#changes-open-estale"""
+    m = mount({"a.jsonl": jsonl(90000, 3)}, *ARGS, "--direct-io")
+    want = reference(m.src / "a.jsonl", "stratified")
+    fd = os.open(m.path("a.jsonl"), os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4096, 0) == want[:4096]  # Python loads the window and offers it
+        before = replies(m)["replies"]
+        assert os.pread(fd, 4096, 4096) == want[4096:8192]
+        assert replies(m)["replies"] == before + 1  # answered without Python
+        with open(m.src / "a.jsonl", "ab") as f:
+            f.write(b'{"id": "new"}\n')
+        with pytest.raises(OSError) as e:
+            os.pread(fd, 4096, 8192)  # same window, already loaded: refused all the same
+        assert e.value.errno in (errno.EIO, errno.ESTALE)
+    finally:
+        os.close(fd)
+    assert replies(m)["stale"] >= 1
+    assert any("a.jsonl" in line for line in m.stats()["last_errors"])
+
+
+def test_many_readers_while_windows_are_recycled(mount):
+    """Sixteen threads read two files at random through their own handles, with room for few
+    windows: windows are dropped and loaded again under open handles, and every byte is right."""
+    files = {"a.jsonl": jsonl(60000, 4), "b.jsonl": jsonl(60000, 5)}
+    m = mount(files, "--block-size", "16KiB", "--buffer", "256KiB", "--seed", str(SEED), "--direct-io")
+    spec = ShuffleSpec(strategy="stratified", seed=SEED, block_size=16 << 10, buffer=256 << 10)
+    want = {}
+    for name in files:
+        index = scan_file(m.src / name, resolve_format(name, [], {}))
+        want[name] = render(index, make_plan(index, spec, 0, 0, 1), (m.src / name).read_bytes())
+    errors: list[str] = []
+
+    def reader(k: int) -> None:
+        rng = random.Random(k)
+        name = "ab"[k % 2] + ".jsonl"
+        fd = os.open(m.path(name), os.O_RDONLY)
+        try:
+            for _ in range(300):
+                off = rng.randrange(0, len(want[name]))
+                size = rng.choice([512, 8192, 65536, 300_000])
+                if os.pread(fd, size, off) != want[name][off: off + size]:
+                    errors.append(f"{name} {off} {size}")
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    stats = m.stats()
+    assert stats["compiled_replies"]["replies"] > 0 and stats["compiled_replies"]["registered"] == 0
+    assert stats["memory"]["loads"] > stats["memory"]["windows"]  # windows were dropped and loaded again
