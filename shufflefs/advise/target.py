@@ -18,14 +18,16 @@ from dataclasses import dataclass
 
 from .probe import WINDOWS_KEPT, Advice, MiB, _flag, _size
 from ..quality.metrics import expected_block_mix_tv
+from ..strategies.base import OBJECT_BLOCK_MAX
 
 MIX_LABELS = 10
 MIX_WINDOW = 1000
 """The label-mix metric's setting: windows of 1,000 records over 10 equally common labels."""
 DEFAULT_TARGET_MIX = 0.074
 """Within 2x of what a uniform shuffle scores (``expected_block_mix_tv(1000, 10)`` = 0.0378)."""
-OBJECT_BLOCK = 8 * MiB
-"""Block size on object storage: one request per block, so blocks stay large there."""
+OBJECT_BLOCK = OBJECT_BLOCK_MAX
+"""Block size on object storage for buffers of many blocks: the automatic one of buffers of 256 MiB
+and more (`strategies.base.object_block_size`), one request per block."""
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from ..config import (
 )
 from ..index.table import default_cache_dir
 from ..sources import misspelled_url, scheme_of
-from ..strategies.base import ShuffleSpec
-from .common import EXIT_FAIL, EXIT_OK, PROG, REMOTE_BLOCK, _inside
+from ..strategies.base import OBJECT_BLOCK_MIN, OBJECT_BUFFER_BLOCKS, ShuffleSpec, object_block_size
+from .common import EXIT_FAIL, EXIT_OK, PROG, _inside
 from .options import MOUNT_KEYS, STORE_KEYS, Resolved, _cli_name, resolve_options
 
 def _check_writable_dir(path: Path, what: str, parser: argparse.ArgumentParser) -> None:
@@ -110,19 +110,26 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     elif v["index_dir"] is not None:
         parser.error("--index-dir is for local sources; an s3:// source's published indexes are in the "
                      "bucket (--index-url)")
-    if remote and v["block_size"] is None:
-        v["block_size"] = REMOTE_BLOCK
+    block_floor = None
+    if remote and v["block_size"] is None:  # one GET per block: sized by the buffer (`object_block_size`)
+        if isinstance(v["buffer"], int):
+            v["block_size"] = object_block_size(v["buffer"])
+        else:  # a share of each file: automatic per file, as on disk, but a GET of a MiB at least
+            block_floor = OBJECT_BLOCK_MIN
     if v["rank"] >= v["world_size"]:
         parser.error(f"--rank {v['rank']} must be smaller than --world-size {v['world_size']}")
     spec = ShuffleSpec(
         strategy=v["strategy"], seed=v["seed"], block_size=v["block_size"], buffer=v["buffer"],
         page_size=v["page_size"], even=v["even"], exchange=v["exchange"], pls_local=v["pls_local"],
         balance=bool(v["balance"] or v["balance_field"]), balance_field=v["balance_field"],
-        random_level=v["random_level"],
+        random_level=v["random_level"], block_floor=block_floor,
     )
     _check_strategy(spec, parser)
     cache_dir = Path(v["cache_dir"]) if v["cache_dir"] is not None else default_cache_dir()
     spec, floor_note = _block_floor(spec, src, cache_dir, v["world_size"]) if not remote else (spec, None)
+    if remote and block_floor is not None:
+        floor_note = (f"automatic blocks are at least {block_floor >> 20} MiB on object storage (a ranged GET each; "
+                      f"a --buffer in bytes takes 1/{OBJECT_BUFFER_BLOCKS} of it)")
     problem = check_paths(MountConfig(args.source if remote else Path(args.source), Path(args.mountpoint),
                                       cache_dir=cache_dir if v["cache_dir"] is not None else None, stage_dir=v["stage_dir"]))
     if problem:

@@ -95,7 +95,10 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
                         "buffer draws from hundreds of blocks), but not below what the storage reads near "
                         "full speed (the size `shufflefs advise` measured for the source's device, else "
                         "128KiB), nor above 4MiB or 1/64 of the file's record bytes, nor below --page-size; "
-                        "8MiB on object storage. With --world-size above 1 a measurement is not used (every "
+                        "on object storage the buffer / 32 (a buffer draws from 32 stretches of a file), "
+                        "1MiB to 8MiB, one ranged GET each: 2MiB for the default buffer, and a buffer given "
+                        "as a percentage takes the per-file rule with a 1MiB floor. With --world-size above 1 "
+                        "a measurement is not used (every "
                         "rank must cut the same blocks): give --block-size")
     g.add_argument("--buffer", metavar="SIZE|P%", help="shuffle buffer: bytes (4KiB to 1TiB), or a percentage of each "
                    "file's record bytes (0.01%% to 100%%) (default 64MiB)")
@@ -166,7 +169,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
         "object storage",
         "SRC may be s3://BUCKET/PREFIX (pip install 'shufflefs[s3]'): the objects under PREFIX are "
         "the files. Credentials come from the standard AWS environment variables, else from the "
-        "shared config and credentials files (AWS_PROFILE). --block-size defaults to 8MiB there.")
+        "shared config and credentials files (AWS_PROFILE). --block-size defaults to the buffer / 32 "
+        "there, 1MiB to 8MiB (2MiB for the default 64MiB buffer: the default view of a label-sorted "
+        "object mixes within 1.1x of a uniform shuffle); shufflefs advise s3://... says what a buffer gives.")
     g.add_argument("--endpoint-url", metavar="URL",
                    help="S3-compatible server (default $AWS_ENDPOINT_URL, else AWS)")
     g.add_argument("--region", metavar="NAME", help="bucket region (default $AWS_REGION, else the profile's)")
@@ -325,7 +330,16 @@ def _add_advise_parser(sub: Any, subs: dict[str, argparse.ArgumentParser]) -> No
         "measurement for the source's device: mounts of that device take its block size as the "
         "floor of the automatic block size.",
     )
-    p.add_argument("source", metavar="SRC", help="dataset directory (its largest files are read)")
+    p.add_argument("source", metavar="SRC", help="dataset directory (its largest files are read), or s3://BUCKET/PREFIX: "
+                   "no request is made; what buffers give there (block size, label mix, reading rate, GETs and "
+                   "their price) is stated for the link of --rtt-ms and --link-rate")
+    p.add_argument("--buffer", metavar="SIZE", action="append",
+                   help="object storage: the buffer to state (repeatable; default 16MiB to 1GiB); with a directory, "
+                   "also what this buffer gives on object storage")
+    p.add_argument("--requests", metavar="N", default="16", help="object storage: GETs in flight (mount --requests, default 16)")
+    p.add_argument("--rtt-ms", metavar="MS", default="30", help="object storage: a GET's round trip (default 30)")
+    p.add_argument("--link-rate", metavar="SIZE", default="400MB",
+                   help="object storage: bytes a second of the link (default 400MB; 80MB per connection)")
     p.add_argument("--budget", metavar="SIZE", default="1GiB",
                    help="memory the daemon may use per file read at once (default 1GiB); the buffer is a third of it")
     p.add_argument("--seconds", metavar="S", default="5", help="time to spend measuring (default 5)")

@@ -9,8 +9,9 @@ from typing import Any
 from ..config import (
     STATS_XATTR,
     format_buffer,
+    parse_buffer,
 )
-from ..strategies.base import MIX_ASSUMPTION
+from ..strategies.base import MIX_ASSUMPTION, object_block_size
 from .common import EXIT_OK, REMOTE_BLOCK, CliError, _human, get_xattr
 
 
@@ -66,7 +67,7 @@ def format_stats(stats: dict) -> str:
     if balance:
         lines.append(("balance", f"by {field or 'byte length'}  random_level={level}"))
     for name, blocks in (take("few_blocks", None) or {}).items():
-        lines.append(("few blocks", f"{name}: {blocks} block(s) {_few_blocks(block_size, source)}"))
+        lines.append(("few blocks", f"{name}: {blocks} block(s) {_few_blocks(block_size, source, buffer)}"))
     for name, got in (take("small_buffers", None) or {}).items():
         lines.append(("small buffer", f"{name}: {got.get('blocks_per_buffer')} blocks per buffer, expected label mix "
                                       f"{got.get('expected_label_mix')} (TV {MIX_ASSUMPTION}; 0 is a perfect mix): "
@@ -172,13 +173,18 @@ def _passes(passes: list[int]) -> str:
     return f" (pass {passes[0]})" if passes[0] == passes[1] else f" (passes {passes[0]}-{passes[1]})"
 
 
-def _few_blocks(block_size: Any, source: str) -> str:
+def _few_blocks(block_size: Any, source: str, buffer: Any = None) -> str:
     """Why a file has few blocks and what to do, by where its block size came from."""
     if block_size == "auto":
         return ("of the automatic size (at least a page): block barely shuffles it, corgipile only within "
                 "its buffer; use --strategy full or once for files this small")
     size = _param("block_size", block_size)
-    origin = " (the object-store default)" if "://" in source and block_size == REMOTE_BLOCK else ""
+    try:  # the stats show the buffer as given: "64MiB", or "10%" (no fixed block then)
+        buffer = parse_buffer(buffer) if isinstance(buffer, str) else buffer
+    except ValueError:
+        buffer = None
+    default = object_block_size(buffer) if isinstance(buffer, int) else REMOTE_BLOCK
+    origin = " (the object-store default)" if "://" in source and block_size == default else ""
     return (f"of {size}{origin}: block barely shuffles it, corgipile only within its buffer; "
             "lower --block-size")
 

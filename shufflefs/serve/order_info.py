@@ -1,6 +1,6 @@
 """What decides a view's order, and how well it mixes, for ``user.shufflefs.info``: the effective
 block size and buffer (two mounts give the same bytes only where these match: per file under
-``--block-size auto``, and on object storage 8 MiB), and the label mix the epoch's order really
+``--block-size auto``, and on object storage the buffer's `object_block_size`), and the label mix the epoch's order really
 gives a sorted file (`strategies.base.order_label_mix`), measured once per plan on a worker."""
 
 from __future__ import annotations
@@ -15,13 +15,16 @@ from ..strategies.base import (
     AUTO_BUFFER_BLOCKS,
     BLOCK_STRATEGIES,
     MIX_ASSUMPTION,
-    OBJECT_BLOCK,
+    OBJECT_BLOCK_MAX,
+    OBJECT_BLOCK_MIN,
+    OBJECT_BUFFER_BLOCKS,
     ORDER_MIX_FOR,
     RUNS_MIX_FOR,
     Plan,
     ShuffleSpec,
     buffer_label_mix,
     floored,
+    object_block_size,
     order_label_mix,
 )
 from .catalog import Catalog
@@ -37,11 +40,13 @@ def block_size_from(spec: ShuffleSpec, source: str, index_floor: int = 0) -> str
     if spec.block_size is None:
         floor = max(spec.block_floor or AUTO_BLOCK_FLOOR, index_floor)
         origin = ("a restart interval of the compressed file" if index_floor > (spec.block_floor or AUTO_BLOCK_FLOOR)
+                  else "a ranged GET's least, on object storage" if spec.block_floor and "://" in source
                   else "as 'shufflefs advise' measured this device" if spec.block_floor else "the default floor")
         return (f"auto: the buffer / {AUTO_BUFFER_BLOCKS} as a power of two, at least {floor >> 10} KiB ({origin}), "
                 f"at most {AUTO_BLOCK_MAX >> 20} MiB and 1/{AUTO_BLOCKS} of the record bytes, at least a page")
-    if "://" in source and spec.block_size == OBJECT_BLOCK:
-        return f"the object-store default ({OBJECT_BLOCK >> 20} MiB), or --block-size {OBJECT_BLOCK >> 20}MiB"
+    if "://" in source and isinstance(spec.buffer, int) and spec.block_size == object_block_size(spec.buffer):
+        return (f"the object-store default ({spec.block_size >> 20} MiB: the buffer / {OBJECT_BUFFER_BLOCKS}, "
+                f"{OBJECT_BLOCK_MIN >> 20} to {OBJECT_BLOCK_MAX >> 20} MiB), or --block-size {spec.block_size >> 20}MiB")
     return "--block-size"
 
 

@@ -35,7 +35,11 @@ from .link import LinkMeter
 log = logging.getLogger("shufflefs")
 
 PART = 8 << 20
-"""Largest ranged GET: a longer run is split into parts of this size, fetched concurrently."""
+"""Ranged GETs are about this long at most: a longer run is split into equal parts, fetched
+concurrently, unless it is at most `PART_SLACK` longer (an 8 MiB block cut at record ends)."""
+PART_SLACK = PART // 8
+"""How much longer than `PART` one GET may be: a block of 8 MiB ends at the first record end past
+it, and was fetched as 8 MiB and a GET of the record's tail (1.5 GETs a block on average)."""
 LIST_PAGE = 1000
 """Keys per page of a streamed listing (what S3 returns per LIST request)."""
 COALESCE_GAP = 16 << 10
@@ -84,9 +88,11 @@ class Requests(NamedTuple):
     run_at: np.ndarray
 
 
-def plan_requests(starts: np.ndarray, ends: np.ndarray, gap: int = COALESCE_GAP, part: int = PART) -> Requests:
+def plan_requests(starts: np.ndarray, ends: np.ndarray, gap: int = COALESCE_GAP, part: int = PART,
+                  slack: int | None = None) -> Requests:
     """Ascending byte runs as ranged GETs: runs less than ``gap`` apart share one request, and a
-    request longer than ``part`` is cut into parts (a run then spans several; see `fetch_runs`)."""
+    request longer than ``part + slack`` (``slack`` default ``part // 8``) is cut into the fewest
+    equal parts of at most ``part + slack`` bytes (a run then spans several; see `fetch_runs`)."""
     starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
     if len(starts) == 0:
         z = np.zeros(0, np.int64)
@@ -95,17 +101,20 @@ def plan_requests(starts: np.ndarray, ends: np.ndarray, gap: int = COALESCE_GAP,
     group = np.cumsum(new) - 1
     g_start = starts[new]
     g_end = np.maximum.reduceat(ends, np.flatnonzero(new))
-    # parts of at most ``part`` bytes per group
-    n_parts = np.maximum((g_end - g_start + part - 1) // part, 1)
+    # the fewest equal parts of at most ``most`` bytes per group
+    most = part + (part // 8 if slack is None else slack)
+    length = g_end - g_start
+    n_parts = np.maximum((length + most - 1) // most, 1)
+    piece = np.maximum((length + n_parts - 1) // n_parts, 1)
     first_part = np.cumsum(n_parts) - n_parts
     idx = np.repeat(np.arange(len(g_start)), n_parts)
     k = np.arange(int(n_parts.sum())) - first_part[idx]
-    p_start = g_start[idx] + k * part
-    p_end = np.minimum(p_start + part, g_end[idx])
+    p_start = g_start[idx] + k * piece[idx]
+    p_end = np.minimum(p_start + piece[idx], g_end[idx])
     # each run: the part it starts in, and its offset inside that part
     within = starts - g_start[group]
-    run_req = first_part[group] + within // part
-    return Requests(p_start, p_end, run_req, within % part)
+    run_req = first_part[group] + within // piece[group]
+    return Requests(p_start, p_end, run_req, within % piece[group])
 
 
 def _as_error(e: BaseException, url: str, start: int | None, what: str) -> ShuffleError:
