@@ -119,11 +119,13 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
                         "CRCs too, so a byte changed after indexing is EIO; index: CRCs only when the "
                         "index is built")
     g.add_argument("--source-cache", choices=SOURCE_CACHE_MODES, default=None,
-                   help="whether a source file's pages stay in the page cache once a window is built "
-                        "from them: drop (each byte is cached once, as the view's), keep, or auto "
-                        "(default: drop when the file and its view do not both fit the machine's "
-                        "memory or the daemon's memory cgroup limit, unless the file is already "
-                        "cached); shufflefs stat shows the choice")
+                   help="how a window's source bytes are read: keep (buffered, left in the page "
+                        "cache), drop (buffered, dropped from it once the window is built: each byte "
+                        "is cached once, as the view's), direct (O_DIRECT reads by several threads, "
+                        "nothing cached), or auto (default: keep when the file and its view fit the "
+                        "machine's memory and the daemon's memory cgroup limit or the file is already "
+                        "cached, else direct for windows of short runs and drop for the others); "
+                        "shufflefs stat shows the choice")
     g.add_argument("--stage-dir", metavar="DIR",
                    help="pls: keep this rank's partition of every file on local disk under DIR: "
                         "copied from SRC when a file's first view opens, then each next epoch's "

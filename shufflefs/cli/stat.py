@@ -48,8 +48,10 @@ def format_stats(stats: dict) -> str:
     cache = take("source_cache", None)
     if cache is not None:
         chosen = "; ".join(f"{why} ({n} view(s))" for why, n in cache.get("views", {}).items()) or "no view opened yet"
+        loads = ", ".join(f"{n} {how}" for how, n in sorted(cache.get("window_loads", {}).items())) or "none"
         lines.append(("source cache", f"{cache.get('option')}: {chosen}; room {_human(int(cache.get('room', 0)))} "
-                      f"({cache.get('room_from')}); {_human(int(cache.get('dropped_bytes', 0)))} of source pages dropped"))
+                      f"({cache.get('room_from')}); window loads: {loads}; "
+                      f"{_human(int(cache.get('dropped_bytes', 0)))} of source pages dropped"))
     block_size, buffer = s.get("block_size"), s.get("buffer")
     params = [f"{k}={_param(k, take(k))}" for k in ("seed", "block_size", "buffer", "page_size") if k in s]
     lines.append(("strategy", "  ".join([str(take("strategy", "?")), *params])))

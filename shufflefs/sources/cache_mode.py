@@ -22,8 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-SOURCE_CACHE_MODES = ("auto", "keep", "drop")
+SOURCE_CACHE_MODES = ("auto", "keep", "drop", "direct")
 """``--source-cache``: ``auto`` chooses per file (`choose`), the others force it."""
+AUTO_LARGE = "direct"
+"""What ``auto`` chooses for a file that does not fit (measured: docs/benchmark.md, Larger than
+memory): O_DIRECT loads for windows of short runs, the others buffered with their pages dropped
+behind (`DIRECT_RUN`)."""
+DIRECT_RUN = 8 << 20
+"""Under ``auto``, a window is loaded by O_DIRECT reads when its runs average fewer bytes than
+this (blocks of a block order, 128 KiB by default); a window of longer runs (``none``: one run)
+is read buffered, where the kernel's readahead reads the disk fastest, and its pages dropped."""
 UNLIMITED = 1 << 60
 """cgroup v1 writes "no limit" as a number near 2**63."""
 RESIDENT = 0.95
@@ -99,12 +107,17 @@ def this_room() -> Room:
         return Room(0, "unknown")
 
 
-def choose(size: int, space: Room, forced: str = "auto", resident: float = 0.0) -> tuple[str, str]:
-    """``("keep" | "drop", why)`` for a source of ``size`` bytes, ``resident`` the share of its
-    pages cached now.  ``auto`` drops when the source and its view (2 x size) do not fit the room."""
+def choose(size: int, space: Room, forced: str = "auto", resident: float = 0.0,
+           direct: bool = True) -> tuple[str, str]:
+    """``("keep" | "drop" | "direct", why)`` for a source of ``size`` bytes, ``resident`` the
+    share of its pages cached now, ``direct``: O_DIRECT loads are possible for it (a local file,
+    not tar).  ``auto`` takes `AUTO_LARGE` when the source and its view (2 x size) do not fit
+    the room; ``direct`` where it is not possible is ``drop``."""
     if forced not in SOURCE_CACHE_MODES:
         raise ValueError(f"source cache mode must be one of {', '.join(SOURCE_CACHE_MODES)}: {forced!r}")
     if forced != "auto":
+        if forced == "direct" and not direct:
+            return "drop", "--source-cache direct, not possible for this source"
         return forced, "--source-cache"
     if space.nbytes <= 0:
         return "keep", "memory unknown"
@@ -112,7 +125,9 @@ def choose(size: int, space: Room, forced: str = "auto", resident: float = 0.0) 
         return "keep", "source and view fit the page cache"
     if resident >= RESIDENT:
         return "keep", "source already cached"
-    return "drop", "source and view do not fit the page cache"
+    if AUTO_LARGE == "direct" and not direct:
+        return "drop", "source and view do not fit the page cache (direct not possible)"
+    return AUTO_LARGE, "source and view do not fit the page cache"
 
 
 class SourceCache:
@@ -126,19 +141,29 @@ class SourceCache:
         self.room = space if space is not None else this_room()
         self.views: dict[str, int] = {}  # "keep: why" / "drop: why" -> views opened so
         self.dropped_bytes = 0
+        self.loads: dict[str, int] = {}  # windows loaded: "buffered" / "direct"
 
-    def decide(self, size: int, resident: Callable[[], float]) -> bool:
-        """Whether a view over ``size`` source bytes drops its runs' pages behind each window;
-        ``resident()`` (the share of them cached now) is asked only when it matters."""
+    def decide(self, size: int, resident: Callable[[], float], direct: bool = True) -> str:
+        """How a view over ``size`` source bytes loads its windows (`choose`): ``keep``, ``drop``
+        (its runs' pages behind each window) or ``direct``; ``resident()`` (the share of them
+        cached now) is asked only when it matters."""
         fits = self.forced != "auto" or self.room.nbytes <= 0 or 2 * size <= self.room.nbytes
-        mode, why = choose(size, self.room, self.forced, 0.0 if fits else resident())
+        mode, why = choose(size, self.room, self.forced, 0.0 if fits else resident(), direct)
         key = f"{mode}: {why}"
         self.views[key] = self.views.get(key, 0) + 1
-        return mode == "drop"
+        return mode
 
     def dropped(self, nbytes: int) -> None:
         self.dropped_bytes += nbytes
 
+    def direct_for(self, nbytes: int, runs: int) -> bool:
+        """Whether a window of ``runs`` runs of ``nbytes`` in all, of a view in ``direct`` mode,
+        is loaded by O_DIRECT reads: always when forced, else when its runs are short."""
+        return self.forced == "direct" or nbytes < DIRECT_RUN * max(runs, 1)
+
+    def loaded(self, how: str) -> None:
+        self.loads[how] = self.loads.get(how, 0) + 1
+
     def describe(self) -> dict:
         return {"option": self.forced, "room": self.room.nbytes, "room_from": self.room.where,
-                "views": dict(self.views), "dropped_bytes": self.dropped_bytes}
+                "views": dict(self.views), "window_loads": dict(self.loads), "dropped_bytes": self.dropped_bytes}

@@ -8,9 +8,11 @@ from typing import Callable
 
 import numpy as np
 
+from ..formats.framing import unterminated
 from ..index.table import RecordIndex
-from ..sources.base import Reader, Runs
-from .edges import runs_args
+from ..sources.base import Members, Reader, Runs, Source
+from ..sources.direct import DirectReader
+from .edges import mapped_args, runs_args
 
 try:
     from .._gather import build_window as _build_window  # compiled at install time; optional
@@ -58,3 +60,33 @@ def added_newlines(newline_ids: np.ndarray, ids: np.ndarray) -> int:
         at = np.minimum(np.searchsorted(newline_ids, part), len(newline_ids) - 1)
         added += int(np.count_nonzero(newline_ids[at] == part))
     return added
+
+
+def gather_members(out: np.ndarray, index: RecordIndex, ids: np.ndarray, members: Members,
+                   source: Source, framing: int = 0, report: np.ndarray | None = None,
+                   gather: Callable | None = None) -> np.ndarray:
+    """Records ``ids`` copied in view order from the mappings of their files into ``out`` by
+    ``gather`` (`_gather.gather_mapped`); a file that shrank under its mapping is reported by the
+    source (`Reader.ended`), and every file is verified afterwards, as after preads.  ``framing``
+    and ``report`` as for `build_runs`."""
+    extra = (framing, report, unterminated(index), *mapped_args(index, framing)) if framing else ()
+    got = gather(out, members.maps, index.bounds, np.ascontiguousarray(ids, np.int64), members.first,
+                 members.slot, members.shift, index.newline_ids, *extra)
+    if isinstance(got, tuple):  # (position in ids, file offset): that file ended early
+        m = int(np.searchsorted(members.first, ids[got[0]], "right")) - 1
+        source.file_of(int(members.fd[m])).ended(got[1])
+        raise OSError(errno.EIO, "a file ended early")  # ended() raises; never serve a short window
+    source.verify_open()
+    return out[:got]
+
+
+def direct_window(reader: DirectReader, index: RecordIndex, ids: np.ndarray, runs: tuple[np.ndarray, np.ndarray],
+                  out: np.ndarray, source: Source, framing: int, report: np.ndarray, gather: Callable) -> np.ndarray:
+    """Window ``ids`` (``runs``: the same as ascending runs) read past the page cache: the runs by
+    O_DIRECT reads into an aligned buffer (`sources.direct`), then copied from it in view order
+    with the framing check (first failure in ``report``), the source verified afterwards."""
+    members, buf = reader.read(index.bounds, runs[0], runs[1])
+    try:
+        return gather_members(out, index, ids, members, source, framing, report, gather)
+    finally:
+        reader.release(buf)

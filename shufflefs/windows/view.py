@@ -28,14 +28,17 @@ from typing import Callable
 import numpy as np
 
 from ..formats.base import FramingError, WindowCheck
-from ..formats.framing import TAR, FramingCheck, raise_framing, unterminated
+from ..formats.framing import TAR, FramingCheck, raise_framing
 from ..formats.npy import Columns
 from ..index.table import RecordIndex
-from .edges import check_detached, fd_edges, load_checked, mapped_args
+from .edges import check_detached, fd_edges, load_checked
 from .layout import Layout, assemble, id_runs
 from ..sources.base import Members, Source, take_requests
+from ..sources import direct
 from ..sources.cache_mode import SourceCache
-from .build import added_newlines, build_runs
+from ..sources.local import SourceFile
+from .build import added_newlines, build_runs, direct_window
+from .build import gather_members as _gather_members
 
 try:
     from .._gather import build_window as _build_window  # compiled at install time; optional
@@ -151,27 +154,14 @@ def _cached(members: Members) -> bool:
     return resident(members) >= CACHED
 
 
-def gather_members(out: np.ndarray, index: RecordIndex, ids: np.ndarray, members: Members,
-                   source: Source, framing: int = 0, report: np.ndarray | None = None) -> np.ndarray:
-    """Records ``ids`` copied in view order from the mappings of their files into ``out``
-    (`_gather.gather_mapped`); a file that shrank under its mapping is reported by the source
-    (`Reader.ended`), and every file is verified afterwards, as after preads.  ``framing`` and
-    ``report`` as for `build_runs`."""
-    extra = (framing, report, unterminated(index), *mapped_args(index, framing)) if framing else ()
-    got = _gather_mapped(out, members.maps, index.bounds, np.ascontiguousarray(ids, np.int64), members.first,
-                         members.slot, members.shift, index.newline_ids, *extra)
-    if isinstance(got, tuple):  # (position in ids, file offset): that file ended early
-        m = int(np.searchsorted(members.first, ids[got[0]], "right")) - 1
-        source.file_of(int(members.fd[m])).ended(got[1])
-        raise OSError(errno.EIO, "a file ended early")  # ended() raises; never serve a short window
-    source.verify_open()
-    return out[:got]
+def gather_members(*args: object, **kw: object) -> np.ndarray:
+    """`build.gather_members` by this module's compiled gather (which tests may replace)."""
+    return _gather_members(*args, gather=_gather_mapped, **kw)
 
 
 Meter = Callable[..., None]
 """Told ``(bytes from the source, bytes from a local stage[, sources.base.Fetched])`` of each
 window built: record bytes, and what a remote source's requests cost."""
-"""Told the record bytes of every window load: ``(from the source, from a local stage)``."""
 
 
 def _sparse(plan: Plan, records: int) -> bool:
@@ -223,8 +213,6 @@ class View:
         if own:
             if index.stamp is None:
                 raise ValueError("a mounted view needs an index with a source stamp")
-            from ..sources.local import SourceFile
-
             source = SourceFile(path, index.stamp)
         self.source: Source = source
         try:
@@ -242,8 +230,13 @@ class View:
         self._cold = False  # the last load found the source cold (short runs are hinted then)
         self._gathered = _build_window is not None and source.place(index, none, none) is not None
         self._source_cache = source_cache
-        self.drop_behind = (source_cache is not None and columns is None and hasattr(source, "drop")
-                            and source_cache.decide(int(index.bounds[-1] - index.bounds[0]), self._resident))
+        mode = "keep"
+        if source_cache is not None and columns is None and hasattr(source, "drop"):
+            mode = source_cache.decide(int(index.bounds[-1] - index.bounds[0]), self._resident,
+                                       direct=self._gathered and not self._tar and isinstance(source, SourceFile))
+        self.drop_behind = mode == "drop"
+        self.direct = mode == "direct"
+        self._direct: direct.DirectReader | None = None
 
     @property
     def size(self) -> int:
@@ -283,6 +276,14 @@ class View:
         self._cold = members is not None and not _cached(members)
         if self._cold:
             members = None  # a cold source: preads (see `CACHED`)
+        cache = self._source_cache
+        if (self.direct and runs is not None and members is None and cache.direct_for(size, len(runs[0]))
+                and self._resident() < CACHED):
+            window = self._load_direct(ids, runs, out)  # no hints: they would fill the page cache
+            cache.loaded("direct")
+            if self.meter is not None:
+                self.meter(len(window) - added_newlines(self.index.newline_ids, ids), 0)
+            return window, scratch
         # this window's runs all in flight at once (only window 0 is not yet), short ones too if cold
         self._advise(runs, every=self._cold)
         # copied in view order from mappings: no working arrays, one pass; else runs, in passes
@@ -299,8 +300,10 @@ class View:
             pos, remote, local_bytes = pos + built, remote + r, local_bytes + loc
         window = out[:pos]
         self._check(window, ids, framed=bool(self._framing))
-        if self.drop_behind and runs is not None and members is None:
-            self._drop(runs)
+        if self._source_cache is not None:
+            self._source_cache.loaded("buffered")
+        if (self.drop_behind or self.direct) and runs is not None and members is None:
+            self._drop(runs)  # a direct view's window of long runs, read buffered
         if self.meter is not None:
             self.meter(remote, local_bytes)
         if ahead and k + 1 < plan.n_windows:
@@ -373,6 +376,18 @@ class View:
         members = self._mapped_members()
         return resident(members) if members is not None and _cached_pages is not None else 0.0
 
+    def _load_direct(self, ids: np.ndarray, runs: tuple[np.ndarray, np.ndarray], out: np.ndarray) -> np.ndarray:
+        """Window ``ids`` read past the page cache (`build.direct_window`), checked as ever."""
+        if self._direct is None:
+            self._direct = direct.DirectReader(self.source)
+        report = np.empty(2, np.int64)
+        window = direct_window(self._direct, self.index, ids, runs, out, self.source, self._framing, report,
+                               _gather_mapped)
+        if self._framing:
+            self._framed(report)
+        self._check(window, ids, framed=bool(self._framing))
+        return window
+
     def _drop(self, runs: tuple[np.ndarray, np.ndarray]) -> None:
         """The window's runs out of the page cache, now that it is built and verified: the view's
         pages keep its bytes (`sources.cache_mode`)."""
@@ -438,6 +453,9 @@ class View:
     def _advise(self, runs: tuple[np.ndarray, np.ndarray] | None, every: bool = False) -> None:
         if runs is None:  # a record-level order: runs of a record or two, nothing to hint
             return
+        if self.direct and self._source_cache.direct_for(int(self.index.bounds[runs[0] + runs[1]].sum()
+                                                             - self.index.bounds[runs[0]].sum()), len(runs[0])):
+            return  # read by O_DIRECT: a hint would only fill the page cache
         if every:
             self.source.advise(self.index, runs[0], runs[1])
             return
@@ -448,6 +466,8 @@ class View:
 
     def close(self) -> None:
         self._members = None  # the mappings go with the source's last reference
+        if self._direct is not None:
+            self._direct.close()
         self.source.close()
 
 

@@ -59,12 +59,14 @@ def test_the_room_is_the_machine_or_the_cgroup_whichever_is_smaller(tmp_path):
     assert room("", MEMINFO, root) == Room(16 * GiB, "MemTotal")
 
 
-def test_auto_drops_only_a_file_whose_source_and_view_do_not_both_fit():
+def test_auto_bypasses_or_drops_the_cache_only_for_a_file_whose_source_and_view_do_not_both_fit():
     space = Room(2 * GiB, "cgroup limit x")
     assert choose(GiB, space)[0] == "keep"  # 2 x 1 GiB fits 2 GiB
-    assert choose(GiB + 1, space)[0] == "drop"
+    assert choose(GiB + 1, space)[0] == "direct"
+    assert choose(GiB + 1, space, direct=False)[0] == "drop"  # a pool, tar, a remote source
     assert choose(GiB + 1, space, resident=0.99) == ("keep", "source already cached")
-    assert choose(GiB + 1, space, resident=0.5)[0] == "drop"
+    assert choose(GiB + 1, space, resident=0.5)[0] == "direct"
+    assert choose(10, space, "direct", direct=False)[0] == "drop"
     assert choose(8 * GiB, Room(0, "unknown"))[0] == "keep"  # no idea of the memory: as before
 
 
@@ -86,12 +88,14 @@ def test_residency_is_probed_only_when_the_file_does_not_fit():
         return 0.0
 
     cache = SourceCache("auto", Room(4 * GiB, "MemTotal"))
-    assert not cache.decide(GiB, resident) and not asked
-    assert cache.decide(3 * GiB, resident) and asked == [1]
-    assert not SourceCache("keep", Room(1, "MemTotal")).decide(3 * GiB, resident) and asked == [1]
+    assert cache.decide(GiB, resident) == "keep" and not asked
+    assert cache.decide(3 * GiB, resident) == cache_mode.AUTO_LARGE and asked == [1]
+    assert SourceCache("keep", Room(1, "MemTotal")).decide(3 * GiB, resident) == "keep" and asked == [1]
+    assert cache.direct_for(64 << 20, 512) and not cache.direct_for(64 << 20, 1)  # 128 KiB blocks; `none`
+    assert SourceCache("direct", Room(1, "MemTotal")).direct_for(64 << 20, 1)  # forced: every window
     got = cache.describe()
     assert got["views"] == {"keep: source and view fit the page cache": 1,
-                            "drop: source and view do not fit the page cache": 1}
+                            f"{cache_mode.AUTO_LARGE}: source and view do not fit the page cache": 1}
     assert got["room"] == 4 * GiB and got["option"] == "auto" and got["dropped_bytes"] == 0
 
 
@@ -153,3 +157,35 @@ def test_a_view_that_drops_serves_the_same_bytes_and_drops_exactly_its_runs(sour
     finally:
         keep.close()
         drop.close()
+
+
+@pytest.mark.parametrize("strategy", ["none", "stratified", "corgipile"])
+def test_direct_loads_serve_the_same_bytes_and_a_changed_source_is_stale(source, strategy, monkeypatch):
+    """Holds: SEMANTICS.md#views-source-cache"""
+    if view._build_window is None:
+        pytest.skip("compiled window build not built")
+    from shufflefs.errors import StaleSourceError
+
+    path, index, data = source
+    plan = make_plan(index, ShuffleSpec(strategy=strategy, block_size=65536, buffer=256 * 1024), epoch=2)
+    keep = view.View(path, index, plan, source_cache=SourceCache("keep", Room(GiB, "MemTotal")))
+    direct = view.View(path, index, plan, source_cache=SourceCache("direct", Room(GiB, "MemTotal")))
+    monkeypatch.setattr(view, "CACHED", 2.0)  # never "cached": every window by O_DIRECT reads
+    loaded = []
+    real = direct._load_direct
+    monkeypatch.setattr(direct, "_load_direct", lambda *a: loaded.append(1) or real(*a))
+    try:
+        assert direct.direct and not keep.direct
+        for k in range(plan.n_windows):
+            assert keep.load_window(k)[0].tobytes() == direct.load_window(k)[0].tobytes()
+        assert len(loaded) == plan.n_windows
+        with open(path, "r+b") as f:  # same size, new bytes: the stamp's ctime tells
+            f.write(b"x" * 100)
+        with pytest.raises(StaleSourceError):
+            direct.load_window(0)
+        os.truncate(path, len(data) // 3)
+        with pytest.raises(StaleSourceError):
+            direct.load_window(plan.n_windows - 1)
+    finally:
+        keep.close()
+        direct.close()
