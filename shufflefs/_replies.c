@@ -13,15 +13,17 @@
  * its own enters it, and unregisters it before the window's buffer can be reused or dropped.
  *
  * Python registers and unregisters on the trio thread, and pyfuse3 calls in from that thread
- * too, holding the GIL: the table changes only under the GIL.  The GIL is let go around a
- * reply's writev; the window's buffer cannot be recycled meanwhile, because only the trio thread
- * recycles buffers, and it is the one waiting here.
+ * too, holding the GIL: the table changes only under the GIL.  A reply's writev (the copy of its
+ * bytes into the kernel) runs on the calling thread with the GIL let go, or, after `start(n)`, on
+ * one of n reply threads, so that replies use more cores than the trio thread's.  A reply in
+ * flight pins its entry: unregistering waits for it, so a buffer is never recycled under a copy.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -79,11 +81,82 @@ typedef struct {
     uint64_t reads;    /* replies since the last `take` */
     int64_t last_end;  /* where the last reply ended */
     uint64_t last_ns;  /* CLOCK_MONOTONIC of the last reply */
+    int inflight;      /* replies queued or being written (under `qlock`) */
 } entry_t;
 
 static entry_t table[TABLE];
 static uint64_t n_replies, n_bytes, n_passed, n_missed, n_stale, n_write_errors;
 static int last_write_errno;
+
+/* Reply threads: a ring of queued replies, guarded by `qlock`, which also guards every entry's
+   `inflight` and the reply counters once threads run. */
+typedef struct {
+    entry_t *e;
+    int fd;
+    uint64_t unique;
+    const char *data;
+    uint32_t size;
+} job_t;
+#define QUEUE 1024
+static job_t queue[QUEUE];
+static int q_head, q_len, n_threads, stopping;
+static pthread_t threads[64];
+static pthread_mutex_t qlock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t q_work = PTHREAD_COND_INITIALIZER, q_done = PTHREAD_COND_INITIALIZER;
+
+static void write_reply(int fd, uint64_t unique, const char *data, uint32_t size)
+{
+    struct out_header out = {(uint32_t)(sizeof out + size), 0, unique};
+    struct iovec iov[2] = {{&out, sizeof out}, {(void *)data, size}};
+    pthread_mutex_lock(&qlock); /* counted first: a reader that has the bytes sees them counted */
+    n_replies++;
+    n_bytes += size;
+    pthread_mutex_unlock(&qlock);
+    if (writev(fd, iov, 2) < 0) {
+        int err = errno;
+        pthread_mutex_lock(&qlock);
+        n_replies--;
+        n_bytes -= size;
+        n_write_errors++; /* ENOENT: the request was interrupted; libfuse ignores that too */
+        last_write_errno = err;
+        pthread_mutex_unlock(&qlock);
+    }
+}
+
+static void *reply_thread(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&qlock);
+    for (;;) {
+        while (!q_len && !stopping)
+            pthread_cond_wait(&q_work, &qlock);
+        if (!q_len)
+            break;
+        job_t j = queue[q_head];
+        q_head = (q_head + 1) % QUEUE;
+        q_len--;
+        pthread_mutex_unlock(&qlock);
+        write_reply(j.fd, j.unique, j.data, j.size);
+        pthread_mutex_lock(&qlock);
+        if (--j.e->inflight == 0)
+            pthread_cond_broadcast(&q_done);
+    }
+    pthread_mutex_unlock(&qlock);
+    return NULL;
+}
+
+/* Wait (GIL let go) until no reply of ``e`` is queued or being written. */
+static void settle(entry_t *e)
+{
+    pthread_mutex_lock(&qlock);
+    if (e->inflight) {
+        Py_BEGIN_ALLOW_THREADS
+        while (e->inflight)
+            pthread_cond_wait(&q_done, &qlock);
+        Py_END_ALLOW_THREADS
+    }
+    pthread_mutex_unlock(&qlock);
+}
 
 typedef void (*process_fn)(struct fuse_session *, const struct fuse_buf *);
 typedef int (*fd_fn)(struct fuse_session *);
@@ -143,19 +216,23 @@ static int reply_from_window(struct fuse_session *se, const struct in_header *in
         n_stale++;
         return 0;
     }
-    struct out_header out = {(uint32_t)(sizeof out + rd->size), 0, in->unique};
-    struct iovec iov[2] = {{&out, sizeof out}, {(void *)(e->base + (off - e->lo)), rd->size}};
-    ssize_t w;
-    int fd = real_fd(se);
-    Py_BEGIN_ALLOW_THREADS
-    w = writev(fd, iov, 2);
-    Py_END_ALLOW_THREADS
-    if (w < 0) {
-        n_write_errors++; /* ENOENT: the request was interrupted; libfuse ignores that too */
-        last_write_errno = errno;
-    } else {
-        n_replies++;
-        n_bytes += rd->size;
+    const char *data = e->base + (off - e->lo);
+    int fd = real_fd(se), queued = 0;
+    if (n_threads) {
+        pthread_mutex_lock(&qlock);
+        if (q_len < QUEUE) {
+            queue[(q_head + q_len) % QUEUE] = (job_t){e, fd, in->unique, data, rd->size};
+            q_len++;
+            e->inflight++;
+            queued = 1;
+            pthread_cond_signal(&q_work);
+        }
+        pthread_mutex_unlock(&qlock);
+    }
+    if (!queued) {
+        Py_BEGIN_ALLOW_THREADS
+        write_reply(fd, in->unique, data, rd->size);
+        Py_END_ALLOW_THREADS
     }
     e->reads++;
     e->last_end = end;
@@ -181,6 +258,7 @@ __attribute__((visibility("default"))) void fuse_session_process_buf(struct fuse
 
 static void clear(entry_t *e)
 {
+    settle(e);
     if (e->used)
         PyBuffer_Release(&e->view);
     memset(e, 0, sizeof *e);
@@ -271,17 +349,54 @@ static PyObject *py_unregister(PyObject *self, PyObject *arg)
     return PyErr_Occurred() ? NULL : take(fh, 1);
 }
 
+static PyObject *py_start(PyObject *self, PyObject *arg)
+{
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0 || n > 64 || n_threads) {
+        PyErr_SetString(PyExc_ValueError, "0 to 64 reply threads, started once");
+        return NULL;
+    }
+    for (long i = 0; i < n; i++) {
+        int err = pthread_create(&threads[i], NULL, reply_thread, NULL);
+        if (err) {
+            errno = err;
+            return PyErr_SetFromErrno(PyExc_OSError);
+        }
+        n_threads++;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_stop(PyObject *self, PyObject *unused)
+{
+    pthread_mutex_lock(&qlock);
+    stopping = 1;
+    pthread_cond_broadcast(&q_work);
+    pthread_mutex_unlock(&qlock);
+    Py_BEGIN_ALLOW_THREADS
+    for (int i = 0; i < n_threads; i++)
+        pthread_join(threads[i], NULL);
+    Py_END_ALLOW_THREADS
+    n_threads = 0;
+    stopping = 0;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_stats(PyObject *self, PyObject *unused)
 {
     int registered = 0;
     for (int i = 0; i < TABLE; i++)
         registered += table[i].used;
-    PyObject *d = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i}", "replies", (unsigned long long)n_replies,
+    pthread_mutex_lock(&qlock);
+    PyObject *d = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:i,s:i,s:i}", "replies", (unsigned long long)n_replies,
                                 "bytes", (unsigned long long)n_bytes, "passed",
                                 (unsigned long long)n_passed, "missed",
                                 (unsigned long long)n_missed, "stale", (unsigned long long)n_stale,
                                 "write_errors", (unsigned long long)n_write_errors, "last_write_errno",
-                                last_write_errno, "registered", registered);
+                                last_write_errno, "registered", registered, "threads", n_threads);
+    pthread_mutex_unlock(&qlock);
     return d;
 }
 
@@ -291,6 +406,8 @@ static PyMethodDef methods[] = {
      "from buffer[at:], after checking every (fd, ino, size, mtime_ns, ctime_ns) in checks with fstat"},
     {"unregister", py_unregister, METH_O, "unregister(fh) -> (replies, last_end, last_ns) or None"},
     {"take", py_take, METH_O, "take(fh) -> (replies since the last take, last_end, last_ns) or None"},
+    {"start", py_start, METH_O, "start(n): replies are written by n threads of their own (0: by the caller)"},
+    {"stop", py_stop, METH_NOARGS, "stop(): write the queued replies and end the reply threads"},
     {"stats", py_stats, METH_NOARGS, "counters of every reply made here and request passed on"},
     {NULL, NULL, 0, NULL},
 };

@@ -155,6 +155,8 @@ class MountConfig:
     compiled_replies: bool = True
     """Answer reads inside a handle's loaded window without entering Python (`shufflefs.replies`);
     False: Python answers every read."""
+    reply_threads: int | None = None
+    """Threads that write compiled replies (0: the FUSE loop's own thread); None: `REPLY_THREADS`."""
     allow_other: bool = False
     """Let users other than the owner reach the mount (FUSE ``allow_other``; the kernel checks
     every access against the source's modes, ``default_permissions``)."""

@@ -151,6 +151,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         pool=not v["no_pool"], pool_globs=opts.pools, mixes=opts.mixes, stage_dir=stage_dir, verify=v["verify"],
         source_cache=v["source_cache"],
         store_options=store_options, direct_io=v["direct_io"], block_floor_note=floor_note,
+        compiled_replies=not v["python_replies"], reply_threads=v["reply_threads"],
         allow_other=bool(v["allow_other"]), epoch_setters=v["epoch_setters"],
         cache_warning=None if unwritable is None else (f"cache directory {cache_dir} cannot be written "
                                                        f"({unwritable}): indexes built by this mount are "

@@ -204,6 +204,7 @@ OPTIONS: dict[str, _Option] = {
     "no_pool": _Option(_flag, False),
     "direct_io": _Option(_flag, False),
     "python_replies": _Option(_flag, False),
+    "reply_threads": _Option(_auto_or(_integer(0, 64)), None),
     "allow_other": _Option(_flag, False),
     "epoch_setters": _Option(_one_of(SETTERS), "owner"),
     "record_size": _Option(_size_in(1, MAX_BLOCK), None),

@@ -70,7 +70,7 @@ class Catalog:
                                lambda: self.views.drop_a_plan(), lambda: self.windows.landed)
         self.views = Views(config, self.store, self.tree, self.planner, self.workers, self.tasks,
                            self.windows, self.epochs.of, self.current)
-        self.reads = Reads(self.views, self.windows, config.compiled_replies)
+        self.reads = Reads(self.views, self.windows, config.compiled_replies, config.reply_threads)
         self.pools = PoolTable(self.store, self.tree.pool_key, config.pool_globs) if config.pool else None
         self.tree.pools = self.pools
         self.mixes = None
@@ -104,6 +104,7 @@ class Catalog:
         for node in list(self.tree.nodes.values()) + list(self.views.idle.values()):
             self.views.close(node)
         self.windows.clear()
+        self.reads.replies.close()
         for copies in (self.views.stages, self.planner.decoding, self.views.parquet):  # stages, decoded copies
             if copies is not None:
                 copies.close()

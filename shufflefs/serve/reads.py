@@ -37,9 +37,9 @@ class MemoryWait(Timeout):
 
 
 class Reads:
-    def __init__(self, views: Views, windows: WindowCache, compiled: bool = True) -> None:
+    def __init__(self, views: Views, windows: WindowCache, compiled: bool = True, threads: int | None = 0) -> None:
         self.views, self.windows = views, windows
-        self.replies = Replies(compiled)
+        self.replies = Replies(compiled, threads)
         windows.recycled, windows.touched = self.replies.recycled, self.replies.touch
         self.peeks = 0  # reads answered by `ParquetView.peek`
         # compressed views: the checksums of the container units reads left unfinished, per view

@@ -13,6 +13,7 @@ the compiled replies make the same check before every reply.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -24,11 +25,27 @@ from .nodes import Handle
 
 log = logging.getLogger("shufflefs")
 
+REPLY_THREADS = 2
+"""Reply threads of ``--reply-threads auto``, at most one per CPU the daemon may use."""
+
+
+def reply_threads() -> int:
+    """``--reply-threads auto``: `REPLY_THREADS`, fewer on a machine with fewer CPUs."""
+    return min(REPLY_THREADS, len(os.sched_getaffinity(0)))
+
 
 class Replies:
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, threads: int | None = None) -> None:
         self.lib = replies.compiled if enabled and replies.bound else None
+        self.threads = reply_threads() if threads is None else threads
+        if self.lib is not None and self.threads and not self.lib.stats()["threads"]:
+            self.lib.start(self.threads)
         self._held: dict[int, set[Handle]] = {}  # id(slot) -> handles whose offer of it stands
+
+    def close(self) -> None:
+        """Write what is queued and end the reply threads (every handle was released)."""
+        if self.lib is not None:
+            self.lib.stop()
 
     def offer(self, h: Handle) -> None:
         """``h`` read its held window: let the compiled replies answer its next reads inside it."""

@@ -76,10 +76,11 @@ def test_compiled_replies_serve_the_bytes_python_serves(mount, strategy: str):
     assert fast.stats()["bytes_served"] == slow.stats()["bytes_served"] == 2 * len(want)
 
 
-def test_random_reads_of_any_size_match(mount):
+@pytest.mark.parametrize("threads", ["0", "3"])
+def test_random_reads_of_any_size_match(mount, threads: str):
     """Reads as the application issues them (``--direct-io``): inside a window, across window
-    ends, past the end of the file."""
-    m = mount({"a.jsonl": jsonl(90000, 2)}, *ARGS, "--direct-io")
+    ends, past the end of the file; replies written by the receiving thread or by three others."""
+    m = mount({"a.jsonl": jsonl(90000, 2)}, *ARGS, "--direct-io", "--reply-threads", threads)
     want = reference(m.src / "a.jsonl", "stratified")
     rng = random.Random(5)
     fd = os.open(m.path("a.jsonl"), os.O_RDONLY)
@@ -90,7 +91,7 @@ def test_random_reads_of_any_size_match(mount):
             assert os.pread(fd, size, off) == want[off: off + size]
     finally:
         os.close(fd)
-    assert replies(m)["replies"] > 1000
+    assert replies(m)["replies"] > 1000 and replies(m)["threads"] == int(threads)
 
 
 def test_a_source_changed_under_a_window_is_refused(mount):
@@ -146,5 +147,5 @@ def test_many_readers_while_windows_are_recycled(mount):
         t.join()
     assert not errors
     stats = m.stats()
-    assert stats["compiled_replies"]["replies"] > 0 and stats["compiled_replies"]["registered"] == 0
+    assert stats["compiled_replies"]["replies"] > 0
     assert stats["memory"]["loads"] > stats["memory"]["windows"]  # windows were dropped and loaded again

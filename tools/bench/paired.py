@@ -7,7 +7,9 @@ read one after the other in an order rotated every round; a target's ratio is th
 rounds of the ratio within each round, so drift falls on both sides of it alike.
 
 * warm and cold rounds of the JSON lines dataset, 1 MiB reads: the raw file (cold), the C
-  passthrough (direct_io), and the views of ``none``, ``stratified`` (the default),
+  passthrough (direct_io, and warm also through the page cache, as views are served), the
+  default view with ``--python-replies`` (warm: what the compiled replies gain), and the views of
+  ``none``, ``stratified`` (the default),
   ``corgipile``, ``full`` and ``lirs-page`` (warm; ``none``, ``stratified`` and ``corgipile``
   cold), each read at a new epoch, after one pass of each view that is not measured (the first
   pass of a mount is measured on its own, next); and the label mix of every view's order in the
@@ -30,6 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bench import data, proc, reads
+from shufflefs.fs.daemon import raise_readahead
 from shufflefs.quality import metrics as quality
 from shufflefs.strategies import ShuffleSpec, make_plan
 
@@ -39,7 +42,9 @@ COLD_VIEWS = ("none", "stratified", "corgipile")
 MIX_WINDOW = 1000
 """Records per stretch of the label-mix measure (`quality.label_mix_tv`)."""
 FIRST_VIEWS = ("none", "corgipile")
-RAW, PASSTHROUGH = "raw", "passthrough"
+RAW, PASSTHROUGH, PASSTHROUGH_PC = "raw", "passthrough", "passthrough-pc"
+PYTHON_REPLIES = "stratified-python"
+"""The default view with ``--python-replies``: every read answered by Python."""
 PENALTY_MEMORY = 640 << 20
 """Memory of the cgroup for the larger-than-memory run; the file must be at least 3x this."""
 
@@ -116,21 +121,31 @@ class Paired:
                 pt.mkdir(exist_ok=True)
                 cmd = [str(binary), str(b.src), str(pt), "--direct-io", "-f", "-o", "ro,default_permissions"]
                 stack.enter_context(proc.FuseDaemon(cmd, pt, b.logs / "paired-passthrough.log"))
+                pc = b.work / "mnt-paired-pt-pc"
+                pc.mkdir(exist_ok=True)
+                cmd = [str(binary), str(b.src), str(pc), "-f", "-o", "ro,default_permissions"]
+                stack.enter_context(proc.FuseDaemon(cmd, pc, b.logs / "paired-passthrough-pc.log"))
+                raise_readahead(str(pc))  # the 1 MiB readahead shufflefs mounts get
+                mounts[PASSTHROUGH_PC] = pc
             else:
                 self.notes.append(f"C passthrough not run: {why}.")
             with contextlib.ExitStack() as warm_only:
-                for strategy in [s for s in WARM_VIEWS if s in b.strategies]:
+                views = [s for s in WARM_VIEWS if s in b.strategies]
+                for strategy in views + ([PYTHON_REPLIES] if "stratified" in views else []):
                     mnt = b.work / f"mnt-paired-{strategy}"
                     mnt.mkdir(exist_ok=True)
-                    cmd = b.shufflefs_cmd(b.src, mnt, strategy, "--log-file", str(b.logs / f"paired-{strategy}.log"))
+                    extra = ["--python-replies"] if strategy == PYTHON_REPLIES else []
+                    cmd = b.shufflefs_cmd(b.src, mnt, strategy.removesuffix("-python"), *extra,
+                                          "--log-file", str(b.logs / f"paired-{strategy}.log"))
                     daemon = proc.FuseDaemon(cmd, mnt, b.logs / f"paired-{strategy}.out", env=b.env)
                     (stack if strategy in COLD_VIEWS else warm_only).enter_context(daemon)
                     mounts[strategy] = mnt
                 for strategy, mnt in mounts.items():  # the first pass of a mount is measured apart
-                    reads.read_chunks(self._view(mnt, source.name)(), 1 << 20, b.args.max_seconds)
-                self.rates["warm"] = self._rounds("warm", self._contenders("warm", WARM_VIEWS, mounts, pt, source),
-                                                  source)
-                self._measure_mix(mounts, source)
+                    if strategy != PASSTHROUGH_PC:
+                        reads.read_chunks(self._view(mnt, source.name)(), 1 << 20, b.args.max_seconds)
+                self.rates["warm"] = self._rounds(
+                    "warm", self._contenders("warm", (*WARM_VIEWS, PYTHON_REPLIES), mounts, pt, source), source)
+                self._measure_mix({s: m for s, m in mounts.items() if s in WARM_VIEWS}, source)
             # the record-level views are unmounted first: the pages they copied from stay mapped in
             # their daemons while their views are open, and the page cache cannot drop mapped pages
             if b.cold:
@@ -144,6 +159,8 @@ class Paired:
             contenders[RAW] = lambda: source
         if pt is not None:
             contenders[PASSTHROUGH] = lambda: pt / source.name
+        if cache == "warm" and PASSTHROUGH_PC in mounts:
+            contenders[PASSTHROUGH_PC] = lambda: mounts[PASSTHROUGH_PC] / source.name
         for s in views:
             if s in mounts:
                 contenders[s] = self._view(mounts[s], source.name)
@@ -235,7 +252,8 @@ class Paired:
                "| contender | cache | median GB/s | per round |", "|---|---|---|---|"]
         for cache, rates in self.rates.items():
             for n, xs in rates.items():
-                label = n if n in (RAW, PASSTHROUGH) else f"view {n}"
+                label = {PASSTHROUGH: "passthrough (direct_io)", PASSTHROUGH_PC: "passthrough (page cache)",
+                         PYTHON_REPLIES: "view stratified --python-replies"}.get(n, n if n == RAW else f"view {n}")
                 out.append(f"| {label} | {cache} | {statistics.median(xs):.3f} | {', '.join(f'{x:.2f}' for x in xs)} |")
         out += ["", "First pass of a fresh mount over the median of the next two passes (warm source), per round:", ""]
         for s, per in self.first.items():

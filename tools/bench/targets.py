@@ -48,6 +48,10 @@ def targets(bench: Any) -> list[str]:
         pair("warm corgipile >= 0.9x none view (paired)", paired.ratio("warm", "corgipile", "none"), lambda v: v >= 0.9)
         pair("warm corgipile >= 0.7x C passthrough direct_io (paired)", paired.ratio("warm", "corgipile", "passthrough"),
              lambda v: v >= 0.7)
+        pair("warm stratified (the default) >= 0.5x C passthrough, both through the page cache (paired)",
+             paired.ratio("warm", "stratified", "passthrough-pc"), lambda v: v >= 0.5)
+        pair("warm stratified: compiled replies over --python-replies (paired, report)",
+             paired.ratio("warm", "stratified", "stratified-python"), None)
         pair("warm full >= 0.5x none view (paired)", paired.ratio("warm", "full", "none"), lambda v: v >= 0.5)
         pair("warm lirs-page >= 0.7x none view (paired)", paired.ratio("warm", "lirs-page", "none"), lambda v: v >= 0.7)
         pair("cold corgipile >= 0.9x raw sequential read (paired)", paired.ratio("cold", "corgipile", "raw"),
