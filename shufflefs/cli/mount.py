@@ -159,7 +159,6 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
     )
     if v["no_pool"] and opts.pools:
         parser.error("--pool declares a set but --no-pool turns pooling off")
-        compiled_replies=not v["python_replies"],
     if config.allow_other and os.geteuid() != 0 and not user_allow_other():
         parser.error(f"--allow-other: only root may mount for other users unless {FUSE_CONF} has a line "
                      "'user_allow_other'")

@@ -200,11 +200,11 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
                         "views fails with ENODEV, so pandas.read_csv of a CSV over a few MB and "
                         "numpy.memmap fail; private mappings (MAP_PRIVATE, as pyarrow.memory_map makes) "
                         "and read() work")
-    g.add_argument("--allow-other", action="store_true", default=None,
-                   help="let other users read the mount (FUSE allow_other; -o allow_other in mount(8) and fstab): "
-                        "the kernel checks every access against the source's modes, so a user reads, and reads the "
-                        "attributes and errors of, only the files they could read in SRC. A user other than root "
     g.add_argument("--python-replies", action="store_true", default=None,
+                   help="answer every read in Python. By default a read inside the window its open file "
+                        "already reads is answered by compiled code, with the same check of the source "
+                        "before each reply and no Python call (docs/performance.md, Compiled replies); "
+                        "shufflefs stat shows how many under compiled_replies")
     g.add_argument("--reply-threads", metavar="N|auto",
                    help="threads that copy compiled replies into the kernel, 0 to 64; 0: the thread that "
                         "receives requests; auto (default): 2, or 1 on a single CPU (docs/performance.md, "
@@ -213,10 +213,6 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
                    help="let other users read the mount (FUSE allow_other; -o allow_other in mount(8) and fstab): "
                         "the kernel checks every access against the source's modes, so a user reads, and reads the "
                         "attributes and errors of, only the files they could read in SRC. A user other than root "
-                   help="answer every read in Python. By default a read inside the window its open file "
-                        "already reads is answered by compiled code, with the same check of the source "
-                        "before each reply and no Python call (docs/performance.md, Compiled replies); "
-                        "shufflefs stat shows how many under compiled_replies")
                         "needs user_allow_other in /etc/fuse.conf")
     g.add_argument("--epoch-setters", choices=SETTERS, default=None,
                    help="who may set epochs and resume states: owner (default: the user who mounted it, and "
