@@ -242,7 +242,7 @@ def main() -> int:
         finally:
             cg.remove()
         advise = None if args.no_advise else subprocess.run(
-            [*daemon_python(), "advise", str(src), "--budget", "256MiB"], capture_output=True, text=True)
+            [*daemon_python(), "advise", str(src), "--budget", "256MiB", "--no-save"], capture_output=True, text=True)
     memory = "no limit" if limit is None else f"{limit / 2**20:,.0f} MiB"
     print(f"cold reads of a {size / 2**30:.1f} GiB JSON lines file (~1 KiB records, sorted by label), daemon and "
           f"reader in a memory cgroup of {memory}; 1 MiB reads, cut after {args.max_seconds:g} s; "

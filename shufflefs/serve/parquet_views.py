@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+import numpy as np
+
 from ..formats import Format
 from ..formats.parquet.index import ParquetIndex
 from ..index.joined_index import joined
@@ -55,6 +57,9 @@ def work_of(fmt: Format | None, view: Any, plan: Plan, k: int | None = None) -> 
     Parquet view's own, its copy's decoding included)."""
     if is_parquet(fmt) and isinstance(getattr(view, "view", view), ParquetView):
         return getattr(view, "view", view).work(k)
+    if getattr(getattr(view, "view", view), "direct", False):  # its O_DIRECT buffer (`sources.direct`)
+        sizes = np.asarray(plan.window_sizes)
+        return window_work(plan, k) + (int(sizes[k] if k is not None else sizes.max()) if len(sizes) else 0)
     return window_work(plan, k)
 
 

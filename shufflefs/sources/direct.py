@@ -25,9 +25,14 @@ PIECE = 4 << 20
 """The largest single read: the virtio disk's largest request (``max_sectors_kb`` 4096)."""
 THREADS = 8
 """Reads in flight at once."""
+KEEP = 2
+"""Aligned buffers kept for the next loads, shared by every view (the others are unmapped when
+their load ends): a load holds one besides its window while it runs (`serve.parquet_views.work_of`
+counts it in the memory limit)."""
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
+_free: list[mmap.mmap] = []
 
 
 def pool() -> ThreadPoolExecutor:
@@ -116,7 +121,6 @@ class DirectReader:
     def __init__(self, source: SourceFile) -> None:
         self.source = source
         self._fd = -1
-        self._bufs: list[mmap.mmap] = []
         self._lock = threading.Lock()
 
     def read(self, bounds: np.ndarray, first: np.ndarray, count: np.ndarray) -> tuple[Members, mmap.mmap]:
@@ -129,8 +133,10 @@ class DirectReader:
         with self._lock:
             if self._fd < 0:
                 self._fd = open_direct(self.source.fd)
-            fits = [i for i, m in enumerate(self._bufs) if len(m) >= need]
-            buf = self._bufs.pop(fits[0]) if fits else aligned_buffer(need)
+        with _pool_lock:
+            fits = [i for i, m in enumerate(_free) if need <= len(m) <= 2 * need]
+            buf = _free.pop(fits[0]) if fits else None
+        buf = buf if buf is not None else aligned_buffer(need)
         try:
             short = read_spans(self._fd, lo, hi, buf, self.source.stamp.size, self.source.fd)
             if short is not None:
@@ -145,12 +151,13 @@ class DirectReader:
         return Members((buf,), mf, np.zeros(len(mf), np.int64), shift, fds), buf
 
     def release(self, buf: mmap.mmap) -> None:
-        with self._lock:
-            self._bufs.append(buf)
+        with _pool_lock:
+            _free.append(buf)
+            _free.sort(key=len, reverse=True)
+            del _free[KEEP:]  # unmapped once no one else holds them
 
     def close(self) -> None:
         with self._lock:
-            self._bufs = []
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1

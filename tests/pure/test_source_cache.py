@@ -189,3 +189,37 @@ def test_direct_loads_serve_the_same_bytes_and_a_changed_source_is_stale(source,
     finally:
         keep.close()
         direct.close()
+
+
+def test_a_direct_view_counts_its_buffer_in_the_load_work(source):
+    """The O_DIRECT buffer a load holds besides its window is charged to the memory limit."""
+    from shufflefs.serve.parquet_views import work_of
+    from shufflefs.windows.view import window_work
+
+    path, index, _ = source
+    plan = make_plan(index, ShuffleSpec(strategy="stratified", block_size=65536, buffer=256 * 1024), epoch=0)
+    for mode, extra in (("keep", 0), ("direct", int(plan.window_sizes[1]))):
+        v = view.View(path, index, plan, source_cache=SourceCache(mode, Room(GiB, "MemTotal")))
+        try:
+            assert work_of(None, v, plan, 1) == window_work(plan, 1) + extra
+        finally:
+            v.close()
+
+
+def test_direct_buffers_are_shared_and_at_most_keep_are_kept(source, monkeypatch):
+    from shufflefs.sources import direct
+
+    monkeypatch.setattr(direct, "_free", [])
+    path, index, data = source
+    plan = make_plan(index, ShuffleSpec(strategy="corgipile", block_size=65536, buffer=256 * 1024), epoch=0)
+    monkeypatch.setattr(view, "CACHED", 2.0)
+    views = [view.View(path, index, plan, source_cache=SourceCache("direct", Room(GiB, "MemTotal")))
+             for _ in range(4)]
+    try:
+        for v in views:
+            for k in range(plan.n_windows):
+                v.load_window(k)
+        assert 1 <= len(direct._free) <= direct.KEEP
+    finally:
+        for v in views:
+            v.close()
