@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Plans of many ranks for a huge dataset, on paper: per-rank plan time and memory, no mounts, no data.
 
+    python tools/scale.py --node [--help]       (one node's daemon: tools/bench/node.py)
     python tools/scale.py [--world 1024] [--records 1e9] [--block-size 4MiB] [--buffer 64MiB]
                           [--strategies corgipile,block,pls] [--sample 16] [--all-ranks] ...
 
@@ -339,6 +340,12 @@ def scaling(a: argparse.Namespace, base: ShuffleSpec, label: str, settings: list
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--node"]:  # one node's daemon, measured here and projected (tools/bench/node.py)
+        sys.path.insert(0, str(REPO / "tools"))
+        from bench import node
+        node.main(argv[1:])
+        return 0
     a = parse_args(argv)
     started = time.perf_counter()
     base = ShuffleSpec(seed=a.seed, block_size=a.block_size, buffer=a.buffer, exchange=a.exchange, pls_local=a.pls_local)

@@ -1,0 +1,308 @@
+"""One node, measured per core here, projected to a larger node (`bench.node_model`).
+
+    python tools/scale.py --node [--data DIR] [--strategies none,stratified] [--epochs 3] [--s3] ...
+
+Mounts a directory holding one JSON lines file and reads warm epochs of its view with one
+reader (1 MiB reads), taking each daemon thread's CPU from /proc/PID/task/*/stat: the thread
+that receives requests (the main thread), the window build threads (trio's, "Trio thread N")
+and the others (the compiled replies' threads; the rest idle).  Costs are CPU-seconds per GiB
+served, which the machine's other load changes much less than the wall-clock rates.  Runs:
+
+* each strategy with the default reply threads (build and reply costs);
+* ``--python-replies`` (the trio thread's cost when Python answers every read);
+* the source dropped from the page cache before each epoch (cold: the build threads' extra);
+* ``--reply-threads 0, 1, 2`` (the check: the model's GB/s for this machine against measured);
+* with ``--s3``, a view over the emulated link of `s3_link` (the daemon's CPU per GiB of GETs).
+
+Then the projection for ``--cores`` (32) with its stated assumptions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from . import node_model as nm
+from . import proc
+from .s3_latency import ENV, lines_file
+
+MiB = 1 << 20
+GiB = 1 << 30
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def threads(pid: int) -> dict[int, tuple[str, float, float]]:
+    """tid -> (name, user s, sys s) of every thread of ``pid``."""
+    out = {}
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{t}/stat") as f:
+                st = f.read()
+        except FileNotFoundError:
+            continue
+        fields = st.rsplit(")", 1)[1].split()
+        out[int(t)] = (st[st.index("(") + 1:st.rindex(")")], int(fields[11]) / CLK, int(fields[12]) / CLK)
+    return out
+
+
+def by_kind(pid: int, a: dict, b: dict) -> dict[str, tuple[float, float]]:
+    """CPU (user, sys) between snapshots ``a`` and ``b``: trio (main thread), build (trio's worker
+    threads), other (reply threads and anything else)."""
+    kinds = {"trio": [0.0, 0.0], "build": [0.0, 0.0], "other": [0.0, 0.0]}
+    for tid, (name, u, s) in b.items():
+        u0, s0 = a.get(tid, ("", 0.0, 0.0))[1:]
+        k = "trio" if tid == pid else "build" if name.startswith("Trio thread") else "other"
+        kinds[k][0] += u - u0
+        kinds[k][1] += s - s0
+    return {k: (v[0], v[1]) for k, v in kinds.items()}
+
+
+def load() -> float:
+    return os.getloadavg()[0]
+
+
+def drop(src: Path) -> None:
+    """Evict the source's clean pages (cold epochs), without touching the rest of the machine."""
+    for p in src.iterdir():
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+@dataclass
+class Run:
+    """Per-GiB CPU by thread kind, the reader's, GB/s per epoch, load averages."""
+
+    label: str
+    cpu: dict[str, tuple[float, float]]
+    reader: tuple[float, float]
+    rates: list[float]
+    loads: list[float]
+    fetched: int = 0
+    requests: int = 0
+
+    def per(self, kind: str) -> float:
+        return sum(self.cpu[kind])
+
+
+def epochs(label: str, src: Path, work: Path, args: argparse.Namespace, extra: list[str], cold: bool = False,
+           remote: str | None = None) -> Run:
+    """Mount, warm up (an epoch, not measured), then ``--epochs`` measured epochs."""
+    mnt = work / "mnt"
+    mnt.mkdir(exist_ok=True)
+    cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", remote or str(src), str(mnt),
+           "--cache-dir", str(work / "cache"), *extra]
+    env = dict(os.environ, **ENV) if remote else None
+    with proc.FuseDaemon(cmd, mnt, work / "daemon.log", env=env) as d:
+        names = sorted(n for n in os.listdir(mnt) if not n.startswith("."))
+        buf = bytearray(MiB)
+
+        def epoch(e: int) -> int:
+            os.setxattr(mnt, "user.shufflefs.epoch", str(e).encode())
+            got = 0
+            for name in names:
+                fd = os.open(mnt / name, os.O_RDONLY)
+                try:
+                    while x := os.readv(fd, [buf]):
+                        got += x
+                finally:
+                    os.close(fd)
+            return got
+
+        epoch(1000)
+        total, rates, loads, fetched, requests = 0, [], [], 0, 0
+        a, r0 = threads(d.pid), os.times()
+        for e in range(args.epochs):
+            if cold:
+                drop(src)
+            loads.append(load())
+            t = time.perf_counter()
+            got = epoch(e + 1)
+            rates.append(got / (time.perf_counter() - t) / 1e9)
+            total += got
+            counts = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["read_bytes"].get(str(e + 1), {})
+            fetched += counts.get("fetched_bytes", 0)
+            requests += counts.get("source_requests", 0)
+        b, r1 = threads(d.pid), os.times()
+        spent = by_kind(d.pid, a, b)
+    g = total / GiB
+    cpu = {k: (u / g, s / g) for k, (u, s) in spent.items()}
+    run = Run(label, cpu, ((r1.user - r0.user) / g, (r1.system - r0.system) / g), rates, loads, fetched, requests)
+    print(f"  {label:32} {' '.join(f'{r:.2f}' for r in rates)} GB/s, load {statistics.mean(loads):.1f}; CPU-s/GiB "
+          + ", ".join(f"{k} {u:.2f}+{s:.2f}" for k, (u, s) in cpu.items())
+          + f", reader {run.reader[0]:.2f}+{run.reader[1]:.2f}", flush=True)
+    return run
+
+
+def s3_run(src: Path, work: Path, args: argparse.Namespace) -> Run:
+    """The first strategy's view of the same file cut into 16 objects, over the emulated link."""
+    from s3_link import EmulatedBucket, missing
+
+    from .objstore import shards_of
+    if (why := missing()) is not None:
+        sys.exit(f"--s3: {why}")
+    data = next(p for p in src.iterdir() if p.is_file())
+    size = min(data.stat().st_size, args.s3_size)
+    with EmulatedBucket(work / "server", args.rtt_ms / 1000, args.conn_rate, args.link_rate, ("data",)) as b:
+        for i, body in enumerate(shards_of(data, size, 16)):
+            b.put("data", f"ds/part-{i:05d}.jsonl", body)
+        import subprocess
+        subprocess.run([sys.executable, "-m", "shufflefs", "index", "s3://data/ds", "--publish", "--endpoint-url",
+                        b.direct], check=True, capture_output=True, env=dict(os.environ, **ENV))
+        (work / "s3").mkdir(exist_ok=True)
+        extra = ["--strategy", args.strategies[0], "--endpoint-url", b.endpoint, *args.mount_args.split()]
+        return epochs(f"s3 {args.strategies[0]}", src, work / "s3", args, extra, remote="s3://data/ds")
+
+
+def disk_rate(src: Path) -> float:
+    """Bytes a second of a cold sequential read of the source (1 MiB reads), as this machine's disk gives."""
+    drop(src)
+    got, t = 0, time.perf_counter()
+    buf = bytearray(MiB)
+    for p in sorted(src.iterdir()):
+        if p.is_file():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                while x := os.readv(fd, [buf]):
+                    got += x
+            finally:
+                os.close(fd)
+    return got / (time.perf_counter() - t)
+
+
+def table(rows: list[list[str]], head: list[str]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---:" if i else "---" for i in range(len(head))) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def gbs(x: float) -> str:
+    return "-" if x == float("inf") else f"{x / 1e9:.2f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="scale.py --node", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, help="a directory with one JSON lines file (default: 1 GiB generated)")
+    ap.add_argument("--work", type=Path, help="work directory (default: a new temporary one)")
+    ap.add_argument("--strategies", default="stratified,none", type=lambda s: s.split(","))
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--mount-args", default="", help="more mount options for every run")
+    ap.add_argument("--cores", type=int, default=32)
+    ap.add_argument("--reply-threads", type=int, default=2, help="the projected node's (default 2)")
+    ap.add_argument("--build-threads", type=int, help="default: the daemon's rule, max(2, min(4, cores))")
+    ap.add_argument("--mem-bw", type=float, default=100.0, help="GB/s of memory for copies (assumption, default 100)")
+    ap.add_argument("--disk", type=float, default=7.0, help="GB/s of the source's disk, cold (assumption, default 7)")
+    ap.add_argument("--nic", type=float, default=12.5, help="GB/s of the node's link (assumption, default 12.5)")
+    ap.add_argument("--rtt-ms", type=float, default=30.0)
+    ap.add_argument("--conn-rate", type=float, default=80e6, help="bytes/s per connection (default 80e6)")
+    ap.add_argument("--link-rate", type=float, default=400e6, help="the emulated link's bytes/s (--s3)")
+    ap.add_argument("--get-bytes", type=int, default=2 << 20, help="bytes per GET (default 2 MiB: object storage's block)")
+    ap.add_argument("--requests", type=int, default=16, help="GETs in flight (mount --requests, default 16)")
+    ap.add_argument("--s3", action="store_true", help="measure the daemon's CPU per GiB over the emulated link")
+    ap.add_argument("--s3-size", type=int, default=512 * MiB)
+    ap.add_argument("--no-check", action="store_true", help="skip the --reply-threads 0/1/2 runs")
+    args = ap.parse_args(argv)
+    work = args.work or Path(tempfile.mkdtemp(prefix="shufflefs-node-"))
+    work.mkdir(parents=True, exist_ok=True)
+    src = args.data
+    if src is None:
+        (work / "src").mkdir(exist_ok=True)
+        src = lines_file(work / "src" / "lines.jsonl", GiB).parent
+    here = os.cpu_count() or 1
+    print(f"node model: {src}, {args.epochs} epochs a run, {here} CPUs here; rates per epoch, CPU-s per GiB as user+sys",
+          flush=True)
+    base = args.mount_args.split()
+    runs = {s: epochs(f"{s}, reply threads 2", src, work, args, ["--strategy", s, "--reply-threads", "2", *base])
+            for s in args.strategies}
+    s0 = args.strategies[0]
+    py = epochs(f"{s0}, --python-replies", src, work, args, ["--strategy", s0, "--python-replies", *base])
+    cold = epochs(f"{s0}, cold (source dropped)", src, work, args, ["--strategy", s0, "--reply-threads", "2", *base],
+                  cold=True)
+    checks = {} if args.no_check else {
+        r: epochs(f"{s0}, reply threads {r}", src, work, args, ["--strategy", s0, "--reply-threads", str(r), *base])
+        for r in (0, 1, 2)}
+    remote = s3_run(src, work, args) if args.s3 else None
+    disk_here = disk_rate(src)
+    print(f"  cold sequential read of the source here: {disk_here / 1e9:.2f} GB/s", flush=True)
+
+    r = runs[s0]
+    costs = nm.Costs(trio=r.per("trio"), reply=r.per("other"), build=r.per("build"), reader=sum(r.reader),
+                     python_read=max(py.per("trio") - r.per("trio") - r.per("other"), 0.0),
+                     cold=max(cold.per("build") - r.per("build"), 0.0))
+    reads = GiB / MiB
+    print("\nmeasured (CPU-s per GiB served; median-free sums over the run's epochs)\n")
+    rows = [["trio thread: receive requests + Python per window", f"{costs.trio:.3f}", "measured"],
+            ["Python per read (--python-replies, minus the above)", f"{costs.python_read:.3f}",
+             f"measured: {costs.python_read / reads * 1e6:.0f} µs per 1 MiB read"],
+            ["reply threads: writev into the page cache", f"{costs.reply:.3f}", "measured"]]
+    rows += [[f"build threads, {s}", f"{x.per('build'):.3f}", "measured"] for s, x in runs.items()]
+    rows += [["reader: copy out of the page cache", f"{costs.reader:.3f}", "measured (its own process)"],
+             [f"cold: build threads' extra, {s0}", f"{costs.cold:.3f}", "measured (source dropped before each epoch)"]]
+    link = nm.Link(rate=args.nic * 1e9, conn_rate=args.conn_rate, rtt=args.rtt_ms / 1000, get_bytes=args.get_bytes,
+                   in_flight=args.requests)
+    if remote:
+        per_get = remote.fetched / max(remote.requests, 1)
+        link = replace(link, cpu=remote.per("trio") + remote.per("build") + remote.per("other"), trio=remote.per("trio"),
+                       get_bytes=int(per_get) if remote.requests else args.get_bytes)
+        rows.append([f"object storage: daemon, all threads ({s0})", f"{link.cpu:.3f}",
+                     f"measured over the emulated link: trio thread {link.trio:.3f}, GET threads and the rest "
+                     f"{remote.per('other'):.3f}, build {remote.per('build'):.3f}"])
+        rows.append(["object storage: bytes per GET", f"{per_get / MiB:.2f} MiB",
+                     f"measured: {remote.fetched / GiB:.2f} GiB fetched in "
+                     f"{remote.requests} GETs"])
+    print(table(rows, ["stage", "CPU-s / GiB", "source"]))
+
+    builds = args.build_threads or max(2, min(4, args.cores))
+    node = nm.Node(cores=args.cores, reply_threads=args.reply_threads, build_threads=builds, mem_bw=args.mem_bw * 1e9,
+                   disk=args.disk * 1e9)
+    print(f"\nprojection: {args.cores} cores, {args.reply_threads} reply threads, {builds} build threads; assumed: "
+          f"memory {args.mem_bw:g} GB/s for copies ({node.copies:g} copies a byte), disk {args.disk:g} GB/s, NIC "
+          f"{args.nic:g} GB/s, {args.requests} GETs in flight of {link.get_bytes / MiB:.2f} MiB "
+          f"({'measured' if remote else '--get-bytes'}), {args.rtt_ms:g} ms, {args.conn_rate / 1e6:g} MB/s a connection\n")
+    prow = []
+    for s, x in runs.items():
+        c = replace(costs, build=x.per("build"))
+        for name, p in (("warm", nm.warm(c, node)), ("cold", nm.cold(c, node))):
+            prow.append([f"{name} {s}", gbs(p.rate), p.bound] + [gbs(p.limits.get(k, float("inf"))) for k in LIMITS])
+    if remote:
+        for n in (args.requests, 256):
+            p = nm.remote(costs, node, replace(link, in_flight=n))
+            prow.append([f"object storage {s0}, {n} GETs in flight", gbs(p.rate), p.bound]
+                        + [gbs(p.limits.get(k, float("inf"))) for k in LIMITS])
+    print(table(prow, ["view", "GB/s", "saturates"] + list(LIMITS)))
+    if remote:
+        here_link = replace(link, rate=args.link_rate)
+        p = nm.remote(costs, nm.Node(cores=here, reply_threads=2, build_threads=max(2, min(4, here))), here_link)
+        print(f"\nobject storage here (emulated link {args.link_rate / 1e6:g} MB/s, {args.rtt_ms:g} ms, "
+              f"{args.conn_rate / 1e6:g} MB/s a connection, {args.requests} GETs in flight of "
+              f"{link.get_bytes / MiB:.2f} MiB): model {gbs(p.rate)} GB/s ({p.bound}), measured "
+              f"{statistics.median(remote.rates):.2f} GB/s (epochs {' '.join(f'{r:.2f}' for r in remote.rates)}, "
+              f"load {statistics.mean(remote.loads):.1f}); GETs in flight allow {gbs(nm.get_rate(here_link))} GB/s")
+
+    if checks:
+        print(f"\ncheck on this machine ({here} CPUs, build threads {max(2, min(4, here))}): the model from the "
+              f"reply threads 2 run's costs, one reader; measured = median epoch (load average alongside)\n")
+        crow = []
+        for n, x in checks.items():
+            h = nm.Node(cores=here, reply_threads=n, build_threads=max(2, min(4, here)), mem_bw=args.mem_bw * 1e9)
+            p = nm.warm(costs, h)
+            crow.append([str(n), gbs(nm.one_reader(costs, h)), gbs(p.rate), p.bound,
+                         f"{statistics.median(x.rates):.2f}", f"{min(x.rates):.2f}-{max(x.rates):.2f}",
+                         f"{statistics.mean(x.loads):.1f}", f"{x.per('trio'):.2f}", f"{x.per('other'):.2f}",
+                         f"{x.per('build'):.2f}", f"{sum(x.reader):.2f}"])
+        print(table(crow, ["reply threads", "model: one reader", "model: saturated", "saturates", "measured GB/s",
+                           "range", "load", "trio CPU-s/GiB", "reply", "build", "reader"]))
+    print("\n" + json.dumps({"costs": costs.__dict__, "link": link.__dict__}))
+
+
+LIMITS = ("trio thread", "reply threads", "build threads", "cores", "memory bandwidth", "disk", "GETs in flight", "NIC")
