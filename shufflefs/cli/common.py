@@ -19,7 +19,7 @@ REMOTE_BLOCK = OBJECT_BLOCK
 """``--block-size`` of an object-store source when none is given and the buffer is the default
 (`strategies.base.object_block_size` of other buffers): a ranged GET costs a round trip (tens of
 ms), so blocks are large enough that the transfer, not the latency, dominates, and small enough
-that a buffer holds 32 of them."""
+that a buffer holds 16 of them."""
 
 
 def _message(e: BaseException) -> str:

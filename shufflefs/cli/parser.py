@@ -95,8 +95,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
                         "buffer draws from hundreds of blocks), but not below what the storage reads near "
                         "full speed (the size `shufflefs advise` measured for the source's device, else "
                         "128KiB), nor above 4MiB or 1/64 of the file's record bytes, nor below --page-size; "
-                        "on object storage the buffer / 32 (a buffer draws from 32 stretches of a file), "
-                        "1MiB to 8MiB, one ranged GET each: 2MiB for the default buffer, and a buffer given "
+                        "on object storage the buffer / 16 (a buffer draws from 16 stretches of a file), "
+                        "1MiB to 8MiB, one ranged GET each: 4MiB for the default buffer, and a buffer given "
                         "as a percentage takes the per-file rule with a 1MiB floor. With --world-size above 1 "
                         "a measurement is not used (every "
                         "rank must cut the same blocks): give --block-size")
@@ -171,9 +171,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
         "object storage",
         "SRC may be s3://BUCKET/PREFIX (pip install 'shufflefs[s3]'): the objects under PREFIX are "
         "the files. Credentials come from the standard AWS environment variables, else from the "
-        "shared config and credentials files (AWS_PROFILE). --block-size defaults to the buffer / 32 "
-        "there, 1MiB to 8MiB (2MiB for the default 64MiB buffer: the default view of a label-sorted "
-        "object mixes within 1.1x of a uniform shuffle); shufflefs advise s3://... says what a buffer gives.")
+        "shared config and credentials files (AWS_PROFILE). --block-size defaults to the buffer / 16 "
+        "there, 1MiB to 8MiB (4MiB for the default 64MiB buffer: the default view of a label-sorted "
+        "object mixes within 1.7x of a uniform shuffle); shufflefs advise s3://... says what a buffer gives.")
     g.add_argument("--endpoint-url", metavar="URL",
                    help="S3-compatible server (default $AWS_ENDPOINT_URL, else AWS)")
     g.add_argument("--region", metavar="NAME", help="bucket region (default $AWS_REGION, else the profile's)")

@@ -96,10 +96,12 @@ def effective_block_size(spec: ShuffleSpec, data_bytes: int) -> int:
     return int(max(spec.page_size, size))
 
 
-OBJECT_BUFFER_BLOCKS = 32
+OBJECT_BUFFER_BLOCKS = 16
 """On object storage a ``--block-size auto`` block is the buffer over this many, so that a buffer
-draws from 32 stretches of the file: a label-sorted object's default view then mixes within 1.1x
-of a uniform shuffle (16 blocks: 1.7x, 8 blocks: 2.8x; `tools/s3_blocks.py`, docs/benchmark.md)."""
+draws from 16 stretches of the file: a label-sorted object's default view then mixes within
+1.6-1.7x of a uniform shuffle per 100 records (32 blocks: 1.1-1.3x, 8 blocks: 2.6-2.8x), and over
+a 30 ms emulated link 4 MiB blocks read 1.23x as fast as 2 MiB ones with half the GETs
+(`tools/s3_blocks.py`, docs/benchmark.md)."""
 OBJECT_BLOCK_MIN = 1 * MiB
 """The smallest automatic block on object storage: a ranged GET costs a round trip (30 ms to a
 bucket) and a price, so a GET carries at least a MiB (16 in flight then fill a 400 MB/s link)."""
@@ -110,13 +112,13 @@ OBJECT_BLOCK_MAX = 8 * MiB
 def object_block_size(buffer_bytes: int) -> int:
     """The block size of ``--block-size auto`` on object storage for a buffer of ``buffer_bytes``:
     the largest power of two at most the buffer over `OBJECT_BUFFER_BLOCKS`, between
-    `OBJECT_BLOCK_MIN` and `OBJECT_BLOCK_MAX` (64 MiB: 2 MiB blocks, one GET each; 256 MiB and up:
+    `OBJECT_BLOCK_MIN` and `OBJECT_BLOCK_MAX` (64 MiB: 4 MiB blocks, one GET each; 128 MiB and up:
     8 MiB).  Pure, of the buffer alone, so that every rank cuts the same blocks."""
     return int(min(max(_pow2_floor(int(buffer_bytes) // OBJECT_BUFFER_BLOCKS), OBJECT_BLOCK_MIN), OBJECT_BLOCK_MAX))
 
 
 OBJECT_BLOCK = object_block_size(ShuffleSpec().buffer_bytes(1))
-"""The default buffer's block on object storage (2 MiB)."""
+"""The default buffer's block on object storage (4 MiB)."""
 
 BLOCK_STRATEGIES = ("block", "corgipile", "stratified")
 """The strategies whose windows are buffers of whole blocks: blocks per buffer set their mix."""

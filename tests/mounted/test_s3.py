@@ -121,13 +121,13 @@ def test_views_from_the_bucket_equal_views_from_local_disk(mount, s3, strategy):
 def test_views_from_the_bucket_and_local_disk_are_equal_where_block_size_and_buffer_match(mount, s3):
     """Holds: SEMANTICS.md#views-order
 
-    With the defaults a bucket's views take 2 MiB blocks (the 64 MiB buffer / 32) and a local
+    With the defaults a bucket's views take 4 MiB blocks (the 64 MiB buffer / 16) and a local
     copy's a block size per file: their bytes differ, and the info attribute and ``shufflefs
-    stat`` say why.  Given the same effective block size (``--block-size 2MiB`` locally), every
+    stat`` say why.  Given the same effective block size (``--block-size 4MiB`` locally), every
     view is the same bytes."""
     remote = s3_mount(mount, s3, "--seed", "5")
     local = mount(None, "--seed", "5", src=s3.local, name="local")
-    same = mount(None, "--seed", "5", "--block-size", "2MiB", src=s3.local, name="same")
+    same = mount(None, "--seed", "5", "--block-size", "4MiB", src=s3.local, name="same")
     rels = ["a.jsonl", "table.csv", "nested/deeper/n.jsonl", "pool/train-00001-of-00004.jsonl",
             "wds/shard-000001.tar", "recs.tfrecord", "arr.npy"]
     differ = set()
@@ -137,16 +137,16 @@ def test_views_from_the_bucket_and_local_disk_are_equal_where_block_size_and_buf
         for rel in rels:
             got, mine, want = (json.loads(m.xattr("info", rel)) for m in (remote, local, same))
             assert (got["block_size"], got["buffer_bytes"]) == (want["block_size"], want["buffer_bytes"]) \
-                == (2 << 20, 64 << 20), rel
+                == (4 << 20, 64 << 20), rel
             assert "object-store default" in got["block_size_from"] and mine["block_size_from"].startswith("auto")
             assert read(remote.path(rel)) == read(same.path(rel)), f"{rel} epoch {epoch}"
-            assert mine["block_size"] < 2 << 20 and mine["buffer_bytes"] == 64 << 20
+            assert mine["block_size"] < 4 << 20 and mine["buffer_bytes"] == 64 << 20
             if read(local.path(rel)) != read(remote.path(rel)):
                 differ.add(rel)
     assert differ == set(rels)  # other blocks, other bytes
     stat = {name: subprocess.run([sys.executable, "-m", "shufflefs", "stat", str(m.mnt)], capture_output=True,
                                  text=True, timeout=60).stdout for name, m in (("remote", remote), ("local", local))}
-    assert "effective         block_size=2MiB  buffer=64MiB" in stat["remote"], stat["remote"]
+    assert "effective         block_size=4MiB  buffer=64MiB" in stat["remote"], stat["remote"]
     assert "effective         block_size=4KiB  buffer=64MiB" in stat["local"], stat["local"]
 
 

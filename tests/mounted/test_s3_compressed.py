@@ -85,7 +85,7 @@ def first_epoch_gets(size: int) -> int:
 def test_compressed_objects_are_views_as_local_files_are(mount, s3):
     """Holds: SEMANTICS.md#views-compressed-objects, SEMANTICS.md#views-order"""
     every = collections.Counter(cf.lines_of(s3.plain))
-    local = mount(None, *ARGS, "--block-size", "2MiB", src=s3.local, name="local")  # the bucket's default
+    local = mount(None, *ARGS, "--block-size", "4MiB", src=s3.local, name="local")  # the bucket's default
     m = s3_mount(mount, s3, "cz")
     for name, body in s3.files.items():
         before = s3.faults.gets, s3.faults.bytes

@@ -67,8 +67,8 @@ def test_mount_help_says_even_none_counts_differ_by_at_most_one_record():
 
 def test_few_block_lines_say_where_the_block_size_came_from():
     few = {"few_blocks": {"x.jsonl": 2}}
-    s3 = format_stats({"source": "s3://bucket/p", "block_size": 2 << 20, "buffer": "64MiB", **few})
-    assert "of 2MiB (the object-store default)" in s3 and "given" not in s3
+    s3 = format_stats({"source": "s3://bucket/p", "block_size": 4 << 20, "buffer": "64MiB", **few})
+    assert "of 4MiB (the object-store default)" in s3 and "given" not in s3
     big = format_stats({"source": "s3://bucket/p", "block_size": 8 << 20, "buffer": "256MiB", **few})
     assert "of 8MiB (the object-store default)" in big
     given = format_stats({"source": "s3://bucket/p", "block_size": 8 << 20, "buffer": 64 << 20, **few})

@@ -1,7 +1,7 @@
 """Level: pure (no mount, no server).
 
 The automatic block size on object storage (`strategies.base.object_block_size`): the buffer over
-32, a power of two from 1 to 8 MiB, so that the default view of a label-sorted object mixes within
+16, a power of two from 1 to 8 MiB, so that the default view of a label-sorted object mixes within
 2x of a uniform shuffle with one ranged GET per block; what ``shufflefs mount`` makes of it, and
 what ``shufflefs advise s3://...`` says a buffer gives."""
 
@@ -29,7 +29,7 @@ MiB = 1 << 20
 
 
 @given(buffer=st.integers(4096, 1 << 40))
-def test_the_object_block_is_a_power_of_two_giving_a_buffer_32_blocks_where_it_can(buffer):
+def test_the_object_block_is_a_power_of_two_giving_a_buffer_16_blocks_where_it_can(buffer):
     block = object_block_size(buffer)
     assert block & (block - 1) == 0 and OBJECT_BLOCK_MIN <= block <= OBJECT_BLOCK_MAX
     blocks = buffer // block
@@ -41,10 +41,10 @@ def test_the_object_block_is_a_power_of_two_giving_a_buffer_32_blocks_where_it_c
         assert block == OBJECT_BLOCK_MAX and blocks >= 2 * OBJECT_BUFFER_BLOCKS
 
 
-def test_the_default_buffer_takes_2mib_blocks_on_object_storage():
-    assert object_block_size(ShuffleSpec().buffer_bytes(1)) == OBJECT_BLOCK == 2 * MiB
-    assert [object_block_size(b * MiB) for b in (16, 32, 64, 128, 256, 1024)] == [MiB, MiB, 2 * MiB, 4 * MiB,
-                                                                                  8 * MiB, 8 * MiB]
+def test_the_default_buffer_takes_4mib_blocks_on_object_storage():
+    assert object_block_size(ShuffleSpec().buffer_bytes(1)) == OBJECT_BLOCK == 4 * MiB
+    assert [object_block_size(b * MiB) for b in (8, 16, 32, 64, 128, 1024)] == [MiB, MiB, 2 * MiB, 4 * MiB,
+                                                                                8 * MiB, 8 * MiB]
 
 
 def _spec(tmp_path, *argv: str) -> ShuffleSpec:
@@ -57,8 +57,8 @@ def _spec(tmp_path, *argv: str) -> ShuffleSpec:
 
 
 def test_a_mount_of_a_bucket_takes_the_buffers_block_and_block_size_still_forces_one(tmp_path):
-    assert _spec(tmp_path, "s3://bucket/p").block_size == 2 * MiB
-    assert _spec(tmp_path, "s3://bucket/p", "--buffer", "256MiB").block_size == 8 * MiB
+    assert _spec(tmp_path, "s3://bucket/p").block_size == 4 * MiB
+    assert _spec(tmp_path, "s3://bucket/p", "--buffer", "128MiB").block_size == 8 * MiB
     assert _spec(tmp_path, "s3://bucket/p", "--buffer", "16MiB").block_size == MiB
     assert _spec(tmp_path, "s3://bucket/p", "--block-size", "8MiB").block_size == 8 * MiB
     assert _spec(tmp_path, "s3://bucket/p", "--block-size", "64KiB", "--buffer", "1GiB").block_size == 64 << 10
@@ -72,14 +72,14 @@ def test_a_mount_of_a_bucket_takes_the_buffers_block_and_block_size_still_forces
 
 def test_advice_for_a_bucket_mixes_within_2x_at_the_default_buffer_and_prices_the_gets():
     default = advise_objects(64 * MiB)
-    assert (default.block_size, default.blocks, default.gets_per_gib) == (2 * MiB, 32, 512)
+    assert (default.block_size, default.blocks, default.gets_per_gib) == (4 * MiB, 16, 256)
     assert default.mix <= 2 * default.uniform
-    assert default.usd_per_tib == pytest.approx(512 * 1024 * GET_PRICE)
+    assert default.usd_per_tib == pytest.approx(256 * 1024 * GET_PRICE)
     eight = advise_objects(64 * MiB, block_size=8 * MiB)  # the former default: 8 blocks
     assert eight.mix > 2 * eight.uniform and eight.gets_per_gib == 128
     # the bound of the GETs in flight: one at a time waits a round trip per block
     one = advise_objects(64 * MiB, requests=1)
-    assert one.rate == pytest.approx(2 * MiB / (0.030 + 2 * MiB / 80e6)) and one.rate < default.rate
+    assert one.rate == pytest.approx(4 * MiB / (0.030 + 4 * MiB / 80e6)) and one.rate < default.rate
     mixes = [view_mix(n)[0] for n in (4, 8, 16, 32, 64)]
     assert mixes == sorted(mixes, reverse=True)
 
@@ -89,7 +89,7 @@ def test_advise_of_a_bucket_states_each_buffer_without_a_request():
                           "--buffer", "1GiB"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     rows = [ln for ln in out.stdout.splitlines() if ln.startswith("| 64MiB") or ln.startswith("| 1GiB")]
-    assert rows[0].startswith("| 64MiB | 2MiB | 32 |") and rows[1].startswith("| 1GiB | 8MiB | 128 |")
+    assert rows[0].startswith("| 64MiB | 4MiB | 16 |") and rows[1].startswith("| 1GiB | 8MiB | 128 |")
     bad = subprocess.run([sys.executable, "-m", "shufflefs", "advise", "s3://b/p", "--buffer", "lots"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--buffer" in bad.stderr
