@@ -384,14 +384,18 @@ static PyObject *build_window(PyObject *self, PyObject *args) {
                 x++;
                 continue;
             }
-            err = pread_full(fd, sb, size, b[a] + sh, &short_at);
+            /* records that follow each other in the view too (`none`): read in place, no copy */
+            int in_place = 1;
+            for (int64_t y = a; y + 1 < x && in_place; y++) in_place = d[y + 1] == d[y] + (b[y + 1] - b[y]);
+            char *rb = in_place ? ob + d[a] : sb;
+            err = pread_full(fd, rb, size, b[a] + sh, &short_at);
             if (err) break;
             for (int64_t y = a, p = 0; y < x; y++) {
-                if (kind && (bad = frame_next(&f, (unsigned char *)sb + p, b[y + 1] - b[y], sf_gains_nl(ut, NUT, y), y))) {
+                if (kind && (bad = frame_next(&f, (unsigned char *)rb + p, b[y + 1] - b[y], sf_gains_nl(ut, NUT, y), y))) {
                     bad_id = y;
                     break;
                 }
-                memcpy(ob + d[y], sb + p, (size_t)(b[y + 1] - b[y]));
+                if (!in_place) memcpy(ob + d[y], sb + p, (size_t)(b[y + 1] - b[y]));
                 p += b[y + 1] - b[y];
             }
         }
