@@ -53,3 +53,8 @@ def test_one_reader_is_the_serial_sum_below_the_saturated_rate() -> None:
     assert nm.one_reader(C, node) == pytest.approx(GiB / 0.5)
     slow = nm.Costs(trio=0.01, reply=0.01, build=4.0, reader=0.01)
     assert nm.one_reader(slow, node) == pytest.approx(nm.warm(slow, node).rate)
+
+
+def test_run_queue_waits_lengthen_the_serial_chain() -> None:
+    node = nm.Node(cores=32, reply_threads=2, build_threads=4)
+    assert nm.one_reader(C, node, waits=0.5) == pytest.approx(GiB / 1.0)

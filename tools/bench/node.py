@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,30 +39,39 @@ GiB = 1 << 30
 CLK = os.sysconf("SC_CLK_TCK")
 
 
-def threads(pid: int) -> dict[int, tuple[str, float, float]]:
-    """tid -> (name, user s, sys s) of every thread of ``pid``."""
+def threads(pid: int) -> dict[int, tuple[str, float, float, float]]:
+    """tid -> (name, user s, sys s, s waiting for a CPU while runnable) of every thread of ``pid``."""
     out = {}
     for t in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{t}/stat") as f:
                 st = f.read()
+            with open(f"/proc/{pid}/task/{t}/schedstat") as f:
+                wait = int(f.read().split()[1]) / 1e9
         except FileNotFoundError:
             continue
         fields = st.rsplit(")", 1)[1].split()
-        out[int(t)] = (st[st.index("(") + 1:st.rindex(")")], int(fields[11]) / CLK, int(fields[12]) / CLK)
+        out[int(t)] = (st[st.index("(") + 1:st.rindex(")")], int(fields[11]) / CLK, int(fields[12]) / CLK, wait)
     return out
 
 
-def by_kind(pid: int, a: dict, b: dict) -> dict[str, tuple[float, float]]:
-    """CPU (user, sys) between snapshots ``a`` and ``b``: trio (main thread), build (trio's worker
-    threads), other (reply threads and anything else)."""
-    kinds = {"trio": [0.0, 0.0], "build": [0.0, 0.0], "other": [0.0, 0.0]}
-    for tid, (name, u, s) in b.items():
-        u0, s0 = a.get(tid, ("", 0.0, 0.0))[1:]
+def own_wait() -> float:
+    """Seconds this thread (the reader) has waited for a CPU while runnable."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
+        return int(f.read().split()[1]) / 1e9
+
+
+def by_kind(pid: int, a: dict, b: dict) -> dict[str, tuple[float, float, float]]:
+    """CPU (user, sys) and run-queue wait between snapshots ``a`` and ``b``: trio (main thread),
+    build (trio's worker threads), other (reply threads and anything else)."""
+    kinds = {"trio": [0.0, 0.0, 0.0], "build": [0.0, 0.0, 0.0], "other": [0.0, 0.0, 0.0]}
+    for tid, (name, u, s, w) in b.items():
+        u0, s0, w0 = a.get(tid, ("", 0.0, 0.0, 0.0))[1:]
         k = "trio" if tid == pid else "build" if name.startswith("Trio thread") else "other"
         kinds[k][0] += u - u0
         kinds[k][1] += s - s0
-    return {k: (v[0], v[1]) for k, v in kinds.items()}
+        kinds[k][2] += w - w0
+    return {k: (v[0], v[1], v[2]) for k, v in kinds.items()}
 
 
 def load() -> float:
@@ -91,6 +101,8 @@ class Run:
     loads: list[float]
     fetched: int = 0
     requests: int = 0
+    wait: dict[str, float] | None = None
+    """Seconds per GiB each thread kind (and "reader") waited for a CPU while runnable."""
 
     def per(self, kind: str) -> float:
         return sum(self.cpu[kind])
@@ -122,7 +134,7 @@ def epochs(label: str, src: Path, work: Path, args: argparse.Namespace, extra: l
 
         epoch(1000)
         total, rates, loads, fetched, requests = 0, [], [], 0, 0
-        a, r0 = threads(d.pid), os.times()
+        a, r0, w0 = threads(d.pid), os.times(), own_wait()
         for e in range(args.epochs):
             if cold:
                 drop(src)
@@ -134,11 +146,12 @@ def epochs(label: str, src: Path, work: Path, args: argparse.Namespace, extra: l
             counts = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["read_bytes"].get(str(e + 1), {})
             fetched += counts.get("fetched_bytes", 0)
             requests += counts.get("source_requests", 0)
-        b, r1 = threads(d.pid), os.times()
+        b, r1, w1 = threads(d.pid), os.times(), own_wait()
         spent = by_kind(d.pid, a, b)
     g = total / GiB
-    cpu = {k: (u / g, s / g) for k, (u, s) in spent.items()}
-    run = Run(label, cpu, ((r1.user - r0.user) / g, (r1.system - r0.system) / g), rates, loads, fetched, requests)
+    cpu = {k: (u / g, s / g) for k, (u, s, _) in spent.items()}
+    wait = {k: w / g for k, (_, _, w) in spent.items()} | {"reader": (w1 - w0) / g}
+    run = Run(label, cpu, ((r1.user - r0.user) / g, (r1.system - r0.system) / g), rates, loads, fetched, requests, wait)
     print(f"  {label:32} {' '.join(f'{r:.2f}' for r in rates)} GB/s, load {statistics.mean(loads):.1f}; CPU-s/GiB "
           + ", ".join(f"{k} {u:.2f}+{s:.2f}" for k, (u, s) in cpu.items())
           + f", reader {run.reader[0]:.2f}+{run.reader[1]:.2f}", flush=True)
@@ -163,6 +176,20 @@ def s3_run(src: Path, work: Path, args: argparse.Namespace) -> Run:
         (work / "s3").mkdir(exist_ok=True)
         extra = ["--strategy", args.strategies[0], "--endpoint-url", b.endpoint, *args.mount_args.split()]
         return epochs(f"s3 {args.strategies[0]}", src, work / "s3", args, extra, remote="s3://data/ds")
+
+
+def span(xs: list[float]) -> tuple[float, float, float]:
+    """(median, min, max)."""
+    return statistics.median(xs), min(xs), max(xs)
+
+
+def merged(xs: list[Run]) -> Run:
+    """Runs of equal size as one: mean CPU per GiB, every epoch's rate and load."""
+    n = len(xs)
+    cpu = {k: (sum(x.cpu[k][0] for x in xs) / n, sum(x.cpu[k][1] for x in xs) / n) for k in xs[0].cpu}
+    reader = (sum(x.reader[0] for x in xs) / n, sum(x.reader[1] for x in xs) / n)
+    wait = {k: sum(x.wait[k] for x in xs) / n for k in xs[0].wait} if xs[0].wait else None
+    return Run(xs[0].label, cpu, reader, [r for x in xs for r in x.rates], [v for x in xs for v in x.loads], wait=wait)
 
 
 def disk_rate(src: Path) -> float:
@@ -211,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--s3", action="store_true", help="measure the daemon's CPU per GiB over the emulated link")
     ap.add_argument("--s3-size", type=int, default=512 * MiB)
     ap.add_argument("--no-check", action="store_true", help="skip the --reply-threads 0/1/2 runs")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of the 0/1/2 reply threads check (default 3)")
     args = ap.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="shufflefs-node-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -228,25 +256,35 @@ def main(argv: list[str] | None = None) -> None:
     py = epochs(f"{s0}, --python-replies", src, work, args, ["--strategy", s0, "--python-replies", *base])
     cold = epochs(f"{s0}, cold (source dropped)", src, work, args, ["--strategy", s0, "--reply-threads", "2", *base],
                   cold=True)
-    checks = {} if args.no_check else {
-        r: epochs(f"{s0}, reply threads {r}", src, work, args, ["--strategy", s0, "--reply-threads", str(r), *base])
-        for r in (0, 1, 2)}
+    checks: dict[int, list[Run]] = {0: [], 1: [], 2: []}
+    for rnd in range(0 if args.no_check else args.rounds):  # rotating order: the machine's load shared alike
+        for r in (0, 1, 2)[rnd % 3:] + (0, 1, 2)[:rnd % 3]:
+            checks[r].append(epochs(f"{s0}, reply threads {r}, round {rnd + 1}", src, work, args,
+                                    ["--strategy", s0, "--reply-threads", str(r), *base]))
     remote = s3_run(src, work, args) if args.s3 else None
     disk_here = disk_rate(src)
     print(f"  cold sequential read of the source here: {disk_here / 1e9:.2f} GB/s", flush=True)
 
-    r = runs[s0]
-    costs = nm.Costs(trio=r.per("trio"), reply=r.per("other"), build=r.per("build"), reader=sum(r.reader),
-                     python_read=max(py.per("trio") - r.per("trio") - r.per("other"), 0.0),
-                     cold=max(cold.per("build") - r.per("build"), 0.0))
+    warm = [runs[s0], py, *checks[0], *checks[1], *checks[2]]  # every warm run of the first strategy
+    compiled = [runs[s0], *checks[1], *checks[2]]  # those whose replies are written by reply threads
+    spread = {"trio": span([x.per("trio") for x in compiled]), "reply": span([x.per("other") for x in compiled]),
+              "build": span([x.per("build") for x in warm]), "reader": span([sum(x.reader) for x in warm])}
+    costs = nm.Costs(trio=spread["trio"][0], reply=spread["reply"][0], build=spread["build"][0],
+                     reader=spread["reader"][0],
+                     python_read=max(py.per("trio") - statistics.median(x.per("trio") + x.per("other") for x in compiled), 0.0),
+                     cold=max(cold.per("build") - spread["build"][0], 0.0))
     reads = GiB / MiB
     print("\nmeasured (CPU-s per GiB served; median-free sums over the run's epochs)\n")
-    rows = [["trio thread: receive requests + Python per window", f"{costs.trio:.3f}", "measured"],
-            ["Python per read (--python-replies, minus the above)", f"{costs.python_read:.3f}",
-             f"measured: {costs.python_read / reads * 1e6:.0f} µs per 1 MiB read"],
-            ["reply threads: writev into the page cache", f"{costs.reply:.3f}", "measured"]]
-    rows += [[f"build threads, {s}", f"{x.per('build'):.3f}", "measured"] for s, x in runs.items()]
-    rows += [["reader: copy out of the page cache", f"{costs.reader:.3f}", "measured (its own process)"],
+    def med(k: str, n: int) -> str:
+        return f"median of {n} runs, {spread[k][1]:.3f}-{spread[k][2]:.3f}"
+
+    rows = [["trio thread: receive requests + Python per window", f"{costs.trio:.3f}", med("trio", len(compiled))],
+            ["Python per read (--python-replies, minus trio + reply)", f"{costs.python_read:.3f}",
+             f"one run: {costs.python_read / reads * 1e6:.0f} µs per 1 MiB read"],
+            ["reply threads: writev into the page cache", f"{costs.reply:.3f}", med("reply", len(compiled))],
+            [f"build threads, {s0}", f"{costs.build:.3f}", med("build", len(warm))]]
+    rows += [[f"build threads, {s}", f"{x.per('build'):.3f}", "one run"] for s, x in runs.items() if s != s0]
+    rows += [["reader: copy out of the page cache", f"{costs.reader:.3f}", med("reader", len(warm)) + " (its own process)"],
              [f"cold: build threads' extra, {s0}", f"{costs.cold:.3f}", "measured (source dropped before each epoch)"]]
     link = nm.Link(rate=args.nic * 1e9, conn_rate=args.conn_rate, rtt=args.rtt_ms / 1000, get_bytes=args.get_bytes,
                    in_flight=args.requests)
@@ -271,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
           f"({'measured' if remote else '--get-bytes'}), {args.rtt_ms:g} ms, {args.conn_rate / 1e6:g} MB/s a connection\n")
     prow = []
     for s, x in runs.items():
-        c = replace(costs, build=x.per("build"))
+        c = replace(costs, build=x.per("build") if s != s0 else costs.build)
         for name, p in (("warm", nm.warm(c, node)), ("cold", nm.cold(c, node))):
             prow.append([f"{name} {s}", gbs(p.rate), p.bound] + [gbs(p.limits.get(k, float("inf"))) for k in LIMITS])
     if remote:
@@ -289,19 +327,26 @@ def main(argv: list[str] | None = None) -> None:
               f"{statistics.median(remote.rates):.2f} GB/s (epochs {' '.join(f'{r:.2f}' for r in remote.rates)}, "
               f"load {statistics.mean(remote.loads):.1f}); GETs in flight allow {gbs(nm.get_rate(here_link))} GB/s")
 
-    if checks:
+    if checks[0]:
         print(f"\ncheck on this machine ({here} CPUs, build threads {max(2, min(4, here))}): the model from the "
-              f"reply threads 2 run's costs, one reader; measured = median epoch (load average alongside)\n")
+              f"costs above, one reader; measured = median epoch of {args.rounds} rounds in rotating order, x 0 = "
+              f"median of the rounds' ratios to 0 reply threads (load average alongside)\n")
         crow = []
-        for n, x in checks.items():
+        for n, xs in checks.items():
+            x = merged(xs)
+            ratio = statistics.median(statistics.median(a.rates) / statistics.median(b.rates)
+                                      for a, b in zip(xs, checks[0]))
             h = nm.Node(cores=here, reply_threads=n, build_threads=max(2, min(4, here)), mem_bw=args.mem_bw * 1e9)
             p = nm.warm(costs, h)
+            waits = x.wait["trio"] + x.wait["other"] + x.wait["reader"]  # the serial chain's threads
             crow.append([str(n), gbs(nm.one_reader(costs, h)), gbs(p.rate), p.bound,
-                         f"{statistics.median(x.rates):.2f}", f"{min(x.rates):.2f}-{max(x.rates):.2f}",
+                         gbs(nm.one_reader(costs, h, waits)), f"{waits:.2f}",
+                         f"{statistics.median(x.rates):.2f}", f"{min(x.rates):.2f}-{max(x.rates):.2f}", f"{ratio:.2f}",
                          f"{statistics.mean(x.loads):.1f}", f"{x.per('trio'):.2f}", f"{x.per('other'):.2f}",
                          f"{x.per('build'):.2f}", f"{sum(x.reader):.2f}"])
-        print(table(crow, ["reply threads", "model: one reader", "model: saturated", "saturates", "measured GB/s",
-                           "range", "load", "trio CPU-s/GiB", "reply", "build", "reader"]))
+        print(table(crow, ["reply threads", "model: one reader", "model: saturated", "saturates",
+                           "model + run-queue waits", "waits s/GiB", "measured GB/s",
+                           "range", "x 0", "load", "trio CPU-s/GiB", "reply", "build", "reader"]))
     print("\n" + json.dumps({"costs": costs.__dict__, "link": link.__dict__}))
 
 

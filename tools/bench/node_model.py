@@ -122,8 +122,9 @@ def remote(c: Costs, n: Node, link: Link) -> Projection:
     return p
 
 
-def one_reader(c: Costs, n: Node) -> float:
+def one_reader(c: Costs, n: Node, waits: float = 0.0) -> float:
     """Bytes a second of one reader whose reads wait on each other: the reader's copy, the request
-    and its reply in series (builds run ahead on their own threads), and never above `warm`."""
-    serial = c.reader + c.trio + c.reply
+    and its reply in series (builds run ahead on their own threads), and never above `warm`.
+    ``waits``: seconds per GiB those threads spent runnable but waiting for a CPU (a shared machine)."""
+    serial = c.reader + c.trio + c.reply + waits
     return min(GiB / serial, warm(c, n).rate)
