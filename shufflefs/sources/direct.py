@@ -43,14 +43,22 @@ def pool() -> ThreadPoolExecutor:
         return _pool
 
 
+class Unsupported(OSError):
+    """The file cannot be read with O_DIRECT here (tmpfs, some network filesystems): its view
+    reads it buffered instead."""
+
+
 def open_direct(fd: int) -> int:
     """A second descriptor of the file open as ``fd`` (the same inode, checked), with O_DIRECT;
-    OSError if the filesystem refuses O_DIRECT."""
-    d = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+    `Unsupported` if the filesystem refuses O_DIRECT."""
+    try:
+        d = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
+    except OSError as e:
+        raise Unsupported(e.errno, f"O_DIRECT: {e.strerror}") from None
     a, b = os.fstat(fd), os.fstat(d)
     if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
         os.close(d)
-        raise OSError("the O_DIRECT descriptor names another file")
+        raise Unsupported(0, "the O_DIRECT descriptor names another file")
     return d
 
 

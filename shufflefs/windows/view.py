@@ -279,11 +279,15 @@ class View:
         cache = self._source_cache
         if (self.direct and runs is not None and members is None and cache.direct_for(size, len(runs[0]))
                 and self._resident() < CACHED):
-            window = self._load_direct(ids, runs, out)  # no hints: they would fill the page cache
-            cache.loaded("direct")
-            if self.meter is not None:
-                self.meter(len(window) - added_newlines(self.index.newline_ids, ids), 0)
-            return window, scratch
+            try:
+                window = self._load_direct(ids, runs, out)  # no hints: they would fill the page cache
+            except direct.Unsupported:  # no O_DIRECT on this filesystem: buffered, pages dropped
+                self.direct, self.drop_behind = False, True
+            else:
+                cache.loaded("direct")
+                if self.meter is not None:
+                    self.meter(len(window) - added_newlines(self.index.newline_ids, ids), 0)
+                return window, scratch
         # this window's runs all in flight at once (only window 0 is not yet), short ones too if cold
         self._advise(runs, every=self._cold)
         # copied in view order from mappings: no working arrays, one pass; else runs, in passes

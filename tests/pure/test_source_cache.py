@@ -223,3 +223,26 @@ def test_direct_buffers_are_shared_and_at_most_keep_are_kept(source, monkeypatch
     finally:
         for v in views:
             v.close()
+
+
+def test_a_filesystem_without_o_direct_falls_back_to_buffered_reads(source, monkeypatch):
+    from shufflefs.sources import direct
+
+    def refuse(fd):
+        raise direct.Unsupported(22, "O_DIRECT: Invalid argument")
+
+    monkeypatch.setattr(direct, "open_direct", refuse)
+    monkeypatch.setattr(view, "CACHED", 2.0)
+    path, index, data = source
+    plan = make_plan(index, ShuffleSpec(strategy="stratified", block_size=65536, buffer=256 * 1024), epoch=3)
+    cache = SourceCache("direct", Room(GiB, "MemTotal"))
+    v = view.View(path, index, plan, source_cache=cache)
+    keep = view.View(path, index, plan)
+    try:
+        for k in range(plan.n_windows):
+            assert v.load_window(k)[0].tobytes() == keep.load_window(k)[0].tobytes()
+        assert not v.direct and v.drop_behind
+        assert cache.describe()["window_loads"] == {"buffered": plan.n_windows}
+    finally:
+        v.close()
+        keep.close()
