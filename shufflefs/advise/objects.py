@@ -8,8 +8,8 @@ reading the bucket:
   buffer, per 100 records, beside a uniform shuffle's.  A buffer's own deviation
   (`quality.expected_stratified_mix_tv`) and 100 records' sampling noise are combined as
   independent errors, sqrt(buffer^2 + uniform^2): measured through mounts over an emulated link
-  (docs/benchmark.md, `tools/s3_blocks.py`) 0.129/0.197/0.335 against this model's
-  0.137/0.201/0.307 for 32/16/8 blocks per buffer;
+  (docs/benchmark.md, `tools/s3_blocks.py`) 0.143/0.186/0.311 against this model's
+  0.138/0.202/0.308 for 32/16/8 blocks per buffer;
 * the reading rate the link allows: a GET of ``b`` bytes takes a round trip plus ``b`` over one
   connection's rate, so ``requests`` in flight deliver at most ``requests x b / (rtt + b /
   conn_rate)``, and never more than the link;
@@ -83,7 +83,7 @@ def format_objects(advices: list[ObjectAdvice], rtt: float = RTT, conn_rate: flo
             f"{advices[0].uniform:.3f}.  Rate: GETs in flight x block / ({rtt * 1e3:g} ms + block / "
             f"{conn_rate / 1e6:g} MB/s), at most the link ({advices[0].link_rate / 1e6:g} MB/s).  GETs at "
             f"{GET_PRICE * 1000:g} USD per 1,000.  The rate is the link's bound: the daemon's CPU may "
-            "limit first (docs/benchmark.md, block sizes on object storage).")
+            "limit first (docs/benchmark.md, Object storage: block sizes over an emulated link).")
     rows = ["| --buffer | block | blocks / buffer | label mix | x uniform | --requests | MB/s | x link | GETs / GiB "
             "| USD / TiB read |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for a in advices:
