@@ -448,6 +448,7 @@ class Catalog:
             replies.withdraw(h)
             if isinstance(e, StaleSourceError):
                 node.broken = e
+                replies.withdraw_node(node)  # its other handles' reads are refused too
             raise self.fail("read", node.relpath, node.epoch, off, e) from None
         n = len(data)
         self.stats.served(n, node.relpath, h.opened)

@@ -78,6 +78,12 @@ class Replies:
                 del self._held[id(h.offered)]
         h.offered = None
 
+    def withdraw_node(self, node: object) -> None:
+        """Every offer of ``node``'s handles (its source was found changed or gone)."""
+        for held in list(self._held.values()):
+            for h in [h for h in held if h.node is node]:
+                self.withdraw(h)
+
     def recycled(self, slot: Slot) -> None:
         """``slot``'s buffer is about to be reused or dropped: withdraw every offer of it."""
         for h in list(self._held.get(id(slot), ())):

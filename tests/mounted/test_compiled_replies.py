@@ -149,3 +149,25 @@ def test_many_readers_while_windows_are_recycled(mount):
     stats = m.stats()
     assert stats["compiled_replies"]["replies"] > 0
     assert stats["memory"]["loads"] > stats["memory"]["windows"]  # windows were dropped and loaded again
+
+
+def test_a_source_found_gone_refuses_every_handle(mount):
+    """A source whose directory is renamed away (its own inode, ctime included, unchanged) is
+    found gone by the next window load of one handle; the windows other handles hold are not
+    answered from either (Python refuses every read of it from then)."""
+    m = mount({"d/a.jsonl": jsonl(90000, 6)}, *ARGS, "--direct-io")
+    want = reference(m.src / "d" / "a.jsonl", "stratified")
+    f1, f2 = (os.open(m.path("d/a.jsonl"), os.O_RDONLY) for _ in range(2))
+    try:
+        for fd in (f1, f2):
+            assert os.pread(fd, 4096, 0) == want[:4096]  # both hold window 0, offered
+        assert os.pread(f2, 4096, 4096) == want[4096:8192]
+        os.rename(m.src / "d", m.src / "e")
+        with pytest.raises(OSError):
+            os.pread(f1, 4096, len(want) - 4096)  # another window: its load finds the file gone
+        with pytest.raises(OSError) as e:
+            os.pread(f2, 4096, 8192)  # inside the window f2 holds
+        assert e.value.errno in (errno.EIO, errno.ESTALE, errno.ENOENT)
+    finally:
+        os.close(f1)
+        os.close(f2)
