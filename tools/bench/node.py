@@ -1,17 +1,20 @@
 """One node, measured per core here, projected to a larger node (`bench.node_model`).
 
-    python tools/scale.py --node [--data DIR] [--strategies none,stratified] [--epochs 3] [--s3] ...
+    python tools/scale.py --node [--data DIR] [--strategies stratified,none] [--epochs 3] [--rounds 3] [--s3] ...
 
 Mounts a directory holding one JSON lines file and reads warm epochs of its view with one
 reader (1 MiB reads), taking each daemon thread's CPU from /proc/PID/task/*/stat: the thread
 that receives requests (the main thread), the window build threads (trio's, "Trio thread N")
 and the others (the compiled replies' threads; the rest idle).  Costs are CPU-seconds per GiB
-served, which the machine's other load changes much less than the wall-clock rates.  Runs:
+served, which the machine's other load changes much less than the wall-clock rates; the first
+strategy's are medians over all its warm runs.  Runs:
 
 * each strategy with the default reply threads (build and reply costs);
 * ``--python-replies`` (the trio thread's cost when Python answers every read);
 * the source dropped from the page cache before each epoch (cold: the build threads' extra);
-* ``--reply-threads 0, 1, 2`` (the check: the model's GB/s for this machine against measured);
+* ``--reply-threads 0, 1, 2`` in ``--rounds`` rotating rounds (the check: the model's GB/s for this
+  machine against measured, beside each thread's run-queue wait from /proc/PID/task/*/schedstat,
+  the time a shared machine's other work took from the reads);
 * with ``--s3``, a view over the emulated link of `s3_link` (the daemon's CPU per GiB of GETs).
 
 Then the projection for ``--cores`` (32) with its stated assumptions.
@@ -239,7 +242,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--s3-size", type=int, default=512 * MiB)
     ap.add_argument("--no-check", action="store_true", help="skip the --reply-threads 0/1/2 runs")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of the 0/1/2 reply threads check (default 3)")
+    ap.add_argument("--costs", type=Path, help="project from a run's last line (its JSON costs) instead of measuring")
     args = ap.parse_args(argv)
+    if args.costs:
+        saved = json.loads(args.costs.read_text().strip().splitlines()[-1])
+        project(args, nm.Costs(**saved["costs"]), saved["builds"], nm.Link(**saved["link"]))
+        return
     work = args.work or Path(tempfile.mkdtemp(prefix="shufflefs-node-"))
     work.mkdir(parents=True, exist_ok=True)
     src = args.data
@@ -274,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
                      python_read=max(py.per("trio") - statistics.median(x.per("trio") + x.per("other") for x in compiled), 0.0),
                      cold=max(cold.per("build") - spread["build"][0], 0.0))
     reads = GiB / MiB
-    print("\nmeasured (CPU-s per GiB served; median-free sums over the run's epochs)\n")
+    print("\nmeasured (CPU-s per GiB served, each run summed over its epochs)\n")
     def med(k: str, n: int) -> str:
         return f"median of {n} runs, {spread[k][1]:.3f}-{spread[k][2]:.3f}"
 
@@ -300,24 +308,8 @@ def main(argv: list[str] | None = None) -> None:
                      f"{remote.requests} GETs"])
     print(table(rows, ["stage", "CPU-s / GiB", "source"]))
 
-    builds = args.build_threads or max(2, min(4, args.cores))
-    node = nm.Node(cores=args.cores, reply_threads=args.reply_threads, build_threads=builds, mem_bw=args.mem_bw * 1e9,
-                   disk=args.disk * 1e9)
-    print(f"\nprojection: {args.cores} cores, {args.reply_threads} reply threads, {builds} build threads; assumed: "
-          f"memory {args.mem_bw:g} GB/s for copies ({node.copies:g} copies a byte), disk {args.disk:g} GB/s, NIC "
-          f"{args.nic:g} GB/s, {args.requests} GETs in flight of {link.get_bytes / MiB:.2f} MiB "
-          f"({'measured' if remote else '--get-bytes'}), {args.rtt_ms:g} ms, {args.conn_rate / 1e6:g} MB/s a connection\n")
-    prow = []
-    for s, x in runs.items():
-        c = replace(costs, build=x.per("build") if s != s0 else costs.build)
-        for name, p in (("warm", nm.warm(c, node)), ("cold", nm.cold(c, node))):
-            prow.append([f"{name} {s}", gbs(p.rate), p.bound] + [gbs(p.limits.get(k, float("inf"))) for k in LIMITS])
-    if remote:
-        for n in (args.requests, 256):
-            p = nm.remote(costs, node, replace(link, in_flight=n))
-            prow.append([f"object storage {s0}, {n} GETs in flight", gbs(p.rate), p.bound]
-                        + [gbs(p.limits.get(k, float("inf"))) for k in LIMITS])
-    print(table(prow, ["view", "GB/s", "saturates"] + list(LIMITS)))
+    builds = {s: (costs.build if s == s0 else x.per("build")) for s, x in runs.items()}
+    project(args, costs, builds, link)
     if remote:
         here_link = replace(link, rate=args.link_rate)
         p = nm.remote(costs, nm.Node(cores=here, reply_threads=2, build_threads=max(2, min(4, here))), here_link)
@@ -347,7 +339,32 @@ def main(argv: list[str] | None = None) -> None:
         print(table(crow, ["reply threads", "model: one reader", "model: saturated", "saturates",
                            "model + run-queue waits", "waits s/GiB", "measured GB/s",
                            "range", "x 0", "load", "trio CPU-s/GiB", "reply", "build", "reader"]))
-    print("\n" + json.dumps({"costs": costs.__dict__, "link": link.__dict__}))
+    print("\n" + json.dumps({"costs": costs.__dict__, "link": link.__dict__, "builds": builds}))
+
+
+def project(args: argparse.Namespace, costs: nm.Costs, builds: dict[str, float], link: nm.Link) -> None:
+    """The projected node's table: each strategy warm and cold, and object storage if measured
+    (``link.cpu``) at ``--requests`` and 256 GETs in flight."""
+    threads = args.build_threads or max(2, min(4, args.cores))
+    node = nm.Node(cores=args.cores, reply_threads=args.reply_threads, build_threads=threads, mem_bw=args.mem_bw * 1e9,
+                   disk=args.disk * 1e9)
+    link = replace(link, rate=args.nic * 1e9, conn_rate=args.conn_rate, rtt=args.rtt_ms / 1000, in_flight=args.requests)
+    print(f"\nprojection: {args.cores} cores, {args.reply_threads} reply threads, {threads} build threads; assumed: "
+          f"memory {args.mem_bw:g} GB/s for copies ({node.copies:g} copies a byte), disk {args.disk:g} GB/s, NIC "
+          f"{args.nic:g} GB/s, {args.requests} GETs in flight of {link.get_bytes / MiB:.2f} MiB "
+          f"({'measured' if link.cpu else '--get-bytes'}), {args.rtt_ms:g} ms, {args.conn_rate / 1e6:g} MB/s a connection\n")
+    prow = []
+    first = next(iter(builds))
+    for s, b in builds.items():
+        c = replace(costs, build=b)
+        for name, p in (("warm", nm.warm(c, node)), ("cold", nm.cold(c, node))):
+            prow.append([f"{name} {s}", gbs(p.rate), p.bound] + [gbs(p.limits.get(k, float("inf"))) for k in LIMITS])
+    if link.cpu:
+        for n in sorted({args.requests, 256}):
+            p = nm.remote(costs, node, replace(link, in_flight=n))
+            prow.append([f"object storage {first}, {n} GETs in flight", gbs(p.rate), p.bound]
+                        + [gbs(p.limits.get(k, float("inf"))) for k in LIMITS])
+    print(table(prow, ["view", "GB/s", "saturates"] + list(LIMITS)))
 
 
 LIMITS = ("trio thread", "reply threads", "build threads", "cores", "memory bandwidth", "disk", "GETs in flight", "NIC")

@@ -116,7 +116,7 @@ def remote(c: Costs, n: Node, link: Link) -> Projection:
     p = Projection({"trio thread": per_thread(trio, 1),
                     "cores": per_thread(link.cpu + c.reader + (c.reply if n.reply_threads == 0 else 0.0), n.cores),
                     "GETs in flight": get_rate(link), "NIC": link.rate,
-                    "memory bandwidth": n.mem_bw / (2 * (n.copies - 1))})
+                    "memory bandwidth": n.mem_bw / (2 * n.copies)})
     if n.reply_threads:
         p.limits["reply threads"] = per_thread(c.reply, n.reply_threads)
     return p
