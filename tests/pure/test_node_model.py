@@ -58,3 +58,17 @@ def test_one_reader_is_the_serial_sum_below_the_saturated_rate() -> None:
 def test_run_queue_waits_lengthen_the_serial_chain() -> None:
     node = nm.Node(cores=32, reply_threads=2, build_threads=4)
     assert nm.one_reader(C, node, waits=0.5) == pytest.approx(GiB / 1.0)
+
+
+def test_threads_are_told_apart_by_id_and_name() -> None:
+    from bench.node import by_kind, merged, Run
+
+    a = {10: ("shufflefs", 1.0, 1.0, 0.0), 11: ("Trio thread 0", 0.0, 0.0, 0.0), 12: ("shufflefs", 0.0, 0.0, 0.0)}
+    b = {10: ("shufflefs", 1.5, 1.25, 0.5), 11: ("Trio thread 0", 0.25, 0.5, 0.0), 12: ("shufflefs", 0.0, 1.0, 0.25),
+         13: ("Trio thread 1", 0.5, 0.0, 0.0)}  # a thread born between the snapshots counts from zero
+    kinds = by_kind(10, a, b)
+    assert kinds == {"trio": (0.5, 0.25, 0.5), "build": (0.75, 0.5, 0.0), "other": (0.0, 1.0, 0.25)}
+    x = Run("a", {"trio": (1.0, 0.0)}, (0.0, 1.0), [1.0], [2.0], wait={"trio": 1.0})
+    y = Run("b", {"trio": (3.0, 2.0)}, (1.0, 1.0), [3.0], [4.0], wait={"trio": 3.0})
+    m = merged([x, y])
+    assert m.cpu == {"trio": (2.0, 1.0)} and m.reader == (0.5, 1.0) and m.rates == [1.0, 3.0] and m.wait == {"trio": 2.0}
