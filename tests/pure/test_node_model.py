@@ -72,3 +72,10 @@ def test_threads_are_told_apart_by_id_and_name() -> None:
     y = Run("b", {"trio": (3.0, 2.0)}, (1.0, 1.0), [3.0], [4.0], wait={"trio": 3.0})
     m = merged([x, y])
     assert m.cpu == {"trio": (2.0, 1.0)} and m.reader == (0.5, 1.0) and m.rates == [1.0, 3.0] and m.wait == {"trio": 2.0}
+
+
+def test_object_storage_counts_the_daemon_whole() -> None:
+    p = nm.remote(C, nm.Node(cores=8, reply_threads=0), nm.Link(cpu=1.8, trio=0.5, in_flight=4096, rate=1e12))
+    assert "reply threads" not in p.limits
+    assert p.limits["trio thread"] == pytest.approx(GiB / 0.5)
+    assert p.limits["cores"] == pytest.approx(8 * GiB / 2.0)

@@ -77,6 +77,12 @@ def by_kind(pid: int, a: dict, b: dict) -> dict[str, tuple[float, float, float]]
     return {k: (v[0], v[1], v[2]) for k, v in kinds.items()}
 
 
+def replied(mnt: Path) -> tuple[int, int]:
+    """(FUSE reads answered, of which by the compiled replies) so far, from the mount's stats."""
+    stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
+    return stats.get("reads", 0), stats.get("compiled_replies", {}).get("replies", 0)
+
+
 def load() -> float:
     return os.getloadavg()[0]
 
@@ -106,6 +112,9 @@ class Run:
     requests: int = 0
     wait: dict[str, float] | None = None
     """Seconds per GiB each thread kind (and "reader") waited for a CPU while runnable."""
+    reads: int = 0
+    compiled: int = 0
+    """FUSE reads the daemon answered, and how many of them the compiled replies answered."""
 
     def per(self, kind: str) -> float:
         return sum(self.cpu[kind])
@@ -137,7 +146,7 @@ def epochs(label: str, src: Path, work: Path, args: argparse.Namespace, extra: l
 
         epoch(1000)
         total, rates, loads, fetched, requests = 0, [], [], 0, 0
-        a, r0, w0 = threads(d.pid), os.times(), own_wait()
+        a, r0, w0, s0 = threads(d.pid), os.times(), own_wait(), replied(mnt)
         for e in range(args.epochs):
             if cold:
                 drop(src)
@@ -149,15 +158,16 @@ def epochs(label: str, src: Path, work: Path, args: argparse.Namespace, extra: l
             counts = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["read_bytes"].get(str(e + 1), {})
             fetched += counts.get("fetched_bytes", 0)
             requests += counts.get("source_requests", 0)
-        b, r1, w1 = threads(d.pid), os.times(), own_wait()
+        b, r1, w1, s1 = threads(d.pid), os.times(), own_wait(), replied(mnt)
         spent = by_kind(d.pid, a, b)
     g = total / GiB
     cpu = {k: (u / g, s / g) for k, (u, s, _) in spent.items()}
     wait = {k: w / g for k, (_, _, w) in spent.items()} | {"reader": (w1 - w0) / g}
-    run = Run(label, cpu, ((r1.user - r0.user) / g, (r1.system - r0.system) / g), rates, loads, fetched, requests, wait)
+    run = Run(label, cpu, ((r1.user - r0.user) / g, (r1.system - r0.system) / g), rates, loads, fetched, requests, wait,
+              s1[0] - s0[0], s1[1] - s0[1])
     print(f"  {label:32} {' '.join(f'{r:.2f}' for r in rates)} GB/s, load {statistics.mean(loads):.1f}; CPU-s/GiB "
           + ", ".join(f"{k} {u:.2f}+{s:.2f}" for k, (u, s) in cpu.items())
-          + f", reader {run.reader[0]:.2f}+{run.reader[1]:.2f}", flush=True)
+          + f", reader {run.reader[0]:.2f}+{run.reader[1]:.2f}; {run.reads} reads, {run.compiled} compiled", flush=True)
     return run
 
 
@@ -302,7 +312,8 @@ def main(argv: list[str] | None = None) -> None:
                        get_bytes=int(per_get) if remote.requests else args.get_bytes)
         rows.append([f"object storage: daemon, all threads ({s0})", f"{link.cpu:.3f}",
                      f"measured over the emulated link: trio thread {link.trio:.3f}, GET threads and the rest "
-                     f"{remote.per('other'):.3f}, build {remote.per('build'):.3f}"])
+                     f"{remote.per('other'):.3f}, build {remote.per('build'):.3f}; {remote.reads} reads, "
+                     f"{remote.compiled} by the compiled replies"])
         rows.append(["object storage: bytes per GET", f"{per_get / MiB:.2f} MiB",
                      f"measured: {remote.fetched / GiB:.2f} GiB fetched in "
                      f"{remote.requests} GETs"])
