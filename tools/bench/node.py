@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rtt-ms", type=float, default=30.0)
     ap.add_argument("--conn-rate", type=float, default=80e6, help="bytes/s per connection (default 80e6)")
     ap.add_argument("--link-rate", type=float, default=400e6, help="the emulated link's bytes/s (--s3)")
-    ap.add_argument("--get-bytes", type=int, default=2 << 20, help="bytes per GET (default 2 MiB: object storage's block)")
+    ap.add_argument("--get-bytes", type=int, default=4 << 20, help="bytes per GET without --s3 (default 4 MiB: object storage's default block)")
     ap.add_argument("--requests", type=int, default=16, help="GETs in flight (mount --requests, default 16)")
     ap.add_argument("--s3", action="store_true", help="measure the daemon's CPU per GiB over the emulated link")
     ap.add_argument("--s3-size", type=int, default=512 * MiB)
