@@ -58,7 +58,7 @@ class Link:
     conn_rate: float = 80e6
     """Bytes a second one connection (one GET) delivers."""
     rtt: float = 0.03
-    get_bytes: int = 2 << 20
+    get_bytes: int = 4 << 20
     in_flight: int = 16
     cpu: float = 0.0
     """The daemon's CPU-seconds per GiB served from GETs, all its threads (measured)."""
