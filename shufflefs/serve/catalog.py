@@ -104,11 +104,11 @@ class Catalog:
         for node in list(self.tree.nodes.values()) + list(self.views.idle.values()):
             self.views.close(node)
         self.windows.clear()
-        self.reads.replies.close()
         for copies in (self.views.stages, self.planner.decoding, self.views.parquet):  # stages, decoded copies
             if copies is not None:
                 copies.close()
         self.store.close()
+        self.reads.replies.close()  # every handle was released: no reply is in flight
 
     def fail(self, what: str, relpath: str, epoch: int, offset: int | None, e: BaseException) -> Reply:
         """Log and count an error a reader will see, and turn it into the errno it gets."""

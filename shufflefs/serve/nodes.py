@@ -16,7 +16,7 @@ from ..pools.mixes import MixEntry
 from ..strategies import Plan
 from ..windows.cache import Slot
 from ..windows.layout import Layout
-from ..windows.view import SharedView
+from ..windows.shared_view import SharedView
 
 ROOT = 1
 """The root's inode number (FUSE's)."""

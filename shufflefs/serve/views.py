@@ -33,7 +33,8 @@ from ..strategies.exchange import Partitions
 from ..strategies.partial_local import pls_exchange
 from ..strategies.torn import WithTorn
 from ..windows.cache import WindowCache
-from ..windows.view import SharedView, View, ViewClosed, window_work
+from ..windows.shared_view import SharedView, ViewClosed
+from ..windows.view import View, window_work
 from .nodes import Node, frame_file
 from .parquet_views import ParquetServing, ahead_of, copy_of, is_parquet, span_of, work_of
 from .planner import Planner
