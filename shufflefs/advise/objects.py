@@ -8,7 +8,7 @@ reading the bucket:
   buffer, per 100 records, beside a uniform shuffle's.  A buffer's own deviation
   (`quality.expected_stratified_mix_tv`) and 100 records' sampling noise are combined as
   independent errors, sqrt(buffer^2 + uniform^2): measured through mounts over an emulated link
-  (docs/benchmark.md, `tools/s3_blocks.py`) 0.143/0.186/0.311 against this model's
+  (docs/benchmark.md, `tools/bench.py --only s3-blocks`) 0.143/0.186/0.311 against this model's
   0.138/0.202/0.308 for 32/16/8 blocks per buffer;
 * the reading rate the link allows: a GET of ``b`` bytes takes a round trip plus ``b`` over one
   connection's rate, so ``requests`` in flight deliver at most ``requests x b / (rtt + b /

@@ -101,7 +101,7 @@ OBJECT_BUFFER_BLOCKS = 16
 draws from 16 stretches of the file: a label-sorted object's default view then mixes within
 1.6-1.7x of a uniform shuffle per 100 records (32 blocks: 1.1-1.3x, 8 blocks: 2.6-2.8x), and over
 a 30 ms emulated link 4 MiB blocks read 1.23x as fast as 2 MiB ones with half the GETs
-(`tools/s3_blocks.py`, docs/benchmark.md)."""
+(`tools/bench.py --only s3-blocks`, docs/benchmark.md)."""
 OBJECT_BLOCK_MIN = 1 * MiB
 """The smallest automatic block on object storage: a ranged GET costs a round trip (30 ms to a
 bucket) and a price, so a GET carries at least a MiB (16 in flight then fill a 400 MB/s link)."""

@@ -3,7 +3,7 @@ with no --block-size and no --buffer (a SeaweedFS S3 server, `tools/s3_link.Emul
 a short round trip and no rate cap) cuts a 256 MiB object of 10 labels in order into blocks of the
 buffer / 16, so every 64 MiB buffer draws from 16 stretches of it.  The label mix is measured by
 `quality.metrics.label_mix_tv` on the records in the order the view delivers them.  Timings are
-measured by ``tools/s3_blocks.py``, not asserted here."""
+measured by ``tools/bench.py --only s3-blocks``, not asserted here."""
 
 from __future__ import annotations
 

@@ -22,6 +22,8 @@ STANDALONE: dict[str, tuple[str, str]] = {
     "s3-costs": ("s3_costs", "GET requests and dollars per epoch at scale, from plans (docs/guide/object-storage.md)"),
     "s3-latency": ("s3_latency", "views of a bucket behind an emulated wide-area link "
                    "(docs/guide/object-storage.md)"),
+    "s3-blocks": ("s3_blocks", "block sizes and GETs in flight of a bucket's default view over an emulated link "
+                  "(docs/benchmark.md)"),
     "mix-quality": ("mix_quality", "how well each strategy mixes a blend's sources, planned only (docs/guide/mixtures.md)"),
     "mix-speed": ("mix_speed", "a mixture against the pool of the same files, read speed (docs/guide/mixtures.md)"),
     "mix-compare": ("mix_compare", "a mixture against HF interleave_datasets and Streaming (docs/guide/mixtures.md)"),

@@ -2,8 +2,8 @@
 """Block size and GETs in flight of a label-sorted object's default view, over an emulated link
 (`s3_link.EmulatedBucket`): what each costs in throughput, label mix and requests.
 
-    python tools/s3_blocks.py [--size 256MiB] [--blocks 1MiB,2MiB,4MiB,8MiB] [--requests 16,32,64]
-                              [--rtt-ms 30] [--conn-rate 80MB] [--link-rate 400MB] [--rounds 1]
+    python tools/bench.py --only s3-blocks [--size 256MiB] [--blocks 1MiB,2MiB,4MiB,8MiB] [--requests 16,32,64]
+                                             [--rtt-ms 30] [--conn-rate 80MB] [--link-rate 400MB] [--rounds 1]
 
 One object of ``--size`` bytes of label-sorted JSON lines (`bench.data.make_lines`: 10 labels in
 order) is uploaded past the link and its index published.  In the same run:
@@ -35,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "tools")]
 
 from bench import proc  # noqa: E402
@@ -118,7 +118,7 @@ def measure(b: EmulatedBucket, work: Path, block: str | None, requests: int | No
             "cpu": cpus[-1]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", default="256MiB")
     ap.add_argument("--blocks", default="1MiB,2MiB,4MiB,8MiB")
@@ -130,7 +130,7 @@ def main() -> None:
     ap.add_argument("--link-rate", default="400MB")
     ap.add_argument("--rounds", type=int, default=1, help="cold epochs per mount (the best is reported)")
     ap.add_argument("--work", type=Path, help="work directory (default: a new temporary one)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if (why := missing()) is not None:
         sys.exit(f"s3_blocks: {why}")
     work = args.work or Path(tempfile.mkdtemp(prefix="shufflefs-s3-blocks-"))
