@@ -62,7 +62,7 @@ fi
 case "${1:-}" in
   demo) shift; exec $SUDO .venv/bin/shufflefs demo "$@" ;;
   test) shift
-    echo "setup.sh: running the tests (the full suite takes 30-50 min on 2 cores; 'bash setup.sh test --quick'" \
+    echo "setup.sh: running the tests (the full suite takes 25-45 min on 2 cores; 'bash setup.sh test --quick'" \
          "runs the tests that mount nothing, on one worker per CPU, in about 2 minutes)" >&2
     quick=()
     case " $* " in *" --quick "*) quick=(-n auto) ;; esac  # pytest-xdist, from the test extra
