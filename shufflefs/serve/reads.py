@@ -28,6 +28,11 @@ PEEK_BYTES = 1 << 20
 largest request the kernel sends through the page cache."""
 
 
+SPARE_BUFFERS, SPARE_BYTES = 4, 1 << 20
+"""Buffers kept for joining a read's pieces, and the size they are made at (the largest request
+the kernel sends through the page cache; larger direct_io reads get one of their own)."""
+
+
 class MemoryWait(Timeout):
     """A read waited past the window deadline for memory, not for its source: the message
     says which limit and what holds it."""
@@ -44,10 +49,16 @@ class Reads:
         self.peeks = 0  # reads answered by `ParquetView.peek`
         # compressed views: the checksums of the container units reads left unfinished, per view
         self._memos: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._spare: list[bytearray] = []  # buffers that joined a read's pieces, free again (`_assembly`)
+        self._lent: list[bytearray] = []  # buffers returned with a read: free once the next read starts
 
     async def read(self, h: Handle, off: int, size: int) -> Any:
         """The view bytes ``[off, off+size)`` for handle ``h`` (a buffer, not a copy when it
         can be a slice of one window)."""
+        if self._lent:  # their replies went out before any other task ran: pyfuse3 awaits nothing
+            # between a read's return and its reply
+            self._spare = (self._spare + [b for b in self._lent if len(b) == SPARE_BYTES])[-SPARE_BUFFERS:]
+            self._lent.clear()
         container = container_of(h.node.fmt)
         sequential = h.continues(off, off + size)
         if container is not None:
@@ -107,7 +118,7 @@ class Reads:
                                                                    limiter=self.windows.limiter))
                     self.peeks += 1
                     if len(pieces) > 1:
-                        out = out if out is not None else bytearray(sum(q.hi - q.lo for q in pieces))
+                        out = out if out is not None else self._assembly(sum(q.hi - q.lo for q in pieces))
                         out[pos: pos + len(data)] = data
                     pos += p.hi - p.lo
                     continue
@@ -118,19 +129,31 @@ class Reads:
                     entered = self._hold(h, p.part, slot, ref.shift) or entered
                     data = memoryview(slot.data)[p.lo + ref.shift: p.hi + ref.shift]
                     if len(pieces) > 1:
-                        out = out if out is not None else bytearray(sum(q.hi - q.lo for q in pieces))
+                        out = out if out is not None else self._assembly(sum(q.hi - q.lo for q in pieces))
                         out[pos: pos + len(data)] = data
                 finally:
                     self.windows.release(slot)
             if len(pieces) > 1 and p.part in (HEADER, TRAILER):
-                out = out if out is not None else bytearray(sum(q.hi - q.lo for q in pieces))
+                out = out if out is not None else self._assembly(sum(q.hi - q.lo for q in pieces))
                 out[pos: pos + len(data)] = data
             pos += p.hi - p.lo
         if entered and sequential and h.slot is not None:
             n = self.windows.ahead_windows(h.slot.owner, h.slot.nbytes)
             for ref in self.views.ahead(node, h.k, n):
                 self.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work)
-        return data if out is None else out
+        if out is None:
+            return data
+        self._lent.append(out.obj)
+        return out
+
+    def _assembly(self, n: int) -> memoryview:
+        """``n`` bytes to join a read's pieces in: a spare buffer if one is large enough (a fresh
+        megabyte costs its allocation, page faults and zeroing on every read across windows)."""
+        for i, buf in enumerate(self._spare):
+            if len(buf) >= n:
+                del self._spare[i]
+                return memoryview(buf)[:n]
+        return memoryview(bytearray(max(n, SPARE_BYTES) if n <= SPARE_BYTES else n))[:n]
 
     def offer(self, h: Handle) -> None:
         """After a read served: the handle's next reads inside its window may be answered by
