@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .docs import write_section
 from .proc import FuseDaemon, Sampler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -279,15 +280,7 @@ def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = 
 
 
 def update_docs(text: str, stamp: str) -> Path:
-    doc = REPO / "docs" / "benchmark.md"
-    body = doc.read_text()
-    section = f"{START}\n## Compressed text views\n\n`{stamp}`\n\n{text}\n{END}"
-    if START in body and END in body:
-        body = body[: body.index(START)] + section + body[body.index(END) + len(END):]
-    else:
-        body = body.rstrip("\n") + "\n\n" + section + "\n"
-    doc.write_text(body)
-    return doc
+    return write_section(REPO / "docs" / "benchmark.md", START, END, "Compressed text views", stamp, text)
 
 
 def main(argv: list[str] | None = None) -> None:

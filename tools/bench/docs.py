@@ -53,6 +53,20 @@ def _replace(path: Path, start: str, end: str, block: list[str]) -> str:
     return re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: text, body, flags=re.S)
 
 
+def write_section(doc: Path, start: str, end: str, title: str, stamp: str, text: str) -> Path:
+    """A section of its own (``## title``, the command and date that made it, ``text``) between
+    ``start`` and ``end`` in ``doc``, replaced if there, else appended: how the standalone
+    sections (`bench.sections`) write their figures."""
+    body = doc.read_text()
+    section = f"{start}\n## {title}\n\n`{stamp}`\n\n{text}\n{end}"
+    if start in body and end in body:
+        body = body[: body.index(start)] + section + body[body.index(end) + len(end):]
+    else:
+        body = body.rstrip("\n") + "\n\n" + section + "\n"
+    doc.write_text(body)
+    return doc
+
+
 def update(report: Report, text: str, repo: Path, machine: str) -> list[Path]:
     """Write docs/benchmark.md, the performance page's excerpt and the object-storage page's block;
     returns the files written. Nothing is written when a page lacks its markers."""

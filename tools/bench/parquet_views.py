@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 
+from .docs import write_section
 from .proc import FuseDaemon, Sampler
 
 REPO = Path(__file__).resolve().parents[2]
@@ -392,15 +393,7 @@ def budget_line(src_epoch: float, reader_cpu: float, daemon_cpu: float, front_cp
 
 
 def update_docs(text: str, stamp: str) -> Path:
-    doc = REPO / "docs" / "benchmark.md"
-    body = doc.read_text()
-    section = f"{START}\n## Parquet views\n\n`{stamp}`\n\n{text}\n{END}"
-    if START in body and END in body:
-        body = body[: body.index(START)] + section + body[body.index(END) + len(END):]
-    else:
-        body = body.rstrip("\n") + "\n\n" + section + "\n"
-    doc.write_text(body)
-    return doc
+    return write_section(REPO / "docs" / "benchmark.md", START, END, "Parquet views", stamp, text)
 
 
 def main(argv: list[str] | None = None) -> None:
