@@ -4,7 +4,8 @@ The extension defines libfuse's ``fuse_session_process_buf``; pyfuse3 is linked 
 binding, so the definition it uses is fixed when pyfuse3 is loaded.  Loading the extension first,
 into the global symbol scope, makes it that definition: reads of windows Python registered are
 then answered without entering Python, and every other request goes on to libfuse.  Loaded after
-pyfuse3, the extension never sees a request (`active` says so) and Python answers every read.
+pyfuse3, the extension never sees a request (``bound`` is False; stat says "unbound") and Python
+answers every read.
 """
 
 from __future__ import annotations
@@ -30,7 +31,3 @@ def _load() -> tuple[ModuleType | None, bool]:
 
 compiled, bound = _load()
 
-
-def active() -> bool:
-    """Whether requests go through the compiled replies (pyfuse3 has passed one on)."""
-    return compiled is not None and compiled.stats()["passed"] > 0

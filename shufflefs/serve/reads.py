@@ -153,7 +153,7 @@ class Reads:
             if len(buf) >= n:
                 del self._spare[i]
                 return memoryview(buf)[:n]
-        return memoryview(bytearray(max(n, SPARE_BYTES) if n <= SPARE_BYTES else n))[:n]
+        return memoryview(bytearray(max(n, SPARE_BYTES)))[:n]
 
     def offer(self, h: Handle) -> None:
         """After a read served: the handle's next reads inside its window may be answered by
