@@ -30,6 +30,7 @@ from ..config import (
 )
 from ..serve.access import SETTERS
 from ..sources.cache_mode import SOURCE_CACHE_MODES
+from ..stages.decoded import DECODED_COPY_MODES
 from ..strategies.base import EVEN_MODES, LOCAL_MODES
 from .common import _message
 
@@ -197,6 +198,7 @@ OPTIONS: dict[str, _Option] = {
     "stage_dir": _Option(_path, None),
     "verify": _Option(_one_of(VERIFY_MODES), "frames"),
     "source_cache": _Option(_one_of(SOURCE_CACHE_MODES), "auto"),
+    "decoded_copies": _Option(_one_of(DECODED_COPY_MODES), "auto"),
     "balance": _Option(_flag, False),
     "balance_field": _Option(_field, None),
     "random_level": _Option(_fraction, 0.0),

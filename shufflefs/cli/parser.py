@@ -12,6 +12,7 @@ from ..config import (
 from ..index.table import default_cache_dir
 from ..serve.access import SETTERS
 from ..sources.cache_mode import SOURCE_CACHE_MODES
+from ..stages.decoded import DECODED_COPY_MODES
 from ..strategies.base import EVEN_MODES, LOCAL_MODES
 from .common import PROG
 from .options import VERIFY_MODES
@@ -126,6 +127,14 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
                         "machine's memory and the daemon's memory cgroup limit or the file is already "
                         "cached, else direct for windows of short runs and drop for the others); "
                         "shufflefs stat shows the choice")
+    g.add_argument("--decoded-copies", choices=DECODED_COPY_MODES, default=None,
+                   help="compressed files (.jsonl.gz, .jsonl.zst, ...): auto (default) decodes each "
+                        "one into a copy on node-local disk (under --stage-dir, else the cache "
+                        "directory) on a low-priority thread during its first epoch, when the disk "
+                        "keeps 10%% and 1 GiB free besides it, so later epochs read the copy and "
+                        "decode nothing; needed: only files without restart points (one zstd "
+                        "frame) or under record-level orders get one, the others are decoded from "
+                        "restart points every epoch. shufflefs stat shows the copies")
     g.add_argument("--stage-dir", metavar="DIR",
                    help="pls: keep this rank's partition of every file on local disk under DIR: "
                         "copied from SRC when a file's first view opens, then each next epoch's "

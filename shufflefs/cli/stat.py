@@ -118,6 +118,10 @@ def format_stats(stats: dict) -> str:
     if isinstance(decoded, dict):
         lines.append(("decoded", f"{decoded.get('files')} compressed file(s) read from decoded copies in "
                                  f"{decoded.get('dir')} ({_human(decoded.get('bytes', 0))})"))
+        for path in decoded.get("being_made", []):
+            lines.append(("decoded copy", f"{path}: being made in the background"))
+        for path, why in (decoded.get("refused") or {}).items():
+            lines.append(("decoded copy", f"{path}: none ({why}); read from restart points"))
     for path, got in (take("decoded_copies", None) or {}).items():
         lines.append(("decoded copy", f"{path}: {_human(got.get('bytes', 0))}, decoded in {got.get('seconds')} s, "
                                       f"read by {got.get('views')} view(s)"))

@@ -58,10 +58,10 @@ class Planner:
 
     def __init__(self, config: MountConfig, store: Store, workers: Workers, tasks: SharedTasks,
                  drop_a_plan: Callable[[], bool], landed: Callable[[], int]) -> None:
-        self.config, self.spec, self.store = config, config.spec, store
-        self.workers, self.tasks = workers, tasks
+        self.config, self.spec, self.store, self.workers, self.tasks = config, config.spec, store, workers, tasks
         self.index_cache = IndexCache(config.cache_dir)
-        self.decoding = Decoding(store, self.index_cache.dir, config.stage_dir or self.index_cache.dir, config.spec.strategy)
+        self.decoding = Decoding(store, self.index_cache.dir, config.stage_dir or self.index_cache.dir,
+                                 config.spec.strategy, config.decoded_copies)
         self.memory = PlanMemory()
         self._drop_a_plan, self._landed = drop_a_plan, landed
         self._indexes: OrderedDict[tuple, RecordIndex] = OrderedDict()

@@ -120,7 +120,7 @@ async def get(cat: Catalog, node: Node, name: bytes, caller: Caller = OWNER) -> 
     info.update(await order_info.fields(cat, node, plan))  # effective block size and buffer, label mix
     if node.fmt.codec is not None:  # how a compressed file's records are read: restart points or a copy
         info["compressed"] = {"served_as": f"{node.fmt.codec} container of uncompressed blocks",
-                              **cat.planner.decoding.describe_view(node.index)}
+                              **cat.planner.decoding.describe_view(node.index, cat.store.path(node.relpath))}
     if node.fmt.name == "parquet":  # its row groups, and its file's decoded copy
         info["parquet"] = cat.views.parquet.describe_view(copy_of(cat.store, node), node.layout)
     if node.pool is not None:
@@ -323,7 +323,8 @@ def _snapshot(cat: Catalog) -> dict[str, Any]:
 def _decoded(cat: Catalog) -> dict[str, Any]:
     """The decoded copies of compressed files (`stages.decoded`): where, how many bytes, which."""
     got = cat.planner.decoding.describe()
-    if not got["copies"]:
+    if not got["copies"] and not got["being_made"] and not got["refused"]:
         return {}
-    return {"decoded": {"dir": got["dir"], "files": len(got["copies"]), "bytes": got["bytes"]},
+    return {"decoded": {"dir": got["dir"], "files": len(got["copies"]), "bytes": got["bytes"],
+                        "background": got["background"], "being_made": got["being_made"], "refused": got["refused"]},
             "decoded_copies": got["copies"]}

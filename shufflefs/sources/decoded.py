@@ -112,6 +112,15 @@ def _closed_source(key: tuple | None, decoders: Decoders) -> None:
     decoders.idle_close()
 
 
+def close_kept_of(path: str) -> None:
+    """Close the idle decoders kept for any version of ``path`` (its views read a decoded copy
+    now; those in use close when their sources do)."""
+    with _shared_lock:
+        kept = [_shared.pop(k) for k in list(_shared) if k[0] == path]
+    for d in kept:
+        d.idle_close()
+
+
 def close_kept() -> None:
     """Close every idle decoder kept for the next sources (at unmount)."""
     with _shared_lock:

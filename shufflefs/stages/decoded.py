@@ -11,6 +11,11 @@ directory (node-local disk, where indexes are; the temporary directory is often 
 like a stage directory (`scratch.held`: a killed mount's is removed by the next one there).
 Copies stay while the mount runs, one per file: a new version's copy replaces the old one once
 no view reads it.  Blocking (worker threads), no FUSE.
+
+Under ``--decoded-copies auto`` (the default) a file read from restart points gets a copy too,
+made on a thread of its own at a low priority while the first views decode, when the disk keeps
+room besides it (`room_for`): views opened once it is there read it and decode nothing.  Where
+the bytes come from never changes which bytes a view holds.
 """
 
 from __future__ import annotations
@@ -20,17 +25,18 @@ import os
 import shutil
 import threading
 import time
+import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, Iterator
 
 from .. import scratch
-from ..errors import StageError, StaleSourceError
+from ..errors import FormatError, ShuffleError, StageError, StaleSourceError
 from ..formats import Format
-from ..formats.codecs import decode_all
+from ..formats.codecs import DECODE_STEP, GZIP, decode_all
 from ..index.decoded import DecodedIndex, Restarts
 from ..index.table import SourceStamp, write_atomically
 from ..sources.base import Source, Store
-from ..sources.decoded import DecodedSource, close_kept
+from ..sources.decoded import DecodedSource, close_kept, close_kept_of
 from ..sources.local import SourceFile
 from ..windows.container import served_size
 
@@ -42,9 +48,57 @@ COPY_PREFIX = "decoded-"
 RESTART_ORDERS = frozenset({"none", "block", "corgipile", "stratified"})
 """Orders that read whole blocks, which are decoded from restart points; any other reads a
 compressed file's records from a decoded copy."""
+DECODED_COPY_MODES = ("auto", "needed")
+"""``--decoded-copies``: ``auto`` copies every compressed file when the disk has room, ``needed``
+only those without restart points worth using or under a record-level order."""
+FREE_KEPT = 0.10
+"""Of the copies' filesystem, the part that background copies leave free (and at least
+`FREE_KEPT_BYTES`): a corpus larger than the disk is read from restart points, never fills it."""
+FREE_KEPT_BYTES = 1 << 30
+BACKGROUND_NICE = 10
+"""Niceness of the thread making a background copy: the serving threads and the readers, which
+the first epoch needs, come first."""
 RESTARTS_KEPT = 32 << 20
 """Bytes of restart points (mostly gzip's index: ~5 MB per GiB decoded) kept for the next opens
 of their files (a pool's members, every epoch)."""
+
+
+READ_STEP = 1 << 20
+"""Compressed bytes a background copy of a gzip file reads at a time."""
+
+
+def inflate(read: Callable[[int, int], Any], size: int, path: str) -> Iterator[bytes]:
+    """A gzip file's decoded bytes by zlib, member after member, every member's CRC-32 and length
+    checked: what a background copy decodes with.  It holds a few hundred KiB, where rapidgzip
+    (`formats.codecs.decode_all`) keeps a heap of about 20 MB for every thread that calls it.
+    A damaged or truncated stream is `FormatError` at the compressed offset reached."""
+    d, begun, pos = zlib.decompressobj(31), False, 0
+    while pos < size:
+        data = bytes(read(pos, min(size, pos + READ_STEP)))
+        if not data:
+            raise StaleSourceError(path, pos, "the file ends before its indexed size")
+        pos += len(data)
+        while data:
+            begun = True
+            try:
+                out = d.decompress(data, DECODE_STEP)
+            except zlib.error as e:
+                raise FormatError(path, pos, f"corrupt gzip stream before this offset: {e}") from None
+            if out:
+                yield out
+            if d.eof:
+                data, d, begun = d.unused_data, zlib.decompressobj(31), False
+            else:
+                data = d.unconsumed_tail
+    while begun and not d.eof:  # what the last input left inside the decoder
+        out = d.decompress(b"", DECODE_STEP)
+        if not out:
+            raise FormatError(path, size, "the gzip stream is truncated")
+        yield out
+
+
+class _Stopped(Exception):
+    """A background copy stopped by the unmount."""
 
 
 class Copy:
@@ -58,9 +112,18 @@ class Decoding:
     """The mount's opener of view sources (module docstring); ``root``: where copies go,
     ``strategy``: the mount's order."""
 
-    def __init__(self, store: Store, cache_dir: str | os.PathLike, root: str | os.PathLike, strategy: str) -> None:
+    def __init__(self, store: Store, cache_dir: str | os.PathLike, root: str | os.PathLike, strategy: str,
+                 copies: str = "auto") -> None:
+        if copies not in DECODED_COPY_MODES:
+            raise ValueError(f"decoded copies must be one of {', '.join(DECODED_COPY_MODES)}: {copies!r}")
         self.store, self.cache_dir, self.root = store, cache_dir, os.fspath(root)
         self.copy_all = strategy not in RESTART_ORDERS
+        self.background = copies == "auto" and not self.copy_all
+        self._closing = False
+        self._tried: set[tuple[str, SourceStamp]] = set()  # versions a background copy was started (or refused) for
+        self._making: dict[str, threading.Thread] = {}  # background copies under way, by source path
+        self._refused: dict[str, str] = {}  # why a file has no background copy
+        self._pending = 0  # bytes of the background copies under way
         self._lock = threading.Lock()
         self._building: dict[str, threading.Lock] = {}
         self._copies: dict[str, Copy] = {}  # by source path
@@ -83,6 +146,11 @@ class Decoding:
             if (not restarts.usable or self.copy_all) and not light:
                 copy, release = self._copy(path, stamp, restarts, raw)
                 return DecodedSource(raw, restarts, stamp.size, path, copy, release)
+            if self.background and not light:
+                made = self._made(path, stamp, int(restarts.plain[-1]))
+                if made is not None:
+                    return DecodedSource(raw, restarts, stamp.size, path, *made)
+                self._start(relpath, path, stamp, restarts)
             return DecodedSource(raw, restarts, stamp.size, path)
         except BaseException:
             raw.close()
@@ -112,17 +180,112 @@ class Decoding:
                 self._restarts.pop(next(iter(self._restarts)))
         return restarts
 
-    def describe_view(self, index: Any) -> dict[str, Any]:
-        """What ``user.shufflefs.info`` says of a compressed view whose (file's) index is ``index``."""
+    def describe_view(self, index: Any, path: str | None = None) -> dict[str, Any]:
+        """What ``user.shufflefs.info`` says of a compressed view whose (file's) index is ``index``
+        (of the file at ``path``, whose background copy it tells)."""
         restarts = getattr(index, "restarts", None)
         if restarts is None:  # a pool's: its members' points are their own
             return {"read_from": "decoded copies" if self.copy_all else "restart points or decoded copies"}
         copied = self.copy_all or not restarts.usable
         why = ("its order reads record by record" if self.copy_all else
                "it has no restart points worth decoding from (one zstd frame)") if copied else ""
+        more: dict[str, Any] = {}
+        if not copied and self.background and path is not None:
+            with self._lock:
+                got, making, refused = self._copies.get(path), path in self._making, self._refused.get(path)
+            if got is not None and got.stamp == index.stamp:
+                copied, why = True, "--decoded-copies auto: made in the background, so views decode nothing"
+            elif making:
+                more["decoded_copy"] = "being made in the background (--decoded-copies auto)"
+            elif refused:
+                more["decoded_copy"] = f"none: {refused}"
         return {"codec": restarts.codec, "restart_points": restarts.points, "decoded_bytes": int(restarts.plain[-1]),
                 "read_from": "a decoded copy" if copied else "restart points", **({"copied_because": why} if why else {}),
-                **({"copy_dir": self._dir or self.root} if copied else {})}
+                **({"copy_dir": self._dir or self.root} if copied else {}), **more}
+
+    # ------------------------------------------------------------------ background copies
+
+    def room_for(self, size: int) -> str | None:
+        """Why a background copy of ``size`` bytes may not be made now (None: it may): the disk of
+        the copies keeps `FREE_KEPT` of itself and `FREE_KEPT_BYTES` free besides it and the
+        copies under way."""
+        where = self.root
+        while not os.path.isdir(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)
+        try:
+            st = os.statvfs(where)
+        except OSError as e:
+            return f"the free space of {where} is unknown ({e.strerror})"
+        free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+        keep = max(int(FREE_KEPT * total), FREE_KEPT_BYTES)
+        with self._lock:
+            pending = self._pending
+        if free - pending - size < keep:
+            return (f"{size:,} decoded bytes would leave less than {keep:,} of {where}'s {free:,} free bytes "
+                    f"({pending:,} more being copied)")
+        return None
+
+    def _made(self, path: str, stamp: SourceStamp, size: int) -> tuple[Source, Callable[[], None]] | None:
+        """The background copy of ``path`` at version ``stamp`` as a source and its release, if made."""
+        with self._lock:
+            got = self._copies.get(path)
+            if got is None or got.stamp != stamp:
+                return None
+        try:
+            return self._use(path, got, size)
+        except (OSError, StaleSourceError, StageError) as e:
+            log.warning("%s: its decoded copy cannot be read (%s): read from restart points", path, e)
+            return None
+
+    def _start(self, relpath: str, path: str, stamp: SourceStamp, restarts: Restarts) -> None:
+        """Start the background copy of this version of ``path`` unless one was (or the disk has
+        no room for it: why is kept for `describe_view`)."""
+        size = int(restarts.plain[-1])
+        with self._lock:
+            if self._closing or (path, stamp) in self._tried or path in self._making:
+                return
+            self._tried.add((path, stamp))
+        refused = self.room_for(size)
+        with self._lock:
+            if refused is not None:
+                self._refused[path] = refused
+            else:
+                self._refused.pop(path, None)
+                self._pending += size
+                thread = threading.Thread(target=self._background, args=(relpath, path, stamp, restarts),
+                                          name="decoded-copy", daemon=True)
+                self._making[path] = thread
+        if refused is not None:
+            log.info("%s: no decoded copy: %s; its views decode from restart points", path, refused)
+            return
+        thread.start()
+
+    def _background(self, relpath: str, path: str, stamp: SourceStamp, restarts: Restarts) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+        except OSError:
+            pass
+        try:
+            packed = getattr(self.store, "open_packed", None)
+            raw = packed(relpath, stamp) if packed is not None else self.store.open(relpath, stamp)
+            try:
+                with self._lock:
+                    building = self._building.setdefault(path, threading.Lock())
+                with building:
+                    self._build(path, stamp, restarts, raw, "made in the background", background=True)
+            finally:
+                raw.close()
+            close_kept_of(path)  # the next views read the copy: their decoders' memory is free again
+        except _Stopped:
+            pass
+        except (OSError, ShuffleError) as e:
+            log.warning("%s: no decoded copy (%s): its views decode from restart points", path, e)
+            with self._lock:
+                self._refused[path] = str(e)
+        finally:
+            with self._lock:
+                self._pending -= int(restarts.plain[-1])
+                self._making.pop(path, None)
 
     # ------------------------------------------------------------------ copies
 
@@ -139,20 +302,25 @@ class Decoding:
             if got is None or got.stamp != stamp:
                 if got is not None and got.users == 0:
                     self._drop(path, got)
-                got = self._build(path, stamp, restarts, raw)
-            try:
-                source = SourceFile(got.path, SourceStamp.of(os.stat(got.path)))
-                if source.stamp.size != size:
-                    source.close()
-                    raise StageError(got.path, None, f"decoded copy of {path} holds {source.stamp.size} bytes, "
-                                     f"not {size}: changed by something else")
-            except (OSError, StaleSourceError, StageError):
-                with self._lock:
-                    if self._copies.get(path) is got:
-                        del self._copies[path]
-                raise
+                got = self._build(path, stamp, restarts, raw, "no restart points worth decoding from"
+                                  if not restarts.usable else "read record by record")
+            return self._use(path, got, size)
+
+    def _use(self, path: str, got: Copy, size: int) -> tuple[Source, Callable[[], None]]:
+        """Copy ``got`` of ``path`` opened as a source, and its release."""
+        try:
+            source = SourceFile(got.path, SourceStamp.of(os.stat(got.path)))
+            if source.stamp.size != size:
+                source.close()
+                raise StageError(got.path, None, f"decoded copy of {path} holds {source.stamp.size} bytes, "
+                                 f"not {size}: changed by something else")
+        except (OSError, StaleSourceError, StageError):
             with self._lock:
-                got.users += 1
+                if self._copies.get(path) is got:
+                    del self._copies[path]
+            raise
+        with self._lock:
+            got.users += 1
 
         def release() -> None:
             with self._lock:
@@ -163,18 +331,25 @@ class Decoding:
 
         return source, release
 
-    def _build(self, path: str, stamp: SourceStamp, restarts: Restarts, raw: Source) -> Copy:
-        """Decode the whole file into a new copy (checksums verified, size checked)."""
+    def _build(self, path: str, stamp: SourceStamp, restarts: Restarts, raw: Source, why: str,
+               background: bool = False) -> Copy:
+        """Decode the whole file into a new copy (checksums verified, size checked); stops at
+        unmount."""
         directory = self._directory()
         target = os.path.join(directory, f"{len(self._copies)}-{stamp.ino}-{stamp.mtime_ns}")
         size = int(restarts.plain[-1])
         t0 = time.monotonic()
-        steps, _ = decode_all(restarts.codec, raw.read_range, stamp.size, path)
+        if background and restarts.codec == GZIP:
+            steps = inflate(raw.read_range, stamp.size, path)
+        else:
+            steps, _ = decode_all(restarts.codec, raw.read_range, stamp.size, path)
         written = 0
 
         def decode(out: BinaryIO) -> None:
             nonlocal written
             for step in steps:
+                if self._closing:
+                    raise _Stopped
                 out.write(step)
                 written += len(step)
             if written != size:
@@ -183,9 +358,7 @@ class Decoding:
 
         write_atomically(Path(target), decode, prefix="part-", sync=False)
         seconds = time.monotonic() - t0
-        log.info("%s: %s: decoded copy of %d bytes in %s (%.1f s)", path,
-                 "no restart points worth decoding from" if not restarts.usable else "read record by record",
-                 written, target, seconds)
+        log.info("%s: %s: decoded copy of %d bytes in %s (%.1f s)", path, why, written, target, seconds)
         got = Copy(target, stamp, seconds)
         with self._lock:
             old = self._copies.get(path)
@@ -220,11 +393,17 @@ class Decoding:
             copies = {p: {"bytes": os.path.getsize(c.path) if os.path.exists(c.path) else 0, "views": c.users,
                           "seconds": round(c.seconds, 2)} for p, c in self._copies.items()}
         return {"dir": self._dir or self.root, "copies": copies, "bytes": sum(c["bytes"] for c in copies.values()),
-                "orders_from_copies": self.copy_all}
+                "orders_from_copies": self.copy_all, "background": self.background,
+                "being_made": sorted(self._making), "refused": dict(self._refused)}
 
     def close(self) -> None:
         """Remove every copy, close the decoders kept for the next opens (at unmount)."""
         close_kept()
+        with self._lock:
+            self._closing = True
+            making = list(self._making.values())
+        for thread in making:  # each stops at its next step (`_build`)
+            thread.join(timeout=30)
         with self._lock:
             directory, hold = self._dir, self._hold
             self._dir, self._hold, self._copies = None, -1, {}

@@ -54,7 +54,9 @@ WORK_PER_ROW = 96
 """Bytes per row of a run of pages a window load works with besides the window: the rows' offsets
 in the copy, the column's prefix sums and places over them, their levels."""
 KEPT_WINDOWS = 2
-"""Plan windows whose row ids a view keeps (8 bytes per row) for the next chunks it loads."""
+"""Plan windows whose row ids a view keeps (8 bytes per row) for the next chunks it loads, and
+one more for peeks (`ParquetView.peek`): the kernel's peeks come in runs over one row group's
+column chunks, and working out a plan window's ids again cost as much as encoding the pages."""
 
 
 def group_rows(window_rows: np.ndarray, window_bytes: np.ndarray) -> np.ndarray:
@@ -191,6 +193,7 @@ class ParquetView:
         self._open = True
         self._lock = threading.Lock()
         self._ids: OrderedDict[int, np.ndarray] = OrderedDict()  # plan windows' row ids, the last few
+        self._peeked: tuple[int, np.ndarray] | None = None  # the last peek's plan window and its ids
 
     @property
     def size(self) -> int:
@@ -203,7 +206,7 @@ class ParquetView:
         lay = self.layout
         rows = lay.window_rows
         most = int(rows[k]) if k is not None else int(rows.max(initial=0))
-        return WORK_PER_ROW * most + 8 * KEPT_WINDOWS * lay.max_window_rows + self.copy.work()
+        return WORK_PER_ROW * most + 8 * (KEPT_WINDOWS + 1) * lay.max_window_rows + self.copy.work()
 
     def rows(self, g: int, keep: bool = True) -> np.ndarray:
         """The source rows of row group g, in view order (its plan window's ids, kept for the
@@ -215,9 +218,13 @@ class ParquetView:
             ids = self._ids.get(k)
             if ids is not None and keep:
                 self._ids.move_to_end(k)
+            elif ids is None and not keep and self._peeked is not None and self._peeked[0] == k:
+                ids = self._peeked[1]
         if ids is None:
             ids = np.asarray(self.plan.window(k), np.int64)
             if not keep:
+                with self._lock:
+                    self._peeked = (k, ids)
                 a = int(lay.group_first[g])
                 return ids[a: a + lay.group_rows(g)]
             with self._lock:

@@ -111,7 +111,8 @@ def test_compressed_objects_are_views_as_local_files_are(mount, s3):
     assert f"{len(s3.files)} compressed object(s) copied to local disk" in shown.stdout, shown.stdout
     info = json.loads(m.xattr("info", "one.jsonl.zst"))["compressed"]
     assert info["read_from"] == "a decoded copy"  # one frame: decoded once, from the object's copy
-    assert json.loads(m.xattr("info", "multi.jsonl.gz"))["compressed"]["read_from"] == "restart points"
+    multi = json.loads(m.xattr("info", "multi.jsonl.gz"))["compressed"]  # from restart points, or a copy made
+    assert multi["read_from"] == "restart points" or "background" in multi["copied_because"]  # from its local copy
 
 
 def test_a_record_level_order_and_rank_shares_from_the_bucket(mount, s3):

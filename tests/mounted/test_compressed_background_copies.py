@@ -1,0 +1,117 @@
+"""Level: mounted (real FUSE mounts, real readers).
+
+Background decoded copies (``--decoded-copies auto``, the default): a compressed file read from
+restart points is decoded into a copy on node-local disk while its first views are read, and the
+views opened once it is there read the copy.  Where the bytes come from never changes which bytes
+a view holds: the same epochs read the same through a mount that never copies (``needed``).  A
+rewrite is ESTALE for handles opened before and the new version for new opens, as without a
+copy; an unmount stops a copy under way and leaves nothing behind."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import compressed_files as cf
+
+FILES = {"train.jsonl.gz": lambda d: cf.gz(d, members=3), "frames.jsonl.zst": lambda d: cf.zst(d, frame=1 << 20)}
+COPY_TIMEOUT = 60.0
+
+
+def read(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def compressed_info(m, name: str) -> dict:
+    return json.loads(m.xattr("info", name))["compressed"]
+
+
+def wait_for_copy(m, name: str) -> dict:
+    """The view's ``compressed`` info once it reads a decoded copy (its first open started it)."""
+    deadline = time.monotonic() + COPY_TIMEOUT
+    while True:
+        info = compressed_info(m, name)
+        if info["read_from"] == "a decoded copy":
+            return info
+        assert "none" not in info.get("decoded_copy", ""), info  # refused: there is room on this disk
+        assert time.monotonic() < deadline, f"no decoded copy of {name} after {COPY_TIMEOUT} s: {info}"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def plain() -> bytes:
+    return cf.jsonl(30000, seed=11)
+
+
+def test_views_read_a_copy_made_in_the_background_and_hold_the_same_bytes(mount, plain: bytes):
+    """Holds: SEMANTICS.md#views-compressed-copy, SEMANTICS.md#views-order"""
+    files = {name: encode(plain) for name, encode in FILES.items()}
+    auto = mount(files, "--seed", "3")
+    needed = mount(files, "--seed", "3", "--decoded-copies", "needed")
+    for name in files:
+        before = compressed_info(auto, name)
+        assert before["read_from"] == "restart points" and before["restart_points"] >= 2, before
+        first = read(auto.path(name))  # epoch 0 from restart points; its open starts the copy
+        info = wait_for_copy(auto, name)
+        assert "background" in info["copied_because"] and info["copy_dir"], info
+        assert first == read(needed.path(name))
+        for m in (auto, needed):
+            m.set_epoch(1, name)
+        got = read(auto.path(name))  # from the copy
+        assert got == read(needed.path(name)) and got != first
+        assert sorted(cf.lines_of(cf.decode(name, got))) == sorted(cf.lines_of(plain))
+        assert compressed_info(needed, name)["read_from"] == "restart points"
+    stats = auto.stats()
+    assert sorted(Path(p).name for p in stats["decoded_copies"]) == sorted(files)
+    assert stats["decoded"]["background"] is True and stats["decoded"]["being_made"] == []
+    out = subprocess.run([sys.executable, "-m", "shufflefs", "stat", str(auto.path())], capture_output=True,
+                         text=True, timeout=60).stdout
+    assert "decoded copy" in out and "train.jsonl.gz" in out
+    assert not needed.stats().get("decoded_copies")
+
+
+def test_a_rewrite_after_the_copy_is_estale_for_open_handles_and_new_for_new_opens(mount, plain: bytes):
+    """Holds: SEMANTICS.md#changes-open-estale, SEMANTICS.md#changes-new-open, SEMANTICS.md#views-compressed-copy"""
+    name = "train.jsonl.gz"
+    m = mount({name: cf.gz(plain)})
+    read(m.path(name))
+    wait_for_copy(m, name)
+    with open(m.path(name), "rb") as held:
+        new = cf.jsonl(20000, seed=12)
+        tmp = m.src / (name + ".tmp")
+        tmp.write_bytes(cf.gz(new))
+        os.replace(tmp, m.src / name)
+        with pytest.raises(OSError) as e:
+            held.read()
+        assert e.value.errno == errno.ESTALE
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        got = read(m.path(name))
+        if sorted(cf.lines_of(cf.decode(name, got))) == sorted(cf.lines_of(new)):
+            break
+        time.sleep(0.2)  # the listing's lifetime
+    else:
+        pytest.fail("new opens never showed the new version")
+    info = wait_for_copy(m, name)  # the new version gets a copy of its own
+    assert info["decoded_bytes"] == len(new)
+
+
+def test_an_unmount_stops_a_copy_under_way_and_leaves_nothing(mount):
+    """Holds: SEMANTICS.md#views-compressed-copy"""
+    big = cf.jsonl(400000, seed=13)  # about 50 MB decoded: its copy takes a while
+    m = mount({"big.jsonl.gz": cf.gz(big)})
+    with open(m.path("big.jsonl.gz"), "rb") as f:
+        f.read(1 << 20)
+    t0 = time.monotonic()
+    m.stop()
+    assert m.returncode == 0 and time.monotonic() - t0 < 30
+    left = [p for p in m.cache.rglob("*") if p.name.startswith(("decoded-", "part-"))]
+    assert not left, left
