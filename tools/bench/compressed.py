@@ -10,8 +10,10 @@ as zstd frames of 1 MiB (pzstd, the seekable format) and as one zstd frame (the 
 * the gzip restart-point libraries: indexed_gzip and rapidgzip, index build, index size, a random
   1 MiB read (restart points about every MiB for both);
 * records/s of a plain ``gzip.open`` (or ``zstandard`` stream reader) line loop over the source
-  and over the view at the same path through a mount with default options, warm (the epoch after
-  a first one), and the label mix per 100 records of what the loop got;
+  and over the view at the same path through a mount with default options: the first epoch, and
+  warm (the epochs after it, once the decoded copy its first open started is made), and the same
+  warm epochs through a mount with ``--decoded-copies needed`` (decoded from restart points);
+  the label mix per 100 records of what each loop got;
 * time from an epoch change to the first record (a new open, ``readline``);
 * the daemon's memory (own: anonymous + shared pages; RSS) against the bound.
 
@@ -194,6 +196,49 @@ def libraries(path: Path, size: int) -> list[str]:
 # --------------------------------------------------------------------------- the run
 
 
+def paired_rounds(pid: int, mnt: Path, name: str, source: Path, records: int, epochs: range
+                  ) -> tuple[list[tuple], tuple[float, float]]:
+    """Each epoch's view loop right after a loop over the source: (epoch, view rate, its paired
+    source loop's rate, daemon usage, mix, uniform) per epoch, and the source's own mix."""
+    rounds, source_mix = [], (0.0, 0.0)
+    for epoch in epochs:
+        n, t, first = line_loop(source)
+        base = n / t
+        source_mix = label_mix(first)
+        os.setxattr(mnt / name, "user.shufflefs.epoch", str(epoch).encode())
+        with Sampler(pid) as s:
+            n, t, got = line_loop(mnt / name)
+        assert n == records, (name, n, records)
+        rounds.append((epoch, n / t, base, s.usage, *label_mix(got)))
+    return rounds, source_mix
+
+
+def round_rows(name: str, groups: tuple) -> list[str]:
+    """Table rows of groups of rounds: the median round's rate and ratio (the range of the ratios),
+    its daemon CPU, the peak memory of all of them."""
+    rows = []
+    for what, got in groups:
+        ratios = [r[1] / r[2] for r in got]
+        k = int(np.argsort(ratios)[len(ratios) // 2])  # the median round
+        _, rate, _, u, mix, uniform = got[k]
+        spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(got) > 1 else ""
+        rows.append(f"| {name} | {what} | {rate:,.0f} | {ratios[k]:.2f}{spread} | {mix:.3f} ({uniform:.3f}) | "
+                    f"{u.cpu_s:.1f} | {max(r[3].peak_own for r in got) / 2**20:.0f} / "
+                    f"{max(r[3].peak_rss for r in got) / 2**20:.0f} |")
+    return rows
+
+
+def wait_for_copy(mnt: Path, name: str, timeout: float = 600.0) -> float:
+    """Seconds until the view's decoded copy, started by its first open, is made."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        got = json.loads(os.getxattr(mnt / name, "user.shufflefs.info")).get("compressed", {})
+        if got.get("read_from") == "a decoded copy" or "none" in got.get("decoded_copy", ""):
+            break
+        time.sleep(0.2)
+    return time.perf_counter() - t0
+
+
 def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = None) -> str:
     src = corpus(data, gib)
     plain = data / "corpus.jsonl"
@@ -224,42 +269,35 @@ def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = 
     for name in files or ("corpus.jsonl", GZ, FRAMES, ONE):  # a daemon of its own for each: memory apart
         where = plain_src if name == "corpus.jsonl" else src
         cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(where), str(mnt), "--cache-dir", str(cache)]
+        source = where / name  # python's line loop over the plain file, else the decompressing one
+        background = name in (GZ, FRAMES)  # read from restart points until their copy is made
         with FuseDaemon(cmd, mnt, data / "daemon.log", env) as d:
-            source = where / name  # python's line loop over the plain file, else the decompressing one
             if name != "corpus.jsonl":
                 line_loop(source)  # warms the page cache
             t0 = time.perf_counter()
             view_size = os.stat(mnt / name).st_size  # indexes the file (decodes it once)
             builds.append((name, time.perf_counter() - t0, view_size))
-            rounds = []  # (epoch, view rate, its paired source loop's rate, usage, mix, uniform)
-            for epoch in range(1 + WARM_ROUNDS):  # each view loop right after a loop over the source
-                n, t, first = line_loop(source)
-                base = n / t
-                if epoch == 0:
-                    source_mix = label_mix(first)
-                os.setxattr(mnt / name, "user.shufflefs.epoch", str(epoch).encode())
-                with Sampler(d.pid) as s:
-                    n, t, first = line_loop(mnt / name)
-                assert n == records, (name, n, records)
-                rounds.append((epoch, n / t, base, s.usage, *label_mix(first)))
-            bases = [r[2] for r in rounds]
-            rows.append(f"| {name} | source loop | {np.median(bases):,.0f} ({min(bases):,.0f}-{max(bases):,.0f}) | 1.00 | "
-                        f"{source_mix[0]:.3f} ({source_mix[1]:.3f}) | - | - |")
-            for what, got in (("view, first epoch", rounds[:1]), (f"view, warm (median of {WARM_ROUNDS})", rounds[1:])):
-                ratios = [r[1] / r[2] for r in got]
-                k = int(np.argsort(ratios)[len(ratios) // 2])  # the median round
-                _, rate, _, u, mix, uniform = got[k]
-                spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(got) > 1 else ""
-                rows.append(f"| {name} | {what} | {rate:,.0f} | {ratios[k]:.2f}{spread} | {mix:.3f} ({uniform:.3f}) | "
-                            f"{u.cpu_s:.1f} | {max(r[3].peak_own for r in got) / 2**20:.0f} / "
-                            f"{max(r[3].peak_rss for r in got) / 2**20:.0f} |")
+            rounds, source_mix = paired_rounds(d.pid, mnt, name, source, records, range(1))
+            wait = wait_for_copy(mnt, name) if background else None
+            rounds += paired_rounds(d.pid, mnt, name, source, records, range(1, 1 + WARM_ROUNDS))[0]
             info = json.loads(os.getxattr(mnt / name, "user.shufflefs.info"))
             window = int(info["buffer_bytes"])
             times = [first_record(mnt, name, e) for e in range(WARM_ROUNDS + 1, WARM_ROUNDS + 4)]
             read_from = info.get("compressed", {}).get("read_from", "the file")
             firsts.append((name, info["block_size"], read_from, sorted(times)[1], window))
-            if name == ONE:
+            if name == ONE or (background and not stats):
                 stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
+        bases = [r[2] for r in rounds]
+        rows.append(f"| {name} | source loop | {np.median(bases):,.0f} ({min(bases):,.0f}-{max(bases):,.0f}) | 1.00 | "
+                    f"{source_mix[0]:.3f} ({source_mix[1]:.3f}) | - | - |")
+        warm = f"view, warm (median of {WARM_ROUNDS}" + (f"; the copy made {wait:.0f} s after the first epoch)"
+                                                        if wait is not None else ")")
+        rows += round_rows(name, (("view, first epoch", rounds[:1]), (warm, rounds[1:])))
+        if background:  # the same warm epochs decoded from restart points, as without a copy
+            cmd.extend(["--decoded-copies", "needed"])
+            with FuseDaemon(cmd, mnt, data / "daemon.log", env) as d:
+                again = paired_rounds(d.pid, mnt, name, source, records, range(1, 1 + WARM_ROUNDS))[0]
+            rows += round_rows(name, ((f"view, warm, `--decoded-copies needed` (median of {WARM_ROUNDS})", again),))
     out += ["Line loops over the source and over the view at the same path (default mount options, so "
             "`stratified` with a 64 MiB buffer; warm: the source in the page cache, the index cached; a daemon "
             "of its own per file; the first row is the plain corpus read by Python's line loop, for reference). "
