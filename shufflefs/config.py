@@ -153,6 +153,9 @@ class MountConfig:
     """``keep`` or ``drop`` a window's source pages once it is built; ``auto`` chooses per view
     (`sources.cache_mode`)."""
     direct_io: bool = False
+    page_cache: bool = False
+    """Serve every view through the page cache, also those `serve.serving` would serve with
+    ``direct_io`` because their source does not stay cached."""
     """Serve every view but npy and fixed-size ones with ``direct_io`` (no page cache): shared
     mappings of them fail with ENODEV.  False: every view goes through the page cache."""
     compiled_replies: bool = True

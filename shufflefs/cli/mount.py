@@ -118,6 +118,8 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
             block_floor = OBJECT_BLOCK_MIN
     if v["rank"] >= v["world_size"]:
         parser.error(f"--rank {v['rank']} must be smaller than --world-size {v['world_size']}")
+    if v["direct_io"] and v["page_cache"]:
+        parser.error("--direct-io and --page-cache: one or the other (neither: chosen per view)")
     spec = ShuffleSpec(
         strategy=v["strategy"], seed=v["seed"], block_size=v["block_size"], buffer=v["buffer"],
         page_size=v["page_size"], even=v["even"], exchange=v["exchange"], pls_local=v["pls_local"],
@@ -150,7 +152,8 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
         pool=not v["no_pool"], pool_globs=opts.pools, mixes=opts.mixes, stage_dir=stage_dir, verify=v["verify"],
         source_cache=v["source_cache"], decoded_copies=v["decoded_copies"],
-        store_options=store_options, direct_io=v["direct_io"], block_floor_note=floor_note,
+        store_options=store_options, direct_io=v["direct_io"],
+        page_cache=bool(v["page_cache"]), block_floor_note=floor_note,
         compiled_replies=not v["python_replies"], reply_threads=v["reply_threads"],
         allow_other=bool(v["allow_other"]), epoch_setters=v["epoch_setters"],
         cache_warning=None if unwritable is None else (f"cache directory {cache_dir} cannot be written "

@@ -205,6 +205,7 @@ OPTIONS: dict[str, _Option] = {
     "cache_dir": _Option(_path, None),
     "no_pool": _Option(_flag, False),
     "direct_io": _Option(_flag, False),
+    "page_cache": _Option(_flag, False),
     "python_replies": _Option(_flag, False),
     "reply_threads": _Option(_auto_or(_integer(0, 64)), None),
     "allow_other": _Option(_flag, False),

@@ -52,6 +52,9 @@ def format_stats(stats: dict) -> str:
         lines.append(("source cache", f"{cache.get('option')}: {chosen}; room {_human(int(cache.get('room', 0)))} "
                       f"({cache.get('room_from')}); window loads: {loads}; "
                       f"{_human(int(cache.get('dropped_bytes', 0)))} of source pages dropped"))
+    serving = take("serving", None)
+    if serving:
+        lines.append(("serving", "; ".join(f"{why} ({n} open(s))" for why, n in sorted(serving.items()))))
     block_size, buffer = s.get("block_size"), s.get("buffer")
     params = [f"{k}={_param(k, take(k))}" for k in ("seed", "block_size", "buffer", "page_size") if k in s]
     lines.append(("strategy", "  ".join([str(take("strategy", "?")), *params])))

@@ -33,6 +33,7 @@ from .mix_tree import MixTree, in_mix_tree
 from .nodes import DIR, FILE, LINK, NO_POOL, ROOT, UNREAD, VIEW, Handle, Node, Probe, Reply, Stat, shard_stat
 from .planner import RESUME_MISFIT, Planner
 from .reads import Reads
+from .serving import page_cache
 from .stats import Stats
 from .tree import Tree
 from .versions import MemberVersions
@@ -40,15 +41,6 @@ from .views import Views
 from .workers import META_DEADLINE, Timeout, Workers
 
 log = logging.getLogger("shufflefs")
-
-PAGE_CACHE_FORMATS = frozenset({"npy", "fixed"})
-"""Formats served through the page cache even with ``--direct-io``, because their usual readers
-map them (``numpy.load(..., mmap_mode='r')``, ``numpy.memmap``) and a shared mmap of a direct_io
-file fails with ENODEV (libfuse 3.14 cannot ask for FUSE_DIRECT_IO_ALLOW_MMAP).  Without
-``--direct-io`` every view is served through the page cache, since CSV, JSON and Arrow readers
-map files too (``pandas.read_csv`` of files from 5 MB on).  Safe because a view inode's bytes
-never change: a new epoch, source version or part is a new inode (`tree.Tree`)."""
-
 
 class Catalog:
     """Call `start` with a nursery before serving requests."""
@@ -86,6 +78,7 @@ class Catalog:
         self.prep = EpochPrep(self)
         # True: the kernel keeps views' names (`fs.KernelNames`), so an open may come without a lookup
         self.names_cached = False
+        self.serving: dict[str, int] = {}  # views opened, by how they are served and why
 
     def start(self, nursery: trio.Nursery) -> None:
         """Background window loads and stage builds run in ``nursery`` (cancelled at unmount)."""
@@ -425,8 +418,8 @@ class Catalog:
         node.trusted = True
 
     def page_cache(self, node: Node) -> bool:
-        """Whether the kernel may cache the node's bytes (see `PAGE_CACHE_FORMATS`)."""
-        return node.kind != VIEW or not self.config.direct_io or node.fmt.name in PAGE_CACHE_FORMATS
+        """Whether the kernel may cache the bytes of an opened node (`serving.page_cache`)."""
+        return page_cache(node, self.config, self.serving)
 
     async def read(self, h: Handle, off: int, size: int) -> Any:
         node = h.node

@@ -311,6 +311,7 @@ def _snapshot(cat: Catalog) -> dict[str, Any]:
         epoch_prefetches=cat.prep.prefetches,
         gather=GATHER,
         source_cache=views.source_cache.describe(),
+        serving=dict(cat.serving),
         code=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         read_bytes=views.read_bytes.snapshot(),
         **({"store_requests": cat.store.requests()} if hasattr(cat.store, "requests") else {}),
