@@ -123,6 +123,8 @@ def format_stats(stats: dict) -> str:
                                  f"{decoded.get('dir')} ({_human(decoded.get('bytes', 0))})"))
         for path in decoded.get("being_made", []):
             lines.append(("decoded copy", f"{path}: being made in the background"))
+        if decoded.get("queued"):
+            lines.append(("decoded copy", f"{len(decoded['queued'])} more queued to be made one after another"))
         for path, why in (decoded.get("refused") or {}).items():
             lines.append(("decoded copy", f"{path}: none ({why}); read from restart points"))
     for path, got in (take("decoded_copies", None) or {}).items():

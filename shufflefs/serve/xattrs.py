@@ -324,8 +324,9 @@ def _snapshot(cat: Catalog) -> dict[str, Any]:
 def _decoded(cat: Catalog) -> dict[str, Any]:
     """The decoded copies of compressed files (`stages.decoded`): where, how many bytes, which."""
     got = cat.planner.decoding.describe()
-    if not got["copies"] and not got["being_made"] and not got["refused"]:
+    if not got["copies"] and not got["being_made"] and not got["queued"] and not got["refused"]:
         return {}
     return {"decoded": {"dir": got["dir"], "files": len(got["copies"]), "bytes": got["bytes"],
-                        "background": got["background"], "being_made": got["being_made"], "refused": got["refused"]},
+                        "background": got["background"], "being_made": got["being_made"], "queued": got["queued"],
+                        "refused": got["refused"]},
             "decoded_copies": got["copies"]}

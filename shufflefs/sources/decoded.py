@@ -177,6 +177,17 @@ class DecodedSource:
     def file_of(self, fd: int) -> Reader:
         return self.copy.file_of(fd)
 
+    def verify_read(self, offset: int | None) -> None:
+        """After reading the copy from ``offset`` (as a pool's member, named by the copy's
+        descriptor): the copy and the compressed file are still the indexed versions."""
+        self.copy.verify_read(offset)
+        self.raw.check()
+
+    def ended(self, offset: int) -> None:
+        """The copy ended before ``offset``: `StaleSourceError` (or the change that explains it)."""
+        self.raw.check()
+        self.copy.ended(offset)
+
     def mapping(self) -> object | None:
         ask = getattr(self.copy, "mapping", None)
         return ask() if ask is not None else None

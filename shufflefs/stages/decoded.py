@@ -121,7 +121,9 @@ class Decoding:
         self.background = copies == "auto" and not self.copy_all
         self._closing = False
         self._tried: set[tuple[str, SourceStamp]] = set()  # versions a background copy was started (or refused) for
-        self._making: dict[str, threading.Thread] = {}  # background copies under way, by source path
+        self._making: dict[str, str] = {}  # background copies queued or being made, by source path
+        self._queue: list[tuple] = []  # (relpath, path, stamp, restarts) of the copies queued
+        self._worker: threading.Thread | None = None  # the thread making them
         self._refused: dict[str, str] = {}  # why a file has no background copy
         self._pending = 0  # bytes of the background copies under way
         self._lock = threading.Lock()
@@ -192,11 +194,11 @@ class Decoding:
         more: dict[str, Any] = {}
         if not copied and self.background and path is not None:
             with self._lock:
-                got, making, refused = self._copies.get(path), path in self._making, self._refused.get(path)
+                got, making, refused = self._copies.get(path), self._making.get(path), self._refused.get(path)
             if got is not None and got.stamp == index.stamp:
                 copied, why = True, "--decoded-copies auto: made in the background, so views decode nothing"
             elif making:
-                more["decoded_copy"] = "being made in the background (--decoded-copies auto)"
+                more["decoded_copy"] = f"{making} in the background (--decoded-copies auto)"
             elif refused:
                 more["decoded_copy"] = f"none: {refused}"
         return {"codec": restarts.codec, "restart_points": restarts.points, "decoded_bytes": int(restarts.plain[-1]),
@@ -238,33 +240,54 @@ class Decoding:
             return None
 
     def _start(self, relpath: str, path: str, stamp: SourceStamp, restarts: Restarts) -> None:
-        """Start the background copy of this version of ``path`` unless one was (or the disk has
-        no room for it: why is kept for `describe_view`)."""
-        size = int(restarts.plain[-1])
+        """Queue the background copy of this version of ``path`` unless one was.  One thread makes
+        the queued copies one after another (a pool of a thousand shards opened at once is not a
+        thousand decoders), each once the disk has room for it (else why is kept for
+        `describe_view`)."""
         with self._lock:
             if self._closing or (path, stamp) in self._tried or path in self._making:
                 return
             self._tried.add((path, stamp))
-        refused = self.room_for(size)
-        with self._lock:
-            if refused is not None:
-                self._refused[path] = refused
-            else:
-                self._refused.pop(path, None)
-                self._pending += size
-                thread = threading.Thread(target=self._background, args=(relpath, path, stamp, restarts),
-                                          name="decoded-copy", daemon=True)
-                self._making[path] = thread
-        if refused is not None:
-            log.info("%s: no decoded copy: %s; its views decode from restart points", path, refused)
-            return
-        thread.start()
+            self._making[path] = "queued"
+            self._queue.append((relpath, path, stamp, restarts))
+            if self._worker is not None:
+                return
+            self._worker = threading.Thread(target=self._drain, name="decoded-copy", daemon=True)
+            worker = self._worker
+        worker.start()
 
-    def _background(self, relpath: str, path: str, stamp: SourceStamp, restarts: Restarts) -> None:
+    def _drain(self) -> None:
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
         except OSError:
             pass
+        while True:
+            with self._lock:
+                if self._closing or not self._queue:
+                    self._worker = None
+                    for _, path, _, _ in self._queue:
+                        self._making.pop(path, None)
+                    self._queue.clear()
+                    return
+                relpath, path, stamp, restarts = self._queue.pop(0)
+            refused = self.room_for(int(restarts.plain[-1]))
+            with self._lock:
+                if refused is not None:
+                    self._refused[path] = refused
+                    self._making.pop(path, None)
+                else:
+                    self._refused.pop(path, None)
+                    self._pending += int(restarts.plain[-1])
+                    self._making[path] = "being made"
+            if refused is not None:
+                log.info("%s: no decoded copy: %s; its views decode from restart points", path, refused)
+            else:
+                try:
+                    self._background(relpath, path, stamp, restarts)
+                except Exception:  # not the next copies' end too
+                    log.exception("%s: the background copy failed; its views decode from restart points", path)
+
+    def _background(self, relpath: str, path: str, stamp: SourceStamp, restarts: Restarts) -> None:
         try:
             packed = getattr(self.store, "open_packed", None)
             raw = packed(relpath, stamp) if packed is not None else self.store.open(relpath, stamp)
@@ -394,16 +417,17 @@ class Decoding:
                           "seconds": round(c.seconds, 2)} for p, c in self._copies.items()}
         return {"dir": self._dir or self.root, "copies": copies, "bytes": sum(c["bytes"] for c in copies.values()),
                 "orders_from_copies": self.copy_all, "background": self.background,
-                "being_made": sorted(self._making), "refused": dict(self._refused)}
+                "being_made": sorted(p for p, st in self._making.items() if st == "being made"),
+                "queued": sorted(p for p, st in self._making.items() if st == "queued"), "refused": dict(self._refused)}
 
     def close(self) -> None:
         """Remove every copy, close the decoders kept for the next opens (at unmount)."""
         close_kept()
         with self._lock:
             self._closing = True
-            making = list(self._making.values())
-        for thread in making:  # each stops at its next step (`_build`)
-            thread.join(timeout=30)
+            worker = self._worker
+        if worker is not None:  # it stops at its copy's next step (`_build`)
+            worker.join(timeout=30)
         with self._lock:
             directory, hold = self._dir, self._hold
             self._dir, self._hold, self._copies = None, -1, {}

@@ -107,7 +107,7 @@ def test_a_rewrite_after_the_copy_is_estale_for_open_handles_and_new_for_new_ope
 
 def test_an_unmount_stops_a_copy_under_way_and_leaves_nothing(mount):
     """Holds: SEMANTICS.md#views-compressed-copy"""
-    big = cf.jsonl(400000, seed=13)  # about 50 MB decoded: its copy takes a while
+    big = cf.jsonl(100000, seed=13)  # about 78 MB decoded: its copy takes a while
     m = mount({"big.jsonl.gz": cf.gz(big)})
     with open(m.path("big.jsonl.gz"), "rb") as f:
         f.read(1 << 20)
@@ -116,3 +116,41 @@ def test_an_unmount_stops_a_copy_under_way_and_leaves_nothing(mount):
     assert m.returncode == 0 and time.monotonic() - t0 < 30
     left = [p for p in m.cache.rglob("*") if p.name.startswith(("decoded-", "part-"))]
     assert not left, left
+
+
+def test_a_pool_of_many_shards_gets_its_copies_one_after_another(mount):
+    """Holds: SEMANTICS.md#views-compressed-copy, SEMANTICS.md#ranks-pools"""
+    n = 12
+    shards = {f"train-{i:05d}-of-{n:05d}.jsonl.gz": cf.gz(cf.jsonl(3000, seed=20 + i)) for i in range(n)}
+    every = sorted(line for body in shards.values() for line in cf.lines_of(cf.decode("x.gz", body)))
+    auto = mount(shards, "--seed", "2")
+    needed = mount(shards, "--seed", "2", "--decoded-copies", "needed")
+
+    def epoch(m) -> list[bytes]:
+        return [m.path(name).read_bytes() for name in sorted(shards)]
+
+    first = epoch(auto)  # opens every member: their copies are queued
+    assert first == epoch(needed)
+    assert sorted(line for b in first for line in cf.lines_of(cf.decode("x.gz", b))) == every
+    deadline = time.monotonic() + COPY_TIMEOUT
+    while True:
+        got = auto.stats().get("decoded", {})
+        if got.get("files") == n and not got.get("being_made") and not got.get("queued"):
+            break
+        assert len(got.get("being_made", [])) <= 1, got  # one copy at a time
+        assert time.monotonic() < deadline, got
+        time.sleep(0.1)
+    for m in (auto, needed):
+        m.set_epoch(1)
+    assert epoch(auto) == epoch(needed) != first
+
+
+def test_a_pool_of_single_frame_shards_is_read_from_their_copies(mount):
+    """Holds: SEMANTICS.md#views-compressed-copy, SEMANTICS.md#ranks-pools"""
+    n = 4
+    shards = {f"train-{i:05d}-of-{n:05d}.jsonl.zst": cf.zst(cf.jsonl(50000, seed=40 + i)) for i in range(n)}
+    every = sorted(line for body in shards.values() for line in cf.lines_of(cf.decode("x.zst", body)))
+    m = mount(shards, "--seed", "2", "--decoded-copies", "needed")
+    got = [m.path(name).read_bytes() for name in sorted(shards)]
+    assert sorted(line for b in got for line in cf.lines_of(cf.decode("x.zst", b))) == every
+    assert m.stats()["decoded"]["files"] == n

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +61,11 @@ def test_no_room_means_no_copy_and_the_info_says_why(tmp_path: Path, monkeypatch
                         np.zeros(0, np.int64), np.zeros(0, np.uint8))
     stamp = SourceStamp(1, 2, 3, 4)
     index = DecodedIndex(2 << 20, np.array([0, 2 << 20], np.int64), False, stamp, restarts)
-    d._start("f.jsonl.gz", "/src/f.jsonl.gz", stamp, restarts)
+    d._start("f.jsonl.gz", "/src/f.jsonl.gz", stamp, restarts)  # queued: the copying thread finds no room
+    deadline = time.monotonic() + 30
+    while d.describe()["queued"] or d.describe()["being_made"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     info = d.describe_view(index, "/src/f.jsonl.gz")
     assert info["read_from"] == "restart points" and info["decoded_copy"].startswith("none: "), info
     assert d.describe()["refused"] == {"/src/f.jsonl.gz": d.room_for(2 << 20)}
