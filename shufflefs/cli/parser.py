@@ -130,7 +130,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
     g.add_argument("--decoded-copies", choices=DECODED_COPY_MODES, default=None,
                    help="compressed files (.jsonl.gz, .jsonl.zst, ...): auto (default) decodes each "
                         "one into a copy on node-local disk (under --stage-dir, else the cache "
-                        "directory) on a low-priority thread during its first epoch, when the disk "
+                        "directory) during its first epoch, by one low-priority thread, one file "
+                        "after another, when the disk "
                         "keeps 10%% and 1 GiB free besides it, so later epochs read the copy and "
                         "decode nothing; needed: only files without restart points (one zstd "
                         "frame) or under record-level orders get one, the others are decoded from "

@@ -13,8 +13,9 @@ Copies stay while the mount runs, one per file: a new version's copy replaces th
 no view reads it.  Blocking (worker threads), no FUSE.
 
 Under ``--decoded-copies auto`` (the default) a file read from restart points gets a copy too,
-made on a thread of its own at a low priority while the first views decode, when the disk keeps
-room besides it (`room_for`): views opened once it is there read it and decode nothing.  Where
+queued at its first open and made by one low-priority thread, one copy after another, while the
+first views decode, when the disk keeps room besides it (`room_for`): views opened once it is
+there read it and decode nothing.  Where
 the bytes come from never changes which bytes a view holds.
 """
 
