@@ -126,7 +126,6 @@ class Decoding:
         self._queue: list[tuple] = []  # (relpath, path, stamp, restarts) of the copies queued
         self._worker: threading.Thread | None = None  # the thread making them
         self._refused: dict[str, str] = {}  # why a file has no background copy
-        self._pending = 0  # bytes of the background copies under way
         self._lock = threading.Lock()
         self._building: dict[str, threading.Lock] = {}
         self._copies: dict[str, Copy] = {}  # by source path
@@ -210,8 +209,8 @@ class Decoding:
 
     def room_for(self, size: int) -> str | None:
         """Why a background copy of ``size`` bytes may not be made now (None: it may): the disk of
-        the copies keeps `FREE_KEPT` of itself and `FREE_KEPT_BYTES` free besides it and the
-        copies under way."""
+        the copies keeps `FREE_KEPT` of itself and `FREE_KEPT_BYTES` free besides it.  Asked
+        between copies, which one thread makes one at a time, so no other is under way."""
         where = self.root
         while not os.path.isdir(where) and os.path.dirname(where) != where:
             where = os.path.dirname(where)
@@ -221,11 +220,8 @@ class Decoding:
             return f"the free space of {where} is unknown ({e.strerror})"
         free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
         keep = max(int(FREE_KEPT * total), FREE_KEPT_BYTES)
-        with self._lock:
-            pending = self._pending
-        if free - pending - size < keep:
-            return (f"{size:,} decoded bytes would leave less than {keep:,} of {where}'s {free:,} free bytes "
-                    f"({pending:,} more being copied)")
+        if free - size < keep:
+            return f"{size:,} decoded bytes would leave less than {keep:,} of {where}'s {free:,} free bytes"
         return None
 
     def _made(self, path: str, stamp: SourceStamp, size: int) -> tuple[Source, Callable[[], None]] | None:
@@ -278,7 +274,6 @@ class Decoding:
                     self._making.pop(path, None)
                 else:
                     self._refused.pop(path, None)
-                    self._pending += int(restarts.plain[-1])
                     self._making[path] = "being made"
             if refused is not None:
                 log.info("%s: no decoded copy: %s; its views decode from restart points", path, refused)
@@ -308,7 +303,6 @@ class Decoding:
                 self._refused[path] = str(e)
         finally:
             with self._lock:
-                self._pending -= int(restarts.plain[-1])
                 self._making.pop(path, None)
 
     # ------------------------------------------------------------------ copies
