@@ -52,6 +52,11 @@ DESCRIPTOR_ERRNOS = (_errno.EMFILE, _errno.ENFILE)
 """Out of file descriptors: the process's limit (EMFILE) or the system's (ENFILE).  A reader gets
 that errno, never EIO: the file is fine, and closing files (or a higher limit) cures it."""
 
+UNDECIDED_ERRNOS = (*DESCRIPTOR_ERRNOS, _errno.ETIMEDOUT, _errno.ESHUTDOWN)
+"""A check of whether a file is still the version a view shows that ended in one of these (out of
+descriptors, no answer within the deadline, unmounting) learned nothing: the open gets that errno,
+logged, never ESTALE, which tells the kernel the file changed."""
+
 
 def descriptors_note(e: BaseException) -> str:
     """For a log line: why the daemon is out of descriptors and what to raise ("" for other errors)."""

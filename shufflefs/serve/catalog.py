@@ -19,7 +19,7 @@ from typing import Any
 import trio
 
 from ..config import MIX_DIR, PARTS_DIR, MountConfig
-from ..errors import DESCRIPTOR_ERRNOS, FormatError, ResumeMismatch, ShuffleError, StaleSourceError, descriptors_note
+from ..errors import UNDECIDED_ERRNOS, FormatError, ResumeMismatch, ShuffleError, StaleSourceError, descriptors_note
 from ..index.table import SourceStamp
 from ..pools.lookup import PoolTable
 from ..pools.mixes import MixTable
@@ -378,6 +378,7 @@ class Catalog:
         found_wrong = self.planner.generation(("pool", node.pool.pool.key) if node.pool else ("file", node.relpath))
         if node.key[4] != found_wrong:
             # its index was found wrong since its lookup: ESTALE, so the kernel looks the name up
+            log.debug("open %s (epoch %d): its index was found wrong since its lookup: ESTALE", node.relpath, node.epoch)
             self.tree.forget_listed(node.relpath)  # again: a new inode, with none of the old one's pages
             raise Reply(errno.ESTALE)
         if node.pool is not None or not node.trusted or self.names_cached:
@@ -400,19 +401,21 @@ class Catalog:
         if node.pool is not None:
             try:
                 same = await self.versions.unchanged(node.pool)
-            except OSError as e:  # out of descriptors: the files are fine, not ESTALE
+            except OSError as e:  # could not tell (`UNDECIDED_ERRNOS`): not ESTALE
                 raise self.fail("open", node.relpath, node.epoch, None, e) from None
             if not same:
+                log.debug("open %s (epoch %d): a file of its pool changed or is gone: ESTALE", node.relpath, node.epoch)
                 self.tree.forget_listed(node.relpath)
                 raise Reply(errno.ESTALE)
             return
         try:
             st = await self.workers.run(self.store.stat, node.relpath)
         except (OSError, ShuffleError) as e:
-            if isinstance(e, OSError) and e.errno in DESCRIPTOR_ERRNOS:  # the file is fine: not ESTALE
+            if isinstance(e, OSError) and e.errno in UNDECIDED_ERRNOS:  # could not tell: not ESTALE
                 raise self.fail("open", node.relpath, node.epoch, None, e) from None
             st = None
         if st is None or SourceStamp.of(st) != node.stamp:
+            log.debug("open %s (epoch %d): its file changed or is gone: ESTALE", node.relpath, node.epoch)
             self.tree.forget_listed(node.relpath)
             raise Reply(errno.ESTALE)
         node.trusted = True

@@ -24,7 +24,7 @@ from typing import Hashable
 
 import trio
 
-from ..errors import DESCRIPTOR_ERRNOS, ShuffleError
+from ..errors import UNDECIDED_ERRNOS, ShuffleError
 from ..index.table import SourceStamp
 from ..pools.access import Access
 from ..pools.lookup import PoolEntry, PoolTable
@@ -124,12 +124,13 @@ class MemberVersions:
     async def unchanged(self, entry: PoolEntry | MixEntry) -> bool:
         """Whether every member of ``entry`` is still the version it names.  If not, the table
         that answers lookups takes the stamps just read, so the kernel's next lookup of the
-        shard leads to the new version's inode.  Out of descriptors: that OSError."""
+        shard leads to the new version's inode.  A reading that could not tell (`UNDECIDED_ERRNOS`:
+        out of descriptors, past its deadline, unmounting): that OSError."""
         try:
             got = await self._read(entry)
             now, perms = got.stamps, got.perms
         except (OSError, ShuffleError) as e:  # the lookup that follows reports it
-            if isinstance(e, OSError) and e.errno in DESCRIPTOR_ERRNOS:  # the files are fine: the caller's
+            if isinstance(e, OSError) and e.errno in UNDECIDED_ERRNOS:  # not a change: the caller's error
                 raise
             now, perms = None, ()
         if now == entry.stamps:

@@ -70,3 +70,28 @@ def test_opens_share_a_reading_that_started_after_they_arrived(tmp_path: Path) -
     for i in range(20):  # every later open saw the change, and the unchanged stamps are the same objects
         assert got[f"later{i}"][5] == now and got[f"later{i}"] is got["later0"]
         assert all(a is b for j, (a, b) in enumerate(zip(got[f"later{i}"], stamps)) if j != 5)
+
+
+def test_a_reading_that_could_not_tell_is_an_error_not_a_change(tmp_path: Path) -> None:
+    """A reading past its deadline learned nothing about the members: the open gets ETIMEDOUT
+    (logged by the catalog), never ESTALE, which would tell the kernel a member changed.  A member
+    really changed still answers False.  Holds: SEMANTICS.md#errors-etimedout"""
+    import errno
+
+    import pytest
+
+    names = tuple(f"part-{i:05d}.jsonl" for i in range(4))
+    for n in names:
+        (tmp_path / n).write_bytes(b'{"a": 1}\n')
+    store = Counted(str(tmp_path))
+    stamps = tuple(SourceStamp.of(s) for s in LocalStore.stat_many(store, names))
+    entry = PoolEntry(ShardSet("part-*.jsonl", names, "lines"), 0, stamps)
+    versions = MemberVersions(store, Workers(meta_deadline=0.2), None, None)
+    with pytest.raises(OSError) as e:
+        trio.run(versions.unchanged, entry)  # stat_many waits for `go` past the deadline
+    assert e.value.errno == errno.ETIMEDOUT
+    store.go.set()
+    assert trio.run(versions.unchanged, entry) is True
+    with open(tmp_path / names[2], "ab") as f:
+        f.write(b'{"a": 2}\n')
+    assert trio.run(versions.unchanged, entry) is False
