@@ -148,8 +148,9 @@ class MountConfig:
     ``index``: only when the index is built."""
     source_cache: str = "auto"
     decoded_copies: str = "auto"
-    """``auto``: every compressed file gets a decoded copy made in the background when the disk has
-    room; ``needed``: only those that cannot be read otherwise (`stages.decoded`)."""
+    """``auto``: every compressed file gets a decoded copy, written by its index scan or made in the
+    background, when the disk has room; ``needed``: only those that cannot be read otherwise
+    (`stages.decoded`)."""
     """``keep`` or ``drop`` a window's source pages once it is built; ``auto`` chooses per view
     (`sources.cache_mode`)."""
     direct_io: bool = False

@@ -49,6 +49,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -468,6 +469,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # a TERM (a job's timeout, `kill`) unwinds like ^C: the `finally` blocks unmount every mount
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     code = sections.dispatch(sys.argv[1:] if argv is None else argv)
     if code is not None:
         return code

@@ -130,10 +130,10 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
     g.add_argument("--decoded-copies", choices=DECODED_COPY_MODES, default=None,
                    help="compressed files (.jsonl.gz, .jsonl.zst, ...): auto (default) decodes each "
                         "one into a copy on node-local disk (under --stage-dir, else the cache "
-                        "directory) during its first epoch, by one low-priority thread, one file "
-                        "after another, when the disk "
-                        "keeps 10%% and 1 GiB free besides it, so later epochs read the copy and "
-                        "decode nothing; needed: only files without restart points (one zstd "
+                        "directory) when the disk keeps 10%% and 1 GiB free besides it: written by "
+                        "the scan that indexes it, else (index cached) during its first epoch by "
+                        "one low-priority thread, one file after another; views that find the copy "
+                        "read it and decode nothing; needed: only files without restart points (one zstd "
                         "frame) or under record-level orders get one, the others are decoded from "
                         "restart points every epoch. shufflefs stat shows the copies")
     g.add_argument("--stage-dir", metavar="DIR",

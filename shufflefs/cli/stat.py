@@ -128,8 +128,8 @@ def format_stats(stats: dict) -> str:
         for path, why in (decoded.get("refused") or {}).items():
             lines.append(("decoded copy", f"{path}: none ({why}); read from restart points"))
     for path, got in (take("decoded_copies", None) or {}).items():
-        lines.append(("decoded copy", f"{path}: {_human(got.get('bytes', 0))}, decoded in {got.get('seconds')} s, "
-                                      f"read by {got.get('views')} view(s)"))
+        lines.append(("decoded copy", f"{path}: {_human(got.get('bytes', 0))}, decoded in {got.get('seconds')} s "
+                                      f"{got.get('made', '')}, read by {got.get('views')} view(s)"))
     parquet = take("parquet_copies", None)
     for path, got in (parquet or {}).get("copies", {}).items():
         lines.append(("parquet copy", f"{path}: {got.get('copied')} of {got.get('row_groups')} row groups decoded "

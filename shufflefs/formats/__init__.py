@@ -15,7 +15,7 @@ import logging
 import mmap
 import os
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -238,8 +238,10 @@ def parse_format_option(text: str, defaults: Mapping[str, object] | None = None)
 # --------------------------------------------------------------------------- scanning files
 
 
-def scan_file(path: str | os.PathLike, fmt: Format, progress: Progress | None = None) -> RecordIndex:
-    """Index one file through a read-only mmap; the stamp is taken before mapping.
+def scan_file(path: str | os.PathLike, fmt: Format, progress: Progress | None = None,
+              copy: Any = None) -> RecordIndex:
+    """Index one file through a read-only mmap; the stamp is taken before mapping.  ``copy``: a
+    compressed file's `compressed.CopyTarget`, where the scan also writes its decoded bytes.
 
     Raises `StaleSourceError` if the file's size or mtime changed while it was being scanned
     (the index might then describe bytes that no longer exist).  Truncating a file while it is
@@ -260,7 +262,7 @@ def scan_file(path: str | os.PathLike, fmt: Format, progress: Progress | None = 
                 mm.madvise(mmap.MADV_SEQUENTIAL)
             data = np.frombuffer(mm, dtype=np.uint8)
         try:
-            index = fmt.scan(data, path, progress)
+            index = fmt.scan(data, path, progress) if copy is None else fmt.scan(data, path, progress, copy=copy)
         finally:
             del data
             if mm is not None:

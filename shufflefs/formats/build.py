@@ -22,7 +22,7 @@ import signal
 import threading
 from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from typing import Container
+from typing import Any, Container
 
 from .. import resolve
 from ..errors import StaleSourceError
@@ -82,14 +82,16 @@ class IndexBuilder:
         self._generation = 0  # bumped by `shutdown`: scans begun before it end
 
     def build(self, path: str | os.PathLike, fmt: Format, cache_dir: str | os.PathLike | None = None,
-              index_dir: str | os.PathLike | None = None, distrusted: Container[str] = ()) -> RecordIndex:
+              index_dir: str | os.PathLike | None = None, distrusted: Container[str] = (),
+              copy: Any = None) -> RecordIndex:
         """The cached index of ``path`` if its stamp still matches, else one published in
         ``index_dir`` for this version (`shufflefs index --publish --index-dir`; only read; not
         if its cache key is ``distrusted``, found wrong before), else a scan in a worker (then
         cached).
 
         Raises what the scan raises (`FormatError`, `StaleSourceError`, `OSError`, ...) as it was
-        raised in the worker, and `StaleSourceError` if the worker died.
+        raised in the worker, and `StaleSourceError` if the worker died.  ``copy``: a compressed
+        file's `compressed.CopyTarget`, written by a scan (not by a cached index).
         """
         path = os.fspath(path)
         cache = IndexCache(cache_dir)
@@ -100,14 +102,14 @@ class IndexBuilder:
             cached = IndexCache(index_dir).load(key, stamp)
         if cached is not None:
             return cached
-        index = self.scan(path, fmt)
+        index = self.scan(path, fmt, copy)
         try:
             cache.store(cache_key(path, index.stamp, fmt.name, fmt.params()), index)
         except OSError as e:
             log.warning("cannot write index cache for %s: %s", path, e)
         return index
 
-    def scan(self, path: str, fmt: Format) -> RecordIndex:
+    def scan(self, path: str, fmt: Format, copy: Any = None) -> RecordIndex:
         """`scan_file` in a worker process.
 
         A scan whose worker died is tried once more in a fresh one: the worker may have been
@@ -119,7 +121,7 @@ class IndexBuilder:
             for attempt in range(2):
                 pool = self._pool(slot, generation, path)
                 try:
-                    return self._scan_in(slot, pool, path, fmt)
+                    return self._scan_in(slot, pool, path, fmt, copy)
                 except BrokenProcessPool:
                     self._discard(slot, pool)
                     if self._generation != generation:
@@ -153,9 +155,9 @@ class IndexBuilder:
                 pool = self._pools[slot] = ProcessPoolExecutor(1, mp_context=self.context, initializer=_worker_init)
             return pool
 
-    def _scan_in(self, slot: int, pool: ProcessPoolExecutor, path: str, fmt: Format) -> RecordIndex:
+    def _scan_in(self, slot: int, pool: ProcessPoolExecutor, path: str, fmt: Format, copy: Any) -> RecordIndex:
         try:
-            future: Future = pool.submit(_scan_confined, resolve.roots(), path, fmt)
+            future: Future = pool.submit(_scan_confined, resolve.roots(), path, fmt, copy)
         except BrokenProcessPool:  # its idle worker died (killed from outside)
             raise
         except RuntimeError:  # `shutdown` stopped it meanwhile
@@ -163,7 +165,7 @@ class IndexBuilder:
         except OSError as e:  # no process can be started here: scan the old way rather than fail
             self._discard(slot, pool)
             log.error("cannot start an indexing process (%s); scanning %s in the daemon", e, path)
-            return scan_file(path, fmt)
+            return scan_file(path, fmt, copy=copy)
         try:
             return future.result()
         except CancelledError:  # `shutdown` dropped it before it started
@@ -178,11 +180,11 @@ class IndexBuilder:
         _stop(pool)
 
 
-def _scan_confined(roots: list[str], path: str, fmt: Format) -> RecordIndex:
+def _scan_confined(roots: list[str], path: str, fmt: Format, copy: Any = None) -> RecordIndex:
     """`scan_file` in a worker, with the daemon's source roots confined there too."""
     for root in roots:
         resolve.confine(root)
-    return scan_file(path, fmt)
+    return scan_file(path, fmt, copy=copy)
 
 
 def _stop(pool: ProcessPoolExecutor, wait: bool = True) -> None:

@@ -18,12 +18,15 @@ unchanged (`available`), with a log line once.
 from __future__ import annotations
 
 import os
-from typing import ClassVar
+import queue
+import threading
+from dataclasses import dataclass
+from typing import BinaryIO, Callable, ClassVar, Iterator
 
 import numpy as np
 
 from ..errors import FormatError
-from ..index.decoded import DecodedIndex
+from ..index.decoded import DecodedIndex, Restarts
 from ..index.table import RecordIndex
 from . import codecs
 from .base import Format, Progress, Read
@@ -34,14 +37,110 @@ TEXT = (".jsonl", ".ndjson", ".json", ".txt")
 JSON lines)."""
 
 
+@dataclass(frozen=True)
+class CopyTarget:
+    """Where a scan writes the decoded bytes it decodes anyway: the mount's decoded copy of the
+    file (`stages.decoded`), made by the scan instead of a second decode.  ``keep_free``: free
+    bytes the disk keeps; the writing stops short of them (its partial file removed), the scan
+    goes on."""
+
+    path: str
+    keep_free: int
+
+
+class CopyWriter:
+    """The decoded steps of a scan written to a `CopyTarget` (a callable per step) by a thread of
+    its own, so that writing the copy overlaps decoding instead of adding to it (on a 2-core VM, a
+    1 GiB copy written in line added 1.0 s to a scan of 2-3 s)."""
+
+    CHECK_EVERY = 64 << 20
+    """Bytes written between looks at the disk's free space."""
+    QUEUED = 2
+    """Steps waiting to be written (each `codecs.DECODE_STEP` bytes)."""
+
+    def __init__(self, target: CopyTarget) -> None:
+        self.target = target
+        self.stopped: str | None = None
+        self._queue: queue.Queue[bytes | None] = queue.Queue(self.QUEUED)
+        self._thread: threading.Thread | None = None
+        try:
+            self._file: BinaryIO | None = open(target.path, "wb")
+        except OSError as e:
+            self._file, self.stopped = None, str(e)
+            return
+        self._thread = threading.Thread(target=self._write, name="copy-writer", daemon=True)
+        self._thread.start()
+
+    def __call__(self, step: memoryview) -> None:
+        if self.stopped is None and self._thread is not None:
+            self._queue.put(bytes(step))  # a step is valid only until the next
+
+    def _write(self) -> None:
+        unchecked = 0
+        while (step := self._queue.get()) is not None:
+            if self.stopped is not None or self._file is None:
+                continue  # the rest is dropped
+            try:
+                if unchecked + len(step) > self.CHECK_EVERY:
+                    st = os.statvfs(self.target.path)
+                    if st.f_bavail * st.f_frsize < self.target.keep_free + len(step):
+                        self.stopped = f"the disk would keep less than {self.target.keep_free:,} free bytes"
+                        continue
+                    unchecked = 0
+                self._file.write(step)
+                unchecked += len(step)
+            except OSError as e:
+                self.stopped = str(e)
+
+    def stop(self, why: str) -> None:
+        """No copy (the scan failed): the partial file removed."""
+        self.stopped = self.stopped or why
+        self.close()
+
+    def close(self) -> None:
+        """Once every step is written; a copy stopped short is removed."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._file is not None:
+            f, self._file = self._file, None
+            try:
+                f.close()
+            except OSError as e:
+                self.stopped = self.stopped or str(e)
+        if self.stopped is not None:
+            try:
+                os.unlink(self.target.path)
+            except OSError:
+                pass
+
+
 def scan_decoded(codec: str, data: np.ndarray, path: str, header_lines: int, quoted: bool,
-                 progress: Progress | None = None) -> DecodedIndex:
+                 progress: Progress | None = None, copy: CopyTarget | None = None) -> DecodedIndex:
     """The index of a compressed file from its bytes (mapped): record ends found step by step
-    in its decoded bytes (a CSV's quote parity carried across steps), with its restart points."""
+    in its decoded bytes (a CSV's quote parity carried across steps), with its restart points;
+    the decoded bytes also written to ``copy`` if given."""
     steps, restarts = codecs.decode_all(codec, *codecs.buffer_read(data), path, progress)
+    writer = None if copy is None else CopyWriter(copy)
+    try:
+        return _scan_steps(steps, restarts, path, header_lines, quoted, writer)
+    except BaseException:
+        if writer is not None:
+            writer.stop("the scan failed")
+        raise
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+def _scan_steps(steps: Iterator[memoryview], restarts: Callable[[], Restarts], path: str, header_lines: int,
+                quoted: bool, sink: Callable[[memoryview], None] | None) -> DecodedIndex:
     parts, base, quotes = [], 0, 0
     last = None
     for step in steps:
+        if sink is not None:
+            sink(step)
         arr = np.frombuffer(step, np.uint8)
         ends, quotes = record_ends(arr, quote_aware=quoted, quotes=quotes)
         ends += base
@@ -80,8 +179,9 @@ class Decoded:
         """The line format of the decoded bytes (``lines``, ``csv``)."""
         return CsvFormat.name if isinstance(self, CsvFormat) else LinesFormat.name
 
-    def scan(self, data: np.ndarray, path: str, progress: Progress | None = None) -> RecordIndex:
-        return scan_decoded(self.codec, data, path, self.header_lines, isinstance(self, CsvFormat), progress)
+    def scan(self, data: np.ndarray, path: str, progress: Progress | None = None,
+             copy: CopyTarget | None = None) -> RecordIndex:
+        return scan_decoded(self.codec, data, path, self.header_lines, isinstance(self, CsvFormat), progress, copy)
 
     def check_index(self, index: RecordIndex, read: Read, path: str) -> None:
         """The line formats' check, on decoded bytes.  A file without restart points worth using

@@ -104,7 +104,7 @@ class Reads:
             return b""
         view = node.view.view
         sequential = off == h.last_end if sequential is None else sequential
-        out: bytearray | None = None
+        out: memoryview | None = None
         pos, entered, data = 0, False, None
         for p in pieces:
             if p.part == HEADER:
@@ -117,25 +117,21 @@ class Reads:
                     data = memoryview(await self.views.workers.run(view.peek, p.part, p.lo, p.hi,
                                                                    limiter=self.windows.limiter))
                     self.peeks += 1
-                    if len(pieces) > 1:
-                        out = out if out is not None else self._assembly(sum(q.hi - q.lo for q in pieces))
-                        out[pos: pos + len(data)] = data
+                else:
+                    if h.slot is not None and h.slot.key != ref.key:
+                        self.leave(h)
+                    slot = await self._acquire(node, p.part, ref)
+                    try:
+                        entered = self._hold(h, p.part, slot, ref.shift) or entered
+                        data = memoryview(slot.data)[p.lo + ref.shift: p.hi + ref.shift]
+                        if len(pieces) > 1:  # copied before the window may be recycled
+                            out = self._join(out, pieces, pos, data)
+                    finally:
+                        self.windows.release(slot)
                     pos += p.hi - p.lo
                     continue
-                if h.slot is not None and h.slot.key != ref.key:
-                    self.leave(h)
-                slot = await self._acquire(node, p.part, ref)
-                try:
-                    entered = self._hold(h, p.part, slot, ref.shift) or entered
-                    data = memoryview(slot.data)[p.lo + ref.shift: p.hi + ref.shift]
-                    if len(pieces) > 1:
-                        out = out if out is not None else self._assembly(sum(q.hi - q.lo for q in pieces))
-                        out[pos: pos + len(data)] = data
-                finally:
-                    self.windows.release(slot)
-            if len(pieces) > 1 and p.part in (HEADER, TRAILER):
-                out = out if out is not None else self._assembly(sum(q.hi - q.lo for q in pieces))
-                out[pos: pos + len(data)] = data
+            if len(pieces) > 1:
+                out = self._join(out, pieces, pos, data)
             pos += p.hi - p.lo
         if entered and sequential and h.slot is not None:
             n = self.windows.ahead_windows(h.slot.owner, h.slot.nbytes)
@@ -144,6 +140,13 @@ class Reads:
         if out is None:
             return data
         self._lent.append(out.obj)
+        return out
+
+    def _join(self, out: memoryview | None, pieces: list, pos: int, data: memoryview) -> memoryview:
+        """``data`` placed at ``pos`` of the buffer a read of several pieces is joined in."""
+        if out is None:
+            out = self._assembly(sum(q.hi - q.lo for q in pieces))
+        out[pos: pos + len(data)] = data
         return out
 
     def _assembly(self, n: int) -> memoryview:

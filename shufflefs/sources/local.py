@@ -10,6 +10,7 @@ import errno
 import logging
 import os
 import threading
+from typing import Any
 
 import numpy as np
 
@@ -289,12 +290,15 @@ class LocalStore:
         finally:
             src.close()
 
-    def index(self, relpath: str, fmt: Format, cache_dir: str | os.PathLike) -> RecordIndex:
+    copies_while_indexing = True
+    """`index` takes a ``copy``: a compressed file's scan writes the decoded bytes it decodes."""
+
+    def index(self, relpath: str, fmt: Format, cache_dir: str | os.PathLike, copy: Any = None) -> RecordIndex:
         # Scans run in a worker process: a source truncated under its mmap (SIGBUS) must not end
         # the daemon.  Cached indexes load here directly.
         from ..formats.build import default_builder
 
-        return default_builder().build(self.path(relpath), fmt, cache_dir, self.index_dir, self._distrusted)
+        return default_builder().build(self.path(relpath), fmt, cache_dir, self.index_dir, self._distrusted, copy)
 
     def distrust_published(self, cache_key: str) -> None:
         """The index of ``cache_key`` was found wrong: this mount builds it from the file from

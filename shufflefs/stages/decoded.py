@@ -12,15 +12,16 @@ like a stage directory (`scratch.held`: a killed mount's is removed by the next 
 Copies stay while the mount runs, one per file: a new version's copy replaces the old one once
 no view reads it.  Blocking (worker threads), no FUSE.
 
-Under ``--decoded-copies auto`` (the default) a file read from restart points gets a copy too,
-queued at its first open and made by one low-priority thread, one copy after another, while the
-first views decode, when the disk keeps room besides it (`room_for`): views opened once it is
-there read it and decode nothing.  Where
-the bytes come from never changes which bytes a view holds.
+Under ``--decoded-copies auto`` (the default) every file gets a copy when the disk keeps room
+besides it: written by the scan that indexes it (`index`: the scan decodes it all anyway), else
+(its index cached) queued at its first open and made by one low-priority thread, one copy after
+another, while the first views decode (`room_for`).  Views opened once it is there read it and
+decode nothing.  Where the bytes come from never changes which bytes a view holds.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -34,6 +35,7 @@ from .. import scratch
 from ..errors import FormatError, ShuffleError, StageError, StaleSourceError
 from ..formats import Format
 from ..formats.codecs import DECODE_STEP, GZIP, decode_all
+from ..formats.compressed import CopyTarget
 from ..index.decoded import DecodedIndex, Restarts
 from ..index.table import SourceStamp, write_atomically
 from ..sources.base import Source, Store
@@ -105,8 +107,8 @@ class _Stopped(Exception):
 class Copy:
     """One file version's decoded copy and the views reading it."""
 
-    def __init__(self, path: str, stamp: SourceStamp, seconds: float) -> None:
-        self.path, self.stamp, self.seconds, self.users = path, stamp, seconds, 0
+    def __init__(self, path: str, stamp: SourceStamp, seconds: float, made: str) -> None:
+        self.path, self.stamp, self.seconds, self.made, self.users = path, stamp, seconds, made, 0
 
 
 class Decoding:
@@ -132,6 +134,7 @@ class Decoding:
         self._restarts: dict[tuple, Restarts] = {}
         self._dir: str | None = None
         self._hold = -1
+        self._numbers = itertools.count()
 
     def open(self, relpath: str, stamp: SourceStamp, fmt: Format | None, index: Any = None,
              light: bool = False) -> Source:
@@ -196,7 +199,7 @@ class Decoding:
             with self._lock:
                 got, making, refused = self._copies.get(path), self._making.get(path), self._refused.get(path)
             if got is not None and got.stamp == index.stamp:
-                copied, why = True, "--decoded-copies auto: made in the background, so views decode nothing"
+                copied, why = True, f"--decoded-copies auto: made {got.made}, so views decode nothing"
             elif making:
                 more["decoded_copy"] = f"{making} in the background (--decoded-copies auto)"
             elif refused:
@@ -211,18 +214,83 @@ class Decoding:
         """Why a background copy of ``size`` bytes may not be made now (None: it may): the disk of
         the copies keeps `FREE_KEPT` of itself and `FREE_KEPT_BYTES` free besides it.  Asked
         between copies, which one thread makes one at a time, so no other is under way."""
+        where, free, keep = self._free_space()
+        if free is None:
+            return f"the free space of {where} is unknown ({keep})"
+        if free - size < keep:
+            return f"{size:,} decoded bytes would leave less than {keep:,} of {where}'s {free:,} free bytes"
+        return None
+
+    def _free_space(self) -> tuple[str, int | None, Any]:
+        """(the copies' directory or its nearest existing parent, its free bytes, the bytes copies
+        leave free), or (where, None, why not known)."""
         where = self.root
         while not os.path.isdir(where) and os.path.dirname(where) != where:
             where = os.path.dirname(where)
         try:
             st = os.statvfs(where)
         except OSError as e:
-            return f"the free space of {where} is unknown ({e.strerror})"
-        free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-        keep = max(int(FREE_KEPT * total), FREE_KEPT_BYTES)
-        if free - size < keep:
-            return f"{size:,} decoded bytes would leave less than {keep:,} of {where}'s {free:,} free bytes"
-        return None
+            return where, None, e.strerror
+        return where, st.f_bavail * st.f_frsize, max(int(FREE_KEPT * st.f_blocks * st.f_frsize), FREE_KEPT_BYTES)
+
+    # ------------------------------------------------------------------ copies made by index scans
+
+    def index(self, relpath: str, fmt: Format) -> Any:
+        """The store's index of ``relpath``; a compressed file's scan also writes its copy."""
+        copy = self.copy_target(relpath, fmt)
+        if copy is None:
+            return self.store.index(relpath, fmt, self.cache_dir)
+        t0 = time.monotonic()
+        try:
+            index = self.store.index(relpath, fmt, self.cache_dir, copy=copy)  # type: ignore[call-arg]
+        except BaseException:
+            self.discard(copy)
+            raise
+        self.adopt(relpath, index, copy, time.monotonic() - t0)
+        return index
+
+    def copy_target(self, relpath: str, fmt: Format | None) -> CopyTarget | None:
+        """Where the scan of a compressed file that indexes it writes its copy, if this mount
+        copies the file (`background` or `copy_all`) and the store's scans can: the copy then
+        costs no second decode, and the file's first views read it.  The writing stops short of
+        the free space copies leave (`CopyWriter`)."""
+        if (fmt is None or fmt.codec is None or not (self.background or self.copy_all) or self._closing
+                or not getattr(self.store, "copies_while_indexing", False)):
+            return None
+        _, free, keep = self._free_space()
+        if free is None or free <= keep:
+            return None
+        return CopyTarget(os.path.join(self._directory(), f"indexed-{next(self._numbers)}"), keep)
+
+    def adopt(self, relpath: str, index: Any, target: CopyTarget, seconds: float) -> None:
+        """Take the copy a scan wrote to ``target`` as the copy of ``index``'s version, if the scan
+        wrote it whole (else, or if it wrote none, as when the index was cached, nothing)."""
+        size = int(index.restarts.plain[-1]) if getattr(index, "restarts", None) is not None else -1
+        try:
+            written = os.path.getsize(target.path)
+        except OSError:
+            return
+        path = self.store.path(relpath)
+        with self._lock:
+            taken = written == size and index.stamp is not None and not self._closing and path not in self._making
+            if taken:
+                old = self._copies.get(path)
+                self._copies[path] = Copy(target.path, index.stamp, seconds, "by the scan that indexed the file")
+                self._tried.add((path, index.stamp))
+        if not taken:
+            self.discard(target)
+            return
+        log.info("%s: decoded copy of %d bytes written by its index scan (%.1f s) in %s", path, size, seconds,
+                 target.path)
+        if old is not None and old.users == 0:
+            self._remove(old)
+
+    @staticmethod
+    def discard(target: CopyTarget) -> None:
+        try:
+            os.unlink(target.path)
+        except FileNotFoundError:
+            pass
 
     def _made(self, path: str, stamp: SourceStamp, size: int) -> tuple[Source, Callable[[], None]] | None:
         """The background copy of ``path`` at version ``stamp`` as a source and its release, if made."""
@@ -377,7 +445,7 @@ class Decoding:
         write_atomically(Path(target), decode, prefix="part-", sync=False)
         seconds = time.monotonic() - t0
         log.info("%s: %s: decoded copy of %d bytes in %s (%.1f s)", path, why, written, target, seconds)
-        got = Copy(target, stamp, seconds)
+        got = Copy(target, stamp, seconds, "in the background" if background else "at the first open")
         with self._lock:
             old = self._copies.get(path)
             self._copies[path] = got
@@ -409,7 +477,7 @@ class Decoding:
         """For ``shufflefs stat``: the decoded copies and where they are."""
         with self._lock:
             copies = {p: {"bytes": os.path.getsize(c.path) if os.path.exists(c.path) else 0, "views": c.users,
-                          "seconds": round(c.seconds, 2)} for p, c in self._copies.items()}
+                          "seconds": round(c.seconds, 2), "made": c.made} for p, c in self._copies.items()}
         return {"dir": self._dir or self.root, "copies": copies, "bytes": sum(c["bytes"] for c in copies.values()),
                 "orders_from_copies": self.copy_all, "background": self.background,
                 "being_made": sorted(p for p, st in self._making.items() if st == "being made"),

@@ -1,8 +1,8 @@
 """Level: mounted (real FUSE mounts, real readers).
 
 Background decoded copies (``--decoded-copies auto``, the default): a compressed file read from
-restart points is decoded into a copy on node-local disk while its first views are read, and the
-views opened once it is there read the copy.  Where the bytes come from never changes which bytes
+restart points (its index cached, so no scan wrote a copy) is decoded into a copy on node-local
+disk while its first views are read, and the views opened once it is there read the copy.  Where the bytes come from never changes which bytes
 a view holds: the same epochs read the same through a mount that never copies (``needed``).  A
 rewrite is ESTALE for handles opened before and the new version for new opens, as without a
 copy; an unmount stops a copy under way and leaves nothing behind."""
@@ -46,6 +46,16 @@ def wait_for_copy(m, name: str) -> dict:
         time.sleep(0.1)
 
 
+def later_mount(mount, files: dict, *args: str):
+    """A mount of ``files`` with ``args`` that finds every file's index cached (built by a mount of
+    the same tree that writes no copies), so that its copies are made in the background, as on
+    any later mount."""
+    first = mount(files, *args, "--decoded-copies", "needed")
+    for name in files:
+        first.path(name).stat()
+    return mount(None, *args, "--cache-dir", str(first.cache), src=first.src)
+
+
 @pytest.fixture(scope="module")
 def plain() -> bytes:
     return cf.jsonl(30000, seed=11)
@@ -54,7 +64,7 @@ def plain() -> bytes:
 def test_views_read_a_copy_made_in_the_background_and_hold_the_same_bytes(mount, plain: bytes):
     """Holds: SEMANTICS.md#views-compressed-copy, SEMANTICS.md#views-order"""
     files = {name: encode(plain) for name, encode in FILES.items()}
-    auto = mount(files, "--seed", "3")
+    auto = later_mount(mount, files, "--seed", "3")
     needed = mount(files, "--seed", "3", "--decoded-copies", "needed")
     for name in files:
         before = compressed_info(auto, name)
@@ -107,8 +117,8 @@ def test_a_rewrite_after_the_copy_is_estale_for_open_handles_and_new_for_new_ope
 
 def test_an_unmount_stops_a_copy_under_way_and_leaves_nothing(mount):
     """Holds: SEMANTICS.md#views-compressed-copy"""
-    big = cf.jsonl(100000, seed=13)  # about 78 MB decoded: its copy takes a while
-    m = mount({"big.jsonl.gz": cf.gz(big)})
+    big = {"big.jsonl.gz": cf.gz(cf.jsonl(100000, seed=13))}  # about 78 MB decoded: its copy takes a while
+    m = later_mount(mount, big)
     with open(m.path("big.jsonl.gz"), "rb") as f:
         f.read(1 << 20)
     t0 = time.monotonic()
@@ -123,7 +133,7 @@ def test_a_pool_of_many_shards_gets_its_copies_one_after_another(mount):
     n = 12
     shards = {f"train-{i:05d}-of-{n:05d}.jsonl.gz": cf.gz(cf.jsonl(3000, seed=20 + i)) for i in range(n)}
     every = sorted(line for body in shards.values() for line in cf.lines_of(cf.decode("x.gz", body)))
-    auto = mount(shards, "--seed", "2")
+    auto = later_mount(mount, shards, "--seed", "2")
     needed = mount(shards, "--seed", "2", "--decoded-copies", "needed")
 
     def epoch(m) -> list[bytes]:

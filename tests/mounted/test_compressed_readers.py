@@ -157,10 +157,10 @@ def test_a_single_frame_is_read_from_a_decoded_copy_and_stat_says_so(mnt):
     assert "one zstd frame" in info["copied_because"]
     framed = json.loads(mnt.xattr("info", "frames.json.zst"))["compressed"]
     assert framed["restart_points"] >= 6  # read from them, or from a copy made in the background once read
-    assert framed["read_from"] == "restart points" or "background" in framed["copied_because"]
+    assert framed["read_from"] == "restart points" or "auto" in framed["copied_because"]
     gz = json.loads(mnt.xattr("info", "train.jsonl.gz"))
     assert gz["compressed"]["codec"] == "gzip"
-    assert gz["compressed"]["read_from"] == "restart points" or "background" in gz["compressed"]["copied_because"]
+    assert gz["compressed"]["read_from"] == "restart points" or "auto" in gz["compressed"]["copied_because"]
     line_loop(mnt.path("one.jsonl.zst"))
     stats = mnt.stats()
     assert stats["decoded"]["files"] >= 1 and any(p.endswith("one.jsonl.zst") for p in stats["decoded_copies"])

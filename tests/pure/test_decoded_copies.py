@@ -78,3 +78,26 @@ def test_needed_and_record_orders_make_no_background_copies(tmp_path: Path):
     assert not Decoding(None, tmp_path, tmp_path, "full").background  # type: ignore[arg-type]  # copies every file anyway
     with pytest.raises(ValueError):
         Decoding(None, tmp_path, tmp_path, "stratified", "always")  # type: ignore[arg-type]
+
+
+def test_a_scan_writes_the_copy_unless_the_disk_would_keep_too_little(tmp_path: Path):
+    """The scan that indexes a compressed file writes its decoded bytes to the copy it is given,
+    and stops writing (its partial file removed) where the disk would keep less than asked; the
+    index is the same either way.  Holds: SEMANTICS.md#views-compressed-copy"""
+    from shufflefs.formats.compressed import CopyTarget, CopyWriter, scan_decoded
+
+    plain = b"".join(b'{"id": %d, "pad": "%s"}\n' % (i, b"x" * (i % 300)) for i in range(60000))
+    blob = np.frombuffer(gzip.compress(plain), np.uint8)
+    alone = scan_decoded("gzip", blob, "f.gz", 0, False)
+    target = CopyTarget(str(tmp_path / "copy"), keep_free=0)
+    copied = scan_decoded("gzip", blob, "f.gz", 0, False, copy=target)
+    assert Path(target.path).read_bytes() == plain
+    assert np.array_equal(copied.bounds, alone.bounds) and copied.size == alone.size
+    old = CopyWriter.CHECK_EVERY
+    CopyWriter.CHECK_EVERY = 1 << 20  # look at the free space every MiB: the file is ~10 MB
+    try:
+        full = CopyTarget(str(tmp_path / "no-room"), keep_free=1 << 62)
+        again = scan_decoded("gzip", blob, "f.gz", 0, False, copy=full)
+    finally:
+        CopyWriter.CHECK_EVERY = old
+    assert not os.path.exists(full.path) and np.array_equal(again.bounds, alone.bounds)

@@ -2,7 +2,7 @@
 """Requests and bytes per epoch per rank on object storage, for a thousand ranks, and what an
 epoch costs at given request and transfer prices.  No mounts, no data: a block summary.
 
-    python tools/bench.py --only s3-costs [--world 1000] [--records 1e9] [--record-bytes 1KiB] [--block-size 8MiB]
+    python tools/bench.py --only s3-costs [--world 1000] [--records 1e9] [--record-bytes 1KiB] [--block-size auto]
                              [--buffer 64MiB] [--objects 10000] [--exchange 0.1] [--sample 8]
                              [--check-records 2e6] [--get-price 0.0004] [--list-price 0.005]
                              [--transfer-price 0]
@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from shufflefs.config import format_size, parse_size  # noqa: E402
 from shufflefs.sources.objects import COALESCE_GAP, PART, plan_requests  # noqa: E402
 from shufflefs.strategies import ShuffleSpec, make_plan  # noqa: E402
+from shufflefs.strategies.base import object_block_size  # noqa: E402
 from shufflefs.strategies.summary import BlockSummary  # noqa: E402
 from shufflefs.windows.layout import id_runs  # noqa: E402
 
@@ -100,7 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--world", type=int, default=1000)
     p.add_argument("--records", type=float, default=1e9)
     p.add_argument("--record-bytes", default="1KiB")
-    p.add_argument("--block-size", default="8MiB")
+    p.add_argument("--block-size", default="auto",
+                   help="the blocks' size (default auto: a bucket's default for --buffer, `object_block_size`)")
     p.add_argument("--buffer", default="64MiB")
     p.add_argument("--objects", type=int, default=10_000, help="objects (shards) the records are stored in")
     p.add_argument("--exchange", type=float, default=0.1, help="pls: fraction of a partition traded per epoch")
@@ -114,7 +116,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    n, rb, block = int(a.records), parse_size(a.record_bytes), parse_size(a.block_size)
+    n, rb = int(a.records), parse_size(a.record_bytes)
+    block = object_block_size(parse_size(a.buffer)) if a.block_size == "auto" else parse_size(a.block_size)
     summary = BlockSummary.synthetic(n, block, rb)
     spec = dict(seed=0, block_size=block, buffer=parse_size(a.buffer))
     ranks = sample_ranks(a.world, a.sample)
