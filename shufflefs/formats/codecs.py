@@ -172,14 +172,15 @@ def _zstd_all(read: Read, size: int, path: str, progress: Callable[[int], None] 
     def steps() -> Iterator[memoryview]:
         plain = [0]
         dctx = zstandard.ZstdDecompressor()
+        buf = bytearray(DECODE_STEP)  # one buffer for every step: a fresh one would be mapped and faulted in each time
         for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
             done = 0
             try:
                 frame = RangeFile(lambda s, e, a=a: read(a + s, a + e), b - a)
                 with dctx.stream_reader(frame, read_size=READ_SIZE, read_across_frames=False, closefd=False) as r:
-                    while chunk := r.read(DECODE_STEP):
-                        done += len(chunk)
-                        yield memoryview(chunk)
+                    while n := r.readinto(buf):
+                        done += n
+                        yield memoryview(buf)[:n]
             except zstandard.ZstdError as e:
                 raise FormatError(path, a, f"corrupt zstd frame {i}, at decoded byte {plain[-1] + done} or before: "
                                   f"{e}") from None

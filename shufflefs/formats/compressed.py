@@ -20,12 +20,13 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import zlib
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, ClassVar, Iterator
+from typing import Any, BinaryIO, Callable, ClassVar, Iterator
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, StaleSourceError
 from ..index.decoded import DecodedIndex, Restarts
 from ..index.table import RecordIndex
 from . import codecs
@@ -48,49 +49,79 @@ class CopyTarget:
     keep_free: int
 
 
-class CopyWriter:
-    """The decoded steps of a scan written to a `CopyTarget` (a callable per step) by a thread of
-    its own, so that writing the copy overlaps decoding instead of adding to it (on a 2-core VM, a
-    1 GiB copy written in line added 1.0 s to a scan of 2-3 s)."""
+class StepWriter:
+    """Decoded steps (a callable per step) written to ``file`` by a thread of its own, so that
+    writing overlaps decoding instead of adding to it (on a 2-core VM, a 1 GiB copy written in
+    line added 1.0 s to a scan of 2-3 s).  Past the first error, or where the disk would keep less
+    than ``keep_free`` bytes (looked at every `CHECK_EVERY`), the rest is dropped: ``stopped``
+    says why, ``error`` is the write's error."""
 
     CHECK_EVERY = 64 << 20
     """Bytes written between looks at the disk's free space."""
     QUEUED = 2
     """Steps waiting to be written (each `codecs.DECODE_STEP` bytes)."""
 
-    def __init__(self, target: CopyTarget) -> None:
-        self.target = target
+    def __init__(self, file: BinaryIO | None, where: str, keep_free: int = 0) -> None:
+        self.file, self.where, self.keep_free = file, where, keep_free
         self.stopped: str | None = None
-        self._queue: queue.Queue[bytes | None] = queue.Queue(self.QUEUED)
+        self.error: OSError | None = None
+        self._queue: queue.Queue[tuple[bytearray, int] | None] = queue.Queue(self.QUEUED)
+        self._free: queue.SimpleQueue[bytearray] = queue.SimpleQueue()  # buffers written, for the next steps
+        for _ in range(self.QUEUED + 1):
+            self._free.put(bytearray())
         self._thread: threading.Thread | None = None
-        try:
-            self._file: BinaryIO | None = open(target.path, "wb")
-        except OSError as e:
-            self._file, self.stopped = None, str(e)
-            return
-        self._thread = threading.Thread(target=self._write, name="copy-writer", daemon=True)
-        self._thread.start()
+        if file is not None:
+            self._thread = threading.Thread(target=self._write, name="step-writer", daemon=True)
+            self._thread.start()
 
     def __call__(self, step: memoryview) -> None:
         if self.stopped is None and self._thread is not None:
-            self._queue.put(bytes(step))  # a step is valid only until the next
+            buf, n = self._free.get(), len(step)  # a step is valid only until the next: copied
+            if len(buf) < n:
+                buf = bytearray(n)
+            buf[:n] = step
+            self._queue.put((buf, n))
 
     def _write(self) -> None:
         unchecked = 0
-        while (step := self._queue.get()) is not None:
-            if self.stopped is not None or self._file is None:
-                continue  # the rest is dropped
+        while (got := self._queue.get()) is not None:
+            buf, n = got
             try:
-                if unchecked + len(step) > self.CHECK_EVERY:
-                    st = os.statvfs(self.target.path)
-                    if st.f_bavail * st.f_frsize < self.target.keep_free + len(step):
-                        self.stopped = f"the disk would keep less than {self.target.keep_free:,} free bytes"
+                if self.stopped is not None or self.file is None:
+                    continue  # the rest is dropped
+                if unchecked + n > self.CHECK_EVERY:
+                    st = os.statvfs(self.where)
+                    if st.f_bavail * st.f_frsize < self.keep_free + n:
+                        self.stopped = f"the disk would keep less than {self.keep_free:,} free bytes"
                         continue
                     unchecked = 0
-                self._file.write(step)
-                unchecked += len(step)
+                self.file.write(memoryview(buf)[:n])
+                unchecked += n
             except OSError as e:
-                self.stopped = str(e)
+                self.stopped, self.error = str(e), e
+            finally:
+                self._free.put(buf)
+
+    def close(self) -> None:
+        """Once every step queued is written (or dropped)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+
+
+class CopyWriter(StepWriter):
+    """The decoded steps of a scan written to a `CopyTarget`; a copy stopped short is removed."""
+
+    def __init__(self, target: CopyTarget) -> None:
+        self.target = target
+        why = None
+        try:
+            file: BinaryIO | None = open(target.path, "wb")
+        except OSError as e:
+            file, why = None, str(e)
+        super().__init__(file, target.path, target.keep_free)
+        self.stopped = why
 
     def stop(self, why: str) -> None:
         """No copy (the scan failed): the partial file removed."""
@@ -98,13 +129,9 @@ class CopyWriter:
         self.close()
 
     def close(self) -> None:
-        """Once every step is written; a copy stopped short is removed."""
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
-        if self._file is not None:
-            f, self._file = self._file, None
+        super().close()
+        if self.file is not None:
+            f, self.file = self.file, None
             try:
                 f.close()
             except OSError as e:
@@ -114,6 +141,40 @@ class CopyWriter:
                 os.unlink(self.target.path)
             except OSError:
                 pass
+
+
+READ_STEP = 1 << 20
+"""Compressed bytes a background copy of a gzip file reads at a time."""
+
+
+def inflate(read: Callable[[int, int], Any], size: int, path: str) -> Iterator[bytes]:
+    """A gzip file's decoded bytes by zlib, member after member, every member's CRC-32 and length
+    checked: what a background copy decodes with.  It holds a few hundred KiB, where rapidgzip
+    (`formats.codecs.decode_all`) keeps a heap of about 20 MB for every thread that calls it.
+    A damaged or truncated stream is `FormatError` at the compressed offset reached."""
+    d, begun, pos = zlib.decompressobj(31), False, 0
+    while pos < size:
+        data = bytes(read(pos, min(size, pos + READ_STEP)))
+        if not data:
+            raise StaleSourceError(path, pos, "the file ends before its indexed size")
+        pos += len(data)
+        while data:
+            begun = True
+            try:
+                out = d.decompress(data, codecs.DECODE_STEP)
+            except zlib.error as e:
+                raise FormatError(path, pos, f"corrupt gzip stream before this offset: {e}") from None
+            if out:
+                yield out
+            if d.eof:
+                data, d, begun = d.unused_data, zlib.decompressobj(31), False
+            else:
+                data = d.unconsumed_tail
+    while begun and not d.eof:  # what the last input left inside the decoder
+        out = d.decompress(b"", codecs.DECODE_STEP)
+        if not out:
+            raise FormatError(path, size, "the gzip stream is truncated")
+        yield out
 
 
 def scan_decoded(codec: str, data: np.ndarray, path: str, header_lines: int, quoted: bool,

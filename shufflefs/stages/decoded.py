@@ -21,21 +21,21 @@ decode nothing.  Where the bytes come from never changes which bytes a view hold
 
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import os
 import shutil
 import threading
 import time
-import zlib
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator
+from typing import Any, BinaryIO, Callable
 
 from .. import scratch
-from ..errors import FormatError, ShuffleError, StageError, StaleSourceError
+from ..errors import ShuffleError, StageError, StaleSourceError
 from ..formats import Format
-from ..formats.codecs import DECODE_STEP, GZIP, decode_all
-from ..formats.compressed import CopyTarget
+from ..formats.codecs import GZIP, decode_all
+from ..formats.compressed import CopyTarget, StepWriter, inflate
 from ..index.decoded import DecodedIndex, Restarts
 from ..index.table import SourceStamp, write_atomically
 from ..sources.base import Source, Store
@@ -64,40 +64,6 @@ the first epoch needs, come first."""
 RESTARTS_KEPT = 32 << 20
 """Bytes of restart points (mostly gzip's index: ~5 MB per GiB decoded) kept for the next opens
 of their files (a pool's members, every epoch)."""
-
-
-READ_STEP = 1 << 20
-"""Compressed bytes a background copy of a gzip file reads at a time."""
-
-
-def inflate(read: Callable[[int, int], Any], size: int, path: str) -> Iterator[bytes]:
-    """A gzip file's decoded bytes by zlib, member after member, every member's CRC-32 and length
-    checked: what a background copy decodes with.  It holds a few hundred KiB, where rapidgzip
-    (`formats.codecs.decode_all`) keeps a heap of about 20 MB for every thread that calls it.
-    A damaged or truncated stream is `FormatError` at the compressed offset reached."""
-    d, begun, pos = zlib.decompressobj(31), False, 0
-    while pos < size:
-        data = bytes(read(pos, min(size, pos + READ_STEP)))
-        if not data:
-            raise StaleSourceError(path, pos, "the file ends before its indexed size")
-        pos += len(data)
-        while data:
-            begun = True
-            try:
-                out = d.decompress(data, DECODE_STEP)
-            except zlib.error as e:
-                raise FormatError(path, pos, f"corrupt gzip stream before this offset: {e}") from None
-            if out:
-                yield out
-            if d.eof:
-                data, d, begun = d.unused_data, zlib.decompressobj(31), False
-            else:
-                data = d.unconsumed_tail
-    while begun and not d.eof:  # what the last input left inside the decoder
-        out = d.decompress(b"", DECODE_STEP)
-        if not out:
-            raise FormatError(path, size, "the gzip stream is truncated")
-        yield out
 
 
 class _Stopped(Exception):
@@ -433,11 +399,17 @@ class Decoding:
 
         def decode(out: BinaryIO) -> None:
             nonlocal written
-            for step in steps:
-                if self._closing:
-                    raise _Stopped
-                out.write(step)
-                written += len(step)
+            writer = StepWriter(out, directory)  # writing overlaps decoding
+            try:
+                for step in steps:
+                    if self._closing:
+                        raise _Stopped
+                    writer(step)
+                    written += len(step)
+            finally:
+                writer.close()
+            if writer.stopped is not None:
+                raise writer.error or OSError(errno.ENOSPC, writer.stopped)
             if written != size:
                 raise StaleSourceError(path, None, f"decodes to {written} bytes now, {size} when indexed")
             raw.verify_open()  # decoded from the indexed version to its end

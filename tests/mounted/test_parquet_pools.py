@@ -14,7 +14,6 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pa = pytest.importorskip("pyarrow")

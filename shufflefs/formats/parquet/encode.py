@@ -21,7 +21,7 @@ import numpy as np
 from ...errors import FormatError
 from .pages import bit_width, encode_levels, header, levels_size
 from .decode import DecodedGroup, LeafData
-from .footer import BOOLEAN, BYTE_ARRAY, Leaf
+from .footer import BYTE_ARRAY, Leaf
 from .layout import ColumnPages, ViewLayout
 
 try:
