@@ -210,7 +210,7 @@ class Decoding:
         try:
             index = self.store.index(relpath, fmt, self.cache_dir, copy=copy)  # type: ignore[call-arg]
         except BaseException:
-            self.discard(copy)
+            self._remove(copy)
             raise
         self.adopt(relpath, index, copy, time.monotonic() - t0)
         return index
@@ -244,19 +244,12 @@ class Decoding:
                 self._copies[path] = Copy(target.path, index.stamp, seconds, "by the scan that indexed the file")
                 self._tried.add((path, index.stamp))
         if not taken:
-            self.discard(target)
+            self._remove(target)
             return
         log.info("%s: decoded copy of %d bytes written by its index scan (%.1f s) in %s", path, size, seconds,
                  target.path)
         if old is not None and old.users == 0:
             self._remove(old)
-
-    @staticmethod
-    def discard(target: CopyTarget) -> None:
-        try:
-            os.unlink(target.path)
-        except FileNotFoundError:
-            pass
 
     def _made(self, path: str, stamp: SourceStamp, size: int) -> tuple[Source, Callable[[], None]] | None:
         """The background copy of ``path`` at version ``stamp`` as a source and its release, if made."""
@@ -439,7 +432,7 @@ class Decoding:
         self._remove(got)
 
     @staticmethod
-    def _remove(got: Copy) -> None:
+    def _remove(got: Copy | CopyTarget) -> None:
         try:
             os.unlink(got.path)
         except FileNotFoundError:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-from bench import peers_data, peers_docs  # noqa: E402
+from bench import docs, peers_data, peers_docs  # noqa: E402
 from shufflefs.quality import metrics as quality  # noqa: E402
 
 N = 100_000
@@ -47,5 +47,8 @@ def test_section_is_kept_and_replaced(tmp_path: Path) -> None:
     peers_docs.write(doc, [peers_docs.START, "second run", peers_docs.END])
     body = doc.read_text()
     assert body.count(peers_docs.START) == 1 and "second run" in body and "first run" not in body
-    kept = peers_docs.keep(body, "## shufflefs benchmark\n\nnew report\n")
-    assert "new report" in kept and "second run" in kept and "old report" not in kept
+    body += "\n<!-- compressed-bench:start -->\n## Compressed\n\nits run\n<!-- compressed-bench:end -->\n\n## Larger than memory\n\nby hand\n"
+    kept = docs.keep_tail(body, "## shufflefs benchmark\n\nnew report\n")  # what a full run writes
+    assert "new report" in kept and "old report" not in kept
+    assert all(x in kept for x in ("second run", "its run", "Larger than memory", "by hand"))
+    assert docs.keep_tail(kept, kept) == kept

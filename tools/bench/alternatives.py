@@ -16,11 +16,8 @@ Each reader stops after ``max_seconds`` like `reads.Reading`.  ``run_torch``, ``
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 import shutil
-import sys
 import time
 import types
 from pathlib import Path
@@ -34,6 +31,7 @@ from shufflefs.windows.layout import assemble, slice_fetch
 
 from . import reads
 from .reads import Reading
+from .streaming_import import import_streaming
 
 BATCH = 64
 
@@ -104,38 +102,6 @@ def pread_dataset(path: Path, index: RecordIndex, workers: int, max_seconds: flo
 
 
 # --------------------------------------------------------------------------- MosaicML Streaming
-
-
-def import_streaming() -> types.ModuleType | None:
-    """``streaming``, or None if not installed or not importable (a dependency missing: its rows
-    are then skipped rather than the run failing).
-
-    The package imports its torchvision datasets at import time; CPU-only PyTorch installs often
-    have no matching torchvision, so an empty stand-in is registered when torchvision is
-    missing.  Only ``MDSWriter`` and ``StreamingDataset`` are used here.
-    """
-    if importlib.util.find_spec("streaming") is None:
-        return None
-    if importlib.util.find_spec("torchvision") is None and "torchvision" not in sys.modules:
-        def stub(name: str) -> types.ModuleType:
-            m = types.ModuleType(name)
-            m.__spec__ = importlib.machinery.ModuleSpec(name, None)
-            sys.modules[name] = m
-            return m
-
-        tv, ds, tr, fn = (stub(n) for n in ("torchvision", "torchvision.datasets", "torchvision.transforms",
-                                             "torchvision.transforms.functional"))
-        ds.VisionDataset = type("VisionDataset", (), {})
-        ds.CIFAR10 = None
-        fn.to_tensor = None
-        tv.datasets, tv.transforms, tr.functional = ds, tr, fn
-    try:
-        import streaming
-    except ImportError as e:
-        print(f"bench: mosaicml-streaming is installed but cannot be imported ({e}): its rows are skipped",
-              file=sys.stderr)
-        return None
-    return streaming
 
 
 def mds_convert(path: Path, index: RecordIndex, out: Path) -> float:

@@ -8,7 +8,6 @@ import re
 import time
 from pathlib import Path
 
-from . import peers_docs
 from .report import Report
 
 START, END = "<!-- bench:excerpt:start -->", "<!-- bench:excerpt:end -->"
@@ -45,6 +44,20 @@ def excerpt(report: Report, machine: str, dataset: str = "lines") -> list[str]:
     return out
 
 
+SECTION = re.compile(r"^<!-- [a-z0-9-]+:start -->$", re.M)
+"""The start of a section a standalone run writes (`write_section`, the Peers section)."""
+
+
+def keep_tail(old: str, new: str) -> str:
+    """``new`` (a full run's report), then everything in ``old`` from its first standalone section on
+    (peers, compressed, Parquet, object-storage blocks, larger than memory: written by runs of their
+    own, which a full run does not make), so a full run replaces only its own figures."""
+    m = SECTION.search(old)
+    if m is None or m.group(0) in new:
+        return new
+    return new.rstrip("\n") + "\n\n" + old[m.start():]
+
+
 def _replace(path: Path, start: str, end: str, block: list[str]) -> str:
     body = path.read_text()
     if start not in body or end not in body:
@@ -76,7 +89,7 @@ def update(report: Report, text: str, repo: Path, machine: str) -> list[Path]:
     if s3 and objs.exists() and S3_START in objs.read_text():
         pages[objs] = _replace(objs, S3_START, S3_END, [f"Last full run: {time.strftime('%Y-%m-%d')}, {machine}.", "", *s3[0]])
     doc = repo / "docs" / "benchmark.md"
-    doc.write_text(peers_docs.keep(doc.read_text() if doc.exists() else "", text))  # the Peers section stays
+    doc.write_text(keep_tail(doc.read_text() if doc.exists() else "", text))
     for path, body in pages.items():
         path.write_text(body)
     return [doc, *pages]

@@ -187,11 +187,3 @@ def write(doc: Path, lines: list[str]) -> Path:
         body = body.rstrip("\n") + "\n\n" + block + "\n"
     doc.write_text(body)
     return doc
-
-
-def keep(old: str, new: str) -> str:
-    """``new`` with ``old``'s section appended (for `bench.docs.update`, which rewrites the file)."""
-    m = re.search(re.escape(START) + ".*?" + re.escape(END), old, flags=re.S)
-    if m is None or START in new:
-        return new
-    return new.rstrip("\n") + "\n\n" + m.group(0) + "\n"

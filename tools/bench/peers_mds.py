@@ -4,7 +4,7 @@
 ``huggingface_hub`` / ``transformers`` requirements conflict), so `ensure_venv` makes a venv of
 its own (``python -m venv``, then ``pip install`` of torch, mosaicml-streaming and numpy; the
 torchvision that comes along does not load with the CPU torch and is removed: Streaming gets the
-stand-in of `alternatives.import_streaming`), and the parent runs the child with its Python.
+stand-in of `streaming_import.import_streaming`), and the parent runs the child with its Python.
 
 The conversion is ``MDSWriter`` with the docs' defaults (no compression, 64 MB shards), one
 ``bytes`` column holding each line; the first contender converts and the second reuses the shards
@@ -43,7 +43,7 @@ def ensure_venv(venv: Path, log) -> tuple[Path | None, str]:
         if r.returncode != 0 and "uninstall" not in cmd:
             return None, f"`{' '.join(cmd[-3:])}` failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"
     r = subprocess.run([str(py), "-c", "import sys; sys.path[:0] = [sys.argv[1]]\n"
-                        "from bench.alternatives import import_streaming\nassert import_streaming()",
+                        "from bench.streaming_import import import_streaming\nassert import_streaming()",
                         str(Path(__file__).resolve().parent.parent)], capture_output=True, text=True)
     if r.returncode != 0:
         return None, f"streaming does not import in {venv}: {r.stderr.strip().splitlines()[-1:]}"
@@ -68,7 +68,7 @@ class Streaming:
                        f"shuffle_block_size, no sample buffer), {how}, `json.loads` of each line")
 
     def prepare(self) -> str:
-        from bench.alternatives import import_streaming
+        from bench.streaming_import import import_streaming
 
         streaming = import_streaming()
         from streaming.base.util import clean_stale_shared_memory
