@@ -52,3 +52,20 @@ def test_section_is_kept_and_replaced(tmp_path: Path) -> None:
     assert "new report" in kept and "old report" not in kept
     assert all(x in kept for x in ("second run", "its run", "Larger than memory", "by hand"))
     assert docs.keep_tail(kept, kept) == kept
+
+
+def test_readme_table_is_written_between_its_markers(tmp_path: Path) -> None:
+    from types import SimpleNamespace as NS
+
+    def result(name: str, rate: float | None, mix: float, skipped: str = "") -> NS:
+        return NS(spec=NS(name=name), skipped=skipped, out={"warm": {"complete": True}} if not skipped else {},
+                  metrics={"mix": mix}, rate=lambda cache: rate)
+
+    peers = NS(n=1000, uniform={"expected_mix": 0.0378},
+               results=[result("shufflefs default, Python loop", 1234.0, 0.037), result("gone", None, 0, "not installed")])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{peers_docs.README_START}\nold table\n{peers_docs.README_END}\n\n## next\n")
+    peers_docs.write(readme, peers_docs.readme(peers), peers_docs.README_START, peers_docs.README_END)
+    body = readme.read_text()
+    assert "old table" not in body and "| shufflefs default, Python loop | 1,234 | 0.037 |" in body
+    assert "gone" not in body and body.endswith("## next\n") and body.count(peers_docs.README_START) == 1

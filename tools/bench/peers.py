@@ -247,4 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.update_docs:
         path = peers_docs.write(REPO / "docs" / "benchmark.md", lines)
         print(f"peers: wrote {path}", file=sys.stderr)
+        readme = REPO / "README.md"
+        if peers_docs.README_START in readme.read_text():
+            peers_docs.write(readme, peers_docs.readme(peers), peers_docs.README_START, peers_docs.README_END)
+            print(f"peers: wrote {readme}", file=sys.stderr)
     return 0

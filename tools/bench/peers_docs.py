@@ -14,6 +14,7 @@ from pathlib import Path
 from . import peers_data, proc
 
 START, END = "<!-- peers:start -->", "<!-- peers:end -->"
+README_START, README_END = "<!-- peers-readme:start -->", "<!-- peers-readme:end -->"
 GOOD_MIX = 1.5  # "mixes like a uniform shuffle": label mix within this factor of the uniform one
 
 
@@ -177,12 +178,24 @@ def section(peers, argv: list[str]) -> list[str]:
     return out
 
 
-def write(doc: Path, lines: list[str]) -> Path:
-    """Replace the section in ``doc`` (or append it)."""
+def readme(peers) -> list[str]:
+    """The README's table, between its markers: every contender that ran, warm samples/s and label mix."""
+    rows = [f"| {r.spec.name} | {_f(r.rate('warm'))}{'' if r.out['warm']['complete'] else '*'} | "
+            f"{r.metrics['mix']:.3f} |" for r in _ok(peers.results)]
+    return [README_START,
+            f"`sudo .venv/bin/python tools/bench.py --only peers --update-docs` (8-13 minutes) races the loaders on "
+            f"{peers.n:,} JSON lines of ~1 KB sorted into {peers_data.LABELS} labels, run of {time.strftime('%Y-%m-%d')} "
+            f"on {os.cpu_count()} CPUs; label mix is per 1,000 records, {peers.uniform['expected_mix']:.3f} for a "
+            "uniform shuffle ([full table, memory and disk](docs/benchmark.md#peers-shufflefs-against-the-loaders-"
+            "people-use)):", "", "| loader | warm samples/s | label mix |", "|---|---:|---:|", *rows, README_END]
+
+
+def write(doc: Path, lines: list[str], start: str = START, end: str = END) -> Path:
+    """Replace the section between ``start`` and ``end`` in ``doc`` (or append it)."""
     block = "\n".join(lines)
     body = doc.read_text() if doc.exists() else ""
-    if START in body and END in body:
-        body = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, body, flags=re.S)
+    if start in body and end in body:
+        body = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, body, flags=re.S)
     else:
         body = body.rstrip("\n") + "\n\n" + block + "\n"
     doc.write_text(body)
