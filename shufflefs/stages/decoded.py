@@ -106,7 +106,7 @@ class Decoding:
              light: bool = False) -> Source:
         """The source of a view of ``relpath`` at version ``stamp``.  ``index``: the file's index if
         at hand (else the cached one is loaded); ``light``: only a few reads near restart points
-        follow (a header, the last byte), so no copy is made for them."""
+        follow (a header, the last byte), so no copy is made for them (a copy made is read)."""
         if fmt is None or fmt.codec is None:
             return self.store.open(relpath, stamp)
         restarts = self._restarts_of(relpath, stamp, fmt, index)
@@ -114,13 +114,13 @@ class Decoding:
         raw = packed(relpath, stamp) if packed is not None else self.store.open(relpath, stamp)
         path = self.store.path(relpath)
         try:
+            made = self._made(path, stamp, int(restarts.plain[-1]))  # a copy: no decoder at all
+            if made is not None:
+                return DecodedSource(raw, restarts, stamp.size, path, *made)
             if (not restarts.usable or self.copy_all) and not light:
                 copy, release = self._copy(path, stamp, restarts, raw)
                 return DecodedSource(raw, restarts, stamp.size, path, copy, release)
             if self.background and not light:
-                made = self._made(path, stamp, int(restarts.plain[-1]))
-                if made is not None:
-                    return DecodedSource(raw, restarts, stamp.size, path, *made)
                 self._start(relpath, path, stamp, restarts)
             return DecodedSource(raw, restarts, stamp.size, path)
         except BaseException:
@@ -252,7 +252,7 @@ class Decoding:
             self._remove(old)
 
     def _made(self, path: str, stamp: SourceStamp, size: int) -> tuple[Source, Callable[[], None]] | None:
-        """The background copy of ``path`` at version ``stamp`` as a source and its release, if made."""
+        """The copy of ``path`` at version ``stamp`` as a source and its release, if made."""
         with self._lock:
             got = self._copies.get(path)
             if got is None or got.stamp != stamp:
