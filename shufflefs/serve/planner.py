@@ -199,7 +199,7 @@ class Planner:
         """Blocking: the store's index (cached or scanned), checked against the file
         (`Format.check_index`); a cached one that fails is dropped and the file scanned again."""
         for attempt in range(2):
-            index = self.decoding.index(relpath, fmt)  # a compressed file's scan writes its copy too
+            index = self.decoding.index(relpath, fmt, self.index_cache.dir)  # a compressed scan writes its copy
             try:
                 self._check_index(relpath, fmt, index)
                 return index

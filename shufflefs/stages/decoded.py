@@ -201,14 +201,16 @@ class Decoding:
 
     # ------------------------------------------------------------------ copies made by index scans
 
-    def index(self, relpath: str, fmt: Format) -> Any:
-        """The store's index of ``relpath``; a compressed file's scan also writes its copy."""
+    def index(self, relpath: str, fmt: Format, cache_dir: str | os.PathLike) -> Any:
+        """The store's index of ``relpath`` (cached in ``cache_dir``, the mount's index cache as
+        it is now: another one if it turned out read-only); a compressed file's scan also writes
+        its copy."""
         copy = self.copy_target(relpath, fmt)
         if copy is None:
-            return self.store.index(relpath, fmt, self.cache_dir)
+            return self.store.index(relpath, fmt, cache_dir)
         t0 = time.monotonic()
         try:
-            index = self.store.index(relpath, fmt, self.cache_dir, copy=copy)  # type: ignore[call-arg]
+            index = self.store.index(relpath, fmt, cache_dir, copy=copy)  # type: ignore[call-arg]
         except BaseException:
             self._remove(copy)
             raise
@@ -226,7 +228,12 @@ class Decoding:
         _, free, keep = self._free_space()
         if free is None or free <= keep:
             return None
-        return CopyTarget(os.path.join(self._directory(), f"indexed-{next(self._numbers)}"), keep)
+        try:
+            where = self._directory()
+        except OSError as e:  # (a read-only cache directory): views decode, or copy at first open
+            log.info("%s: no decoded copy while indexing: %s", relpath, e)
+            return None
+        return CopyTarget(os.path.join(where, f"indexed-{next(self._numbers)}"), keep)
 
     def adopt(self, relpath: str, index: Any, target: CopyTarget, seconds: float) -> None:
         """Take the copy a scan wrote to ``target`` as the copy of ``index``'s version, if the scan

@@ -159,3 +159,20 @@ def test_a_read_only_cache_directory_warns_once_and_still_serves(mount, tmp_path
             assert sorted((mnt / "a.jsonl").read_bytes().splitlines()) == sorted(LINES.splitlines())
         finally:
             assert shufflefs("umount", mnt).returncode == 0
+
+
+def test_a_read_only_cache_directory_still_serves_compressed_files(mount, tmp_path):
+    """A compressed file's index scan writes its decoded copy under the cache directory; where that
+    cannot be written the view is served all the same (decoded from restart points), and its
+    bytes are those of a mount that copies nothing.  Holds: SEMANTICS.md#views-compressed-copy"""
+    import compressed_files as cf
+
+    plain = cf.jsonl(6000, seed=3)
+    first = mount({"a.jsonl.gz": cf.gz(plain)}, "--decoded-copies", "needed")
+    want = first.path("a.jsonl.gz").read_bytes()
+    cache = tmp_path / "ro-cache"
+    cache.mkdir()
+    with read_only(cache):
+        m = mount(None, "--cache-dir", str(cache), src=first.src)
+        assert m.path("a.jsonl.gz").read_bytes() == want
+        assert sorted(cf.lines_of(cf.decode("a.jsonl.gz", want))) == sorted(cf.lines_of(plain))
