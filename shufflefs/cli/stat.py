@@ -127,6 +127,10 @@ def format_stats(stats: dict) -> str:
             lines.append(("decoded copy", f"{len(decoded['queued'])} more queued to be made one after another"))
         for path, why in (decoded.get("refused") or {}).items():
             lines.append(("decoded copy", f"{path}: none ({why}); read from restart points"))
+        kept = decoded.get("kept_for_later_mounts") or {}
+        if kept.get("files"):
+            lines.append(("decoded copy", f"{kept['files']} kept from earlier mounts for later ones "
+                                          f"({_human(kept.get('bytes', 0))}; they give way to copies in use)"))
     for path, got in (take("decoded_copies", None) or {}).items():
         lines.append(("decoded copy", f"{path}: {_human(got.get('bytes', 0))}, decoded in {got.get('seconds')} s "
                                       f"{got.get('made', '')}, read by {got.get('views')} view(s)"))

@@ -328,5 +328,5 @@ def _decoded(cat: Catalog) -> dict[str, Any]:
         return {}
     return {"decoded": {"dir": got["dir"], "files": len(got["copies"]), "bytes": got["bytes"],
                         "background": got["background"], "being_made": got["being_made"], "queued": got["queued"],
-                        "refused": got["refused"]},
+                        "refused": got["refused"], "kept_for_later_mounts": got["kept_for_later_mounts"]},
             "decoded_copies": got["copies"]}

@@ -10,7 +10,9 @@ checksums verified) into a directory of its own under ``--stage-dir``, else unde
 directory (node-local disk, where indexes are; the temporary directory is often memory), held
 like a stage directory (`scratch.held`: a killed mount's is removed by the next one there).
 Copies stay while the mount runs, one per file: a new version's copy replaces the old one once
-no view reads it.  Blocking (worker threads), no FUSE.
+no view reads it.  At unmount they are kept for the next mount of that directory
+(`kept_copies`), which reads a file's kept copy if its version is the same.  Blocking (worker
+threads), no FUSE.
 
 Under ``--decoded-copies auto`` (the default) every file gets a copy when the disk keeps room
 besides it: written by the scan that indexes it (`index`: the scan decodes it all anyway), else
@@ -42,6 +44,7 @@ from ..sources.base import Source, Store
 from ..sources.decoded import DecodedSource, close_kept, close_kept_of
 from ..sources.local import SourceFile
 from ..windows.container import served_size
+from .kept_copies import CopyDisk
 
 __all__ = ["Decoding", "RESTART_ORDERS", "served_size"]  # served_size: a compressed view's size
 
@@ -54,10 +57,6 @@ compressed file's records from a decoded copy."""
 DECODED_COPY_MODES = ("auto", "needed")
 """``--decoded-copies``: ``auto`` copies every compressed file when the disk has room, ``needed``
 only those without restart points worth using or under a record-level order."""
-FREE_KEPT = 0.10
-"""Of the copies' filesystem, the part that background copies leave free (and at least
-`FREE_KEPT_BYTES`): a corpus larger than the disk is read from restart points, never fills it."""
-FREE_KEPT_BYTES = 1 << 30
 BACKGROUND_NICE = 10
 """Niceness of the thread making a background copy: the serving threads and the readers, which
 the first epoch needs, come first."""
@@ -89,7 +88,7 @@ class Decoding:
         self.copy_all = strategy not in RESTART_ORDERS
         self.background = copies == "auto" and not self.copy_all
         self._closing = False
-        self._tried: set[tuple[str, SourceStamp]] = set()  # versions a background copy was started (or refused) for
+        self._tried: set[tuple] = set()  # versions a background copy (or a kept one) was looked for
         self._making: dict[str, str] = {}  # background copies queued or being made, by source path
         self._queue: list[tuple] = []  # (relpath, path, stamp, restarts) of the copies queued
         self._worker: threading.Thread | None = None  # the thread making them
@@ -101,6 +100,8 @@ class Decoding:
         self._dir: str | None = None
         self._hold = -1
         self._numbers = itertools.count()
+        self.disk = CopyDisk(self.root)
+        self.kept = self.disk.kept
 
     def open(self, relpath: str, stamp: SourceStamp, fmt: Format | None, index: Any = None,
              light: bool = False) -> Source:
@@ -177,27 +178,8 @@ class Decoding:
     # ------------------------------------------------------------------ background copies
 
     def room_for(self, size: int) -> str | None:
-        """Why a background copy of ``size`` bytes may not be made now (None: it may): the disk of
-        the copies keeps `FREE_KEPT` of itself and `FREE_KEPT_BYTES` free besides it.  Asked
-        between copies, which one thread makes one at a time, so no other is under way."""
-        where, free, keep = self._free_space()
-        if free is None:
-            return f"the free space of {where} is unknown ({keep})"
-        if free - size < keep:
-            return f"{size:,} decoded bytes would leave less than {keep:,} of {where}'s {free:,} free bytes"
-        return None
-
-    def _free_space(self) -> tuple[str, int | None, Any]:
-        """(the copies' directory or its nearest existing parent, its free bytes, the bytes copies
-        leave free), or (where, None, why not known)."""
-        where = self.root
-        while not os.path.isdir(where) and os.path.dirname(where) != where:
-            where = os.path.dirname(where)
-        try:
-            st = os.statvfs(where)
-        except OSError as e:
-            return where, None, e.strerror
-        return where, st.f_bavail * st.f_frsize, max(int(FREE_KEPT * st.f_blocks * st.f_frsize), FREE_KEPT_BYTES)
+        """Why a background copy of ``size`` bytes may not be made now (`CopyDisk.room_for`)."""
+        return self.disk.room_for(size)
 
     # ------------------------------------------------------------------ copies made by index scans
 
@@ -225,7 +207,8 @@ class Decoding:
         if (fmt is None or fmt.codec is None or not (self.background or self.copy_all) or self._closing
                 or not getattr(self.store, "copies_while_indexing", False)):
             return None
-        _, free, keep = self._free_space()
+        self.kept.trim()
+        _, free, keep = self.disk.free_space()
         if free is None or free <= keep:
             return None
         try:
@@ -262,13 +245,41 @@ class Decoding:
         """The copy of ``path`` at version ``stamp`` as a source and its release, if made."""
         with self._lock:
             got = self._copies.get(path)
-            if got is None or got.stamp != stamp:
+        if got is None or got.stamp != stamp:
+            got = self._take_kept(path, stamp, size)
+            if got is None:
                 return None
         try:
             return self._use(path, got, size)
         except (OSError, StaleSourceError, StageError) as e:
             log.warning("%s: its decoded copy cannot be read (%s): read from restart points", path, e)
             return None
+
+    def _take_kept(self, path: str, stamp: SourceStamp, size: int) -> Copy | None:
+        """The copy of this version of ``path`` an earlier mount kept (`kept_copies`), taken as
+        this mount's, if there is one (looked for once per version)."""
+        with self._lock:
+            if self._closing or (path, stamp, "kept") in self._tried:
+                return None
+            self._tried.add((path, stamp, "kept"))
+        try:
+            target = os.path.join(self._directory(), f"kept-{next(self._numbers)}")
+        except OSError:
+            return None
+        if self.kept.take(path, stamp, size, target) is None:
+            return None
+        log.info("%s: read from the decoded copy an earlier mount kept, now %s", path, target)
+        got = Copy(target, stamp, 0.0, f"by an earlier mount, kept in {self.kept.dir}")
+        with self._lock:
+            old = self._copies.get(path)
+            if old is not None and old.stamp == stamp:  # made meanwhile
+                got, old = old, got
+            else:
+                self._copies[path] = got
+                self._tried.add((path, stamp))
+        if old is not None and old.users == 0:
+            self._remove(old)
+        return got
 
     def _start(self, relpath: str, path: str, stamp: SourceStamp, restarts: Restarts) -> None:
         """Queue the background copy of this version of ``path`` unless one was.  One thread makes
@@ -390,6 +401,7 @@ class Decoding:
         directory = self._directory()
         target = os.path.join(directory, f"{len(self._copies)}-{stamp.ino}-{stamp.mtime_ns}")
         size = int(restarts.plain[-1])
+        self.kept.trim(size)
         t0 = time.monotonic()
         if background and restarts.codec == GZIP:
             steps = inflate(raw.read_range, stamp.size, path)
@@ -453,7 +465,8 @@ class Decoding:
         return {"dir": self._dir or self.root, "copies": copies, "bytes": sum(c["bytes"] for c in copies.values()),
                 "orders_from_copies": self.copy_all, "background": self.background,
                 "being_made": sorted(p for p, st in self._making.items() if st == "being made"),
-                "queued": sorted(p for p, st in self._making.items() if st == "queued"), "refused": dict(self._refused)}
+                "queued": sorted(p for p, st in self._making.items() if st == "queued"), "refused": dict(self._refused),
+                "kept_for_later_mounts": self.kept.describe()}
 
     def close(self) -> None:
         """Remove every copy, close the decoders kept for the next opens (at unmount)."""
@@ -464,8 +477,12 @@ class Decoding:
         if worker is not None:  # it stops at its copy's next step (`_build`)
             worker.join(timeout=30)
         with self._lock:
-            directory, hold = self._dir, self._hold
+            directory, hold, copies = self._dir, self._hold, self._copies
             self._dir, self._hold, self._copies = None, -1, {}
+        for path, got in copies.items():  # finished copies: the next mount reads them (`kept_copies`)
+            self.kept.keep(path, got.stamp, got.path)
+        if copies:
+            self.kept.trim()
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
         if hold >= 0:

@@ -17,7 +17,7 @@ import pytest
 from shufflefs.errors import FormatError, StaleSourceError
 from shufflefs.index.decoded import DecodedIndex, Restarts
 from shufflefs.index.table import SourceStamp
-from shufflefs.stages import decoded
+from shufflefs.stages import kept_copies
 from shufflefs.stages.decoded import Decoding, inflate
 
 
@@ -54,7 +54,7 @@ def test_no_room_means_no_copy_and_the_info_says_why(tmp_path: Path, monkeypatch
     """Holds: SEMANTICS.md#views-compressed-copy"""
     d = Decoding(None, tmp_path / "cache", tmp_path / "copies", "stratified")  # type: ignore[arg-type]
     assert d.background and d.room_for(1 << 20) is None
-    monkeypatch.setattr(decoded, "FREE_KEPT_BYTES", 1 << 62)
+    monkeypatch.setattr(kept_copies, "FREE_KEPT_BYTES", 1 << 62)
     why = d.room_for(1 << 20)
     assert why is not None and "free" in why
     restarts = Restarts("gzip", np.array([0, 1 << 20, 2 << 20], np.int64), np.zeros(0, np.int64),

@@ -1,0 +1,196 @@
+"""Decoded copies kept from one mount to the next, on the node-local disk they were made on.
+
+A compressed file's copy costs a whole decode (seconds per GiB), and a mount that finds its index
+cached made it again in the background while the first epoch decoded from restart points.  At
+unmount a mount's finished copies move (a rename: no byte is written) to ``ROOT/kept-copies``,
+named by the source's path and version; a later mount of that root takes a copy back (a rename
+again, so two mounts never share one) when it opens the same version, after checking that the
+copy is the file that was kept (its size, modification time and inode).  A source that changed
+in between never matches, and the copies of its older versions are removed then.  Kept copies
+never crowd out live ones: whenever a copy needs room, and at every unmount, the least recently
+kept are removed until the disk keeps the room the mount's copies leave free (`room`).  Blocking,
+no FUSE."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from typing import Any, Callable, NamedTuple
+
+from ..index.table import SourceStamp
+
+log = logging.getLogger("shufflefs")
+
+KEPT_DIR = "kept-copies"
+FREE_KEPT = 0.10
+"""Of the copies' filesystem, the part that background copies leave free (and at least
+`FREE_KEPT_BYTES`): a corpus larger than the disk is read from restart points, never fills it."""
+FREE_KEPT_BYTES = 1 << 30
+
+
+class _Entry(NamedTuple):
+    path: str
+    name_key: str
+    version_key: str
+    mtime_ns: int
+    kept_ns: int
+
+
+def _hash(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=10).hexdigest()
+
+
+def keys_of(source_path: str, stamp: SourceStamp) -> tuple[str, str]:
+    """(the key of the source's path, of its version)."""
+    return _hash(source_path), _hash(f"{source_path}\0{stamp.size}\0{stamp.mtime_ns}\0{stamp.ino}\0{stamp.ctime_ns}")
+
+
+class KeptCopies:
+    """The kept copies under ``root`` (module docstring).  ``room``: (free bytes of the disk,
+    bytes to leave free), or None when unknown."""
+
+    def __init__(self, root: str | os.PathLike, room: Callable[[], tuple[int, int] | None]) -> None:
+        self.dir = os.path.join(os.fspath(root), KEPT_DIR)
+        self.room = room
+        self._found: dict[str, list[_Entry]] | None = None  # what `take` finds, listed once
+
+    def _kept_of(self, name_key: str) -> list[_Entry]:
+        """The entries of one source path, from one listing per mount (a pool's thousand shards
+        are not a thousand listings; copies kept by other mounts since are not looked for)."""
+        if self._found is None:
+            found: dict[str, list[_Entry]] = {}
+            for e in self._entries():
+                found.setdefault(e.name_key, []).append(e)
+            self._found = found
+        return self._found.pop(name_key, [])
+
+    def _entries(self) -> list[_Entry]:
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return []
+        out = []
+        for name in names:
+            parts = name.split(".")
+            keys = parts[0].split("-")
+            if len(parts) != 3 or len(keys) != 2 or not (parts[1].isdigit() and parts[2].isdigit()):
+                continue  # not one of ours (a rename under way has a hidden name)
+            out.append(_Entry(os.path.join(self.dir, name), keys[0], keys[1], int(parts[1]), int(parts[2])))
+        return out
+
+    def take(self, source_path: str, stamp: SourceStamp, size: int, into: str) -> str | None:
+        """The kept copy of this version of ``source_path``, moved to the file ``into`` (None if
+        there is none, or it is not what was kept: then it is removed); copies of its other
+        versions are removed."""
+        name_key, version_key = keys_of(source_path, stamp)
+        taken = None
+        for e in self._kept_of(name_key):
+            if e.version_key != version_key or taken is not None:
+                _unlink(e.path)
+                continue
+            try:
+                os.rename(e.path, into)  # another mount that took it first: not found
+            except FileNotFoundError:
+                continue
+            try:
+                st = os.stat(into)
+            except OSError:
+                continue
+            if st.st_size != size or st.st_mtime_ns != e.mtime_ns or st.st_nlink != 1:
+                log.warning("%s: its kept decoded copy %s changed since it was kept (%d bytes, %d expected): "
+                            "removed", source_path, e.path, st.st_size, size)
+                _unlink(into)
+                continue
+            taken = into
+        return taken
+
+    def keep(self, source_path: str, stamp: SourceStamp, copy: str) -> bool:
+        """Move the finished copy ``copy`` of this version of ``source_path`` here (at unmount)."""
+        name_key, version_key = keys_of(source_path, stamp)
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            st = os.stat(copy)
+            for e in self._entries():
+                if e.name_key == name_key:
+                    _unlink(e.path)  # another version's, or this one's from a mount before
+            os.rename(copy, os.path.join(self.dir, f"{name_key}-{version_key}.{st.st_mtime_ns}.{time.time_ns()}"))
+        except OSError as e:
+            log.info("%s: its decoded copy is not kept for the next mount: %s", source_path, e)
+            return False
+        return True
+
+    def trim(self, needed: int = 0) -> int:
+        """Remove the least recently kept copies until ``needed`` bytes more leave the disk its
+        free room; returns the bytes removed."""
+        removed = 0
+        for e in sorted(self._entries(), key=lambda e: e.kept_ns):
+            got = self.room()
+            if got is None or got[0] - needed >= got[1]:
+                break
+            try:
+                size = os.stat(e.path).st_size
+            except OSError:
+                continue
+            if _unlink(e.path):
+                removed += size
+                log.info("removed the kept decoded copy %s (%d bytes) for room", e.path, size)
+        return removed
+
+    def describe(self) -> dict[str, int]:
+        """For ``shufflefs stat``: how many copies are kept, and their bytes."""
+        sizes = []
+        for e in self._entries():
+            try:
+                sizes.append(os.stat(e.path).st_size)
+            except OSError:
+                pass
+        return {"files": len(sizes), "bytes": sum(sizes)}
+
+
+def _unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+class CopyDisk:
+    """The node-local disk decoded copies go on (``root``): how much room it keeps free, and the
+    copies kept there for later mounts, which give way to the copies in use."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = os.fspath(root)
+        self.kept = KeptCopies(self.root, self.room)
+
+    def room_for(self, size: int) -> str | None:
+        """Why a background copy of ``size`` bytes may not be made now (None: it may): the disk
+        keeps `FREE_KEPT` of itself and `FREE_KEPT_BYTES` free besides it, once the copies kept
+        for later mounts made what room they can.  Asked between copies, which one thread makes
+        one at a time, so no other is under way."""
+        self.kept.trim(size)
+        where, free, keep = self.free_space()
+        if free is None:
+            return f"the free space of {where} is unknown ({keep})"
+        if free - size < keep:
+            return f"{size:,} decoded bytes would leave less than {keep:,} of {where}'s {free:,} free bytes"
+        return None
+
+    def free_space(self) -> tuple[str, int | None, Any]:
+        """(the copies' directory or its nearest existing parent, its free bytes, the bytes copies
+        leave free), or (where, None, why not known)."""
+        where = self.root
+        while not os.path.isdir(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)
+        try:
+            st = os.statvfs(where)
+        except OSError as e:
+            return where, None, e.strerror
+        return where, st.f_bavail * st.f_frsize, max(int(FREE_KEPT * st.f_blocks * st.f_frsize), FREE_KEPT_BYTES)
+
+    def room(self) -> tuple[int, int] | None:
+        """(free bytes, bytes to leave free), or None if not known."""
+        _, free, keep = self.free_space()
+        return None if free is None else (free, keep)

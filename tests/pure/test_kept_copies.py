@@ -1,0 +1,51 @@
+"""Level: pure (no FUSE).
+
+Kept decoded copies (`stages.kept_copies`): the least recently kept go first when a copy needs
+room, a copy is taken whole by one taker, and another version of its source is never taken."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from shufflefs.index.table import SourceStamp
+from shufflefs.stages.kept_copies import KeptCopies
+
+
+def test_kept_copies_make_room_oldest_first_and_match_only_their_version(tmp_path: Path):
+    free = [10 << 30]
+
+    def room() -> tuple[int, int]:  # what unlinking kept copies frees
+        return free[0] - keeps.describe()["bytes"], 1 << 30
+
+    keeps = KeptCopies(str(tmp_path / "root"), room)
+    for i in range(3):
+        f = tmp_path / f"copy-{i}"
+        f.write_bytes(b"x" * (1000 * (i + 1)))
+        assert keeps.keep(f"/src/{i}.jsonl.gz", SourceStamp(10 + i, 1, 1 + i, 1), str(f))
+        assert not f.exists()
+    assert len(os.listdir(keeps.dir)) == 3
+    assert keeps.trim(1 << 20) == 0  # room enough
+    free[0] = (1 << 30) + 6000 + 500
+    assert keeps.trim(1000) == 1000  # the oldest kept goes first, then there is room
+    assert keeps.describe() == {"files": 2, "bytes": 5000}
+    out = str(tmp_path / "taken")
+    assert keeps.take("/src/2.jsonl.gz", SourceStamp(12, 1, 3, 1), 3000, out) == out
+    assert Path(out).read_bytes() == b"x" * 3000
+    assert keeps.take("/src/2.jsonl.gz", SourceStamp(12, 1, 3, 1), 3000, out + "2") is None  # taken once
+    assert keeps.take("/src/1.jsonl.gz", SourceStamp(11, 1, 2, 2), 2000, out + "b") is None  # another version
+    assert keeps.describe() == {"files": 0, "bytes": 0}  # and that one's stale copy is gone
+
+
+def test_an_unknown_free_space_removes_nothing_and_a_resized_copy_is_not_taken(tmp_path: Path):
+    keeps = KeptCopies(str(tmp_path), lambda: None)
+    f = tmp_path / "copy"
+    f.write_bytes(b"y" * 100)
+    assert keeps.keep("/src/a.gz", SourceStamp(5, 1, 1, 1), str(f))
+    assert keeps.trim(1 << 40) == 0
+    (kept,) = Path(keeps.dir).iterdir()
+    with open(kept, "ab") as g:
+        g.write(b"z")
+    assert KeptCopies(str(tmp_path), lambda: None).take("/src/a.gz", SourceStamp(5, 1, 1, 1), 100,
+                                                        str(tmp_path / "t")) is None
+    assert not (tmp_path / "t").exists() and list(Path(keeps.dir).iterdir()) == []
