@@ -5,4 +5,4 @@ from setuptools import Extension, setup
 SOURCES = ["shufflefs/_gather.c", "shufflefs/_mapped.c", "shufflefs/_framing.c", "shufflefs/_edges.c"]
 setup(ext_modules=[Extension("shufflefs._gather", SOURCES, depends=["shufflefs/_gather.h", "shufflefs/_framing.h"],
                              optional=True),
-                   Extension("shufflefs._replies", ["shufflefs/_replies.c"], libraries=["dl"], optional=True)])
+                   Extension("shufflefs._replies", ["shufflefs/_replies.c", "shufflefs/_passthrough.c"], libraries=["dl"], optional=True)])

@@ -18,8 +18,7 @@
  * one of n reply threads, so that replies use more cores than the trio thread's.  A reply in
  * flight pins its entry: unregistering waits for it, so a buffer is never recycled under a copy.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_passthrough.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -42,6 +41,7 @@ struct fuse_buf {
 };
 #define FUSE_BUF_IS_FD (1 << 1)
 #define FUSE_READ_OPCODE 15
+#define FUSE_INIT_OPCODE 26
 
 struct in_header {
     uint32_t len, opcode;
@@ -252,6 +252,9 @@ __attribute__((visibility("default"))) void fuse_session_process_buf(struct fuse
             && reply_from_window(se, in, (const struct read_in *)(in + 1)))
             return;
     }
+    if (!(buf->flags & FUSE_BUF_IS_FD) && buf->size >= sizeof(struct in_header)
+        && ((const struct in_header *)buf->mem)->opcode == FUSE_INIT_OPCODE)
+        passthrough_on_init(se, buf->mem, buf->size, real_fd(se));
     n_passed++;
     real_process(se, buf);
 }
@@ -414,4 +417,12 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_replies", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__replies(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__replies(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddFunctions(m, passthrough_methods) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

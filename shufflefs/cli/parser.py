@@ -12,6 +12,7 @@ from ..config import (
 from ..index.table import default_cache_dir
 from ..serve.access import SETTERS
 from ..sources.cache_mode import SOURCE_CACHE_MODES
+from ..serve.passthrough import PASSTHROUGH_MODES
 from ..stages.decoded import DECODED_COPY_MODES
 from ..strategies.base import EVEN_MODES, LOCAL_MODES
 from .common import PROG
@@ -137,6 +138,12 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
                         "of the same files (they give way to copies in use); needed: only files without restart points (one zstd "
                         "frame) or under record-level orders get one, the others are decoded from "
                         "restart points every epoch. shufflefs stat shows the copies")
+    g.add_argument("--passthrough", choices=PASSTHROUGH_MODES, default=None,
+                   help="auto (default): where the kernel offers FUSE passthrough (Linux 6.9+) and the "
+                        "daemon runs as root, a Parquet view is encoded once per epoch into a stage "
+                        "file on node-local disk (beside the decoded copies) and the kernel reads it "
+                        "for every handle of that view, as fast as a local file; off: the daemon "
+                        "serves every read. shufflefs stat says whether it is on and why not")
     g.add_argument("--stage-dir", metavar="DIR",
                    help="pls: keep this rank's partition of every file on local disk under DIR: "
                         "copied from SRC when a file's first view opens, then each next epoch's "

@@ -134,6 +134,11 @@ def format_stats(stats: dict) -> str:
     for path, got in (take("decoded_copies", None) or {}).items():
         lines.append(("decoded copy", f"{path}: {_human(got.get('bytes', 0))}, decoded in {got.get('seconds')} s "
                                       f"{got.get('made', '')}, read by {got.get('views')} view(s)"))
+    passthrough = take("passthrough", None)
+    if isinstance(passthrough, dict):
+        lines.append(("passthrough", "on: Parquet views are read by the kernel from their stages "
+                      f"({passthrough.get('stages_built', 0)} built, {passthrough.get('opens', 0)} opens)"
+                      if passthrough.get("on") else f"off ({passthrough.get('why_not', '?')})"))
     parquet = take("parquet_copies", None)
     for path, got in (parquet or {}).get("copies", {}).items():
         lines.append(("parquet copy", f"{path}: {got.get('copied')} of {got.get('row_groups')} row groups decoded "

@@ -294,6 +294,7 @@ def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
     pid_path: str | None = None
     try:
         try:
+            fs.catalog.passthrough.ask()  # at INIT (`serve.passthrough`)
             pyfuse3.init(fs, mnt, options)
         except RuntimeError as e:
             log.error("cannot mount %s at %s: %s", config.source, mnt, e)

@@ -252,10 +252,20 @@ class ShuffleFS(pyfuse3.Operations):
         if flags & _WRITE_FLAGS:
             raise FUSEError(errno.EROFS)
         h = await self.catalog.open(node)
+        if node.kind == VIEW:
+            try:  # a Parquet view: read by the kernel from its stage, if it can be
+                stage = await self.catalog.passthrough.stage(self.catalog, node)
+            except BaseException:
+                self.catalog.release(h)
+                raise
         fh = self._fh()
         self._handles[fh] = h
         h.fh = fh
         if node.kind != VIEW:
+            return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=False)
+        if stage is not None:  # (the reply's flags are the stage's: `shufflefs._passthrough`)
+            self.catalog.passthrough.attach(fh, stage)
+            self.catalog.prep.ahead(node)  # the next epoch's stage, while this one is read
             return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=False)
         page_cache = self.catalog.page_cache(node)
         if page_cache:
@@ -281,6 +291,7 @@ class ShuffleFS(pyfuse3.Operations):
     async def release(self, fh: int) -> None:
         h = self._handles.pop(fh, None)
         if h is not None:
+            self.catalog.passthrough.detach(fh)
             self.catalog.release(h)
             if h.node.ino in self.paged and self._past(h.node) and self._nursery is not None:
                 self.paged.discard(h.node.ino)

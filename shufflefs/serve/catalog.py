@@ -18,6 +18,7 @@ from typing import Any
 
 import trio
 
+from .. import replies
 from ..config import MIX_DIR, PARTS_DIR, MountConfig
 from ..errors import UNDECIDED_ERRNOS, FormatError, ResumeMismatch, ShuffleError, StaleSourceError, descriptors_note
 from ..index.table import SourceStamp
@@ -30,6 +31,7 @@ from ..windows.cache import WindowCache
 from .epoch_prep import EpochPrep
 from .epochs import Epochs
 from .mix_tree import MixTree, in_mix_tree
+from .passthrough import Passthrough
 from .nodes import DIR, FILE, LINK, NO_POOL, ROOT, UNREAD, VIEW, Handle, Node, Probe, Reply, Stat, shard_stat
 from .planner import RESUME_MISFIT, Planner
 from .reads import Reads
@@ -63,6 +65,7 @@ class Catalog:
         self.views = Views(config, self.store, self.tree, self.planner, self.workers, self.tasks,
                            self.windows, self.epochs.of, self.current)
         self.reads = Reads(self.views, self.windows, config.compiled_replies, config.reply_threads)
+        self.passthrough = Passthrough(config.passthrough, replies.compiled if replies.bound else None)
         self.pools = PoolTable(self.store, self.tree.pool_key, config.pool_globs) if config.pool else None
         self.tree.pools = self.pools
         self.mixes = None
@@ -97,7 +100,7 @@ class Catalog:
         for node in list(self.tree.nodes.values()) + list(self.views.idle.values()):
             self.views.close(node)
         self.windows.clear()
-        for copies in (self.views.stages, self.planner.decoding, self.views.parquet):  # stages, decoded copies
+        for copies in (self.views.stages, self.planner.decoding, self.passthrough, self.views.parquet):
             if copies is not None:
                 copies.close()
         self.store.close()
@@ -126,11 +129,13 @@ class Catalog:
 
     # ------------------------------------------------------------------ the tree
 
-    async def entry(self, relpath: str, probe: Probe, space: tuple[int, int] = (0, 1), sized: bool = True) -> Node:
+    async def entry(self, relpath: str, probe: Probe, space: tuple[int, int] = (0, 1), sized: bool = True,
+                    epoch: int | None = None) -> Node:
         """The node for a probed entry (existing or new) in the tree of loader part ``space``
         (``(part, parts)``; ``(0, 1)`` is the mount's own tree); does not count a lookup.
         ``sized=False`` (a listing) may leave a view's size unknown (-1): a text file's last byte
-        unread, a rank's share or a shard not planned, so that listing reads and indexes nothing."""
+        unread, a rank's share or a shard not planned, so that listing reads and indexes nothing.
+        ``epoch``: another epoch's view than the current one's (`EpochPrep.ahead`)."""
         st = probe.st
         suffix = () if space == (0, 1) else space
         pool = None
@@ -150,7 +155,7 @@ class Catalog:
                 st = shard_stat(st, pool.access)
             version = pool.stamps if pool is not None else stamp
             epoch_path = pool.epoch_path if pool is not None else relpath
-            epoch = self.epochs.of(epoch_path)
+            epoch = self.epochs.of(epoch_path) if epoch is None else epoch
             problem = None  # a resumed view is a node of its own (and a shard follows its pool's layouts)
             if pool is None:
                 resumed, stops = self.epochs.resumed(relpath, epoch_path)
@@ -435,6 +440,8 @@ class Catalog:
             return data
         if node.broken is not None:
             raise Reply(node.broken.errno)
+        if node.view is not None and getattr(node.view.view, "stage", None) is not None:  # the kernel's readahead
+            return await self.workers.run(self.passthrough.read, node, off, size)
         replies = self.reads.replies
         try:
             replies.sync(h)

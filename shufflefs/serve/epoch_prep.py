@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from ..errors import ShuffleError
-from .nodes import VIEW, Node
+from .nodes import VIEW, Node, Reply
 
 log = logging.getLogger("shufflefs")
 
@@ -19,6 +19,7 @@ class EpochPrep:
     def __init__(self, cat: Any) -> None:
         self.cat = cat
         self.prefetches = 0  # window loads started by preparations
+        self.staged_ahead = 0  # stages of a next epoch built before it was set (`ahead`)
         self._preparing: set[tuple] = set()  # files whose next epoch's view is being prepared
 
     def moved(self, node: Node) -> None:
@@ -64,7 +65,9 @@ class EpochPrep:
             try:
                 if node.view is None:
                     await self.cat.tasks.run(("view", node.ino), functools.partial(self.cat.views.make, node))
-                if node.view is not None and node.layout.n_windows:
+                if self.cat.passthrough.wants(node):  # its stage, which its opens read
+                    await self.cat.passthrough.stage(self.cat, node, made="when its epoch was set")
+                elif node.view is not None and node.layout.n_windows:
                     ref = self.cat.views.window(node, 0, ahead=True)
                     self.prefetches += self.cat.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work,
                                                                   background=True)
@@ -72,7 +75,45 @@ class EpochPrep:
                 node.opens -= 1
                 if node.opens == 0:
                     self.cat.views.retire(node)  # idle until its first open (or forgotten if it failed)
-        except (ShuffleError, OSError) as e:
+        except (ShuffleError, OSError, Reply) as e:  # left for the open to report
             log.debug("preparing %s for the new epoch: %s", relpath, e)
         except Exception:  # noqa: BLE001 -- a background task must never end the mount
             log.exception("preparing %s for the new epoch failed", relpath)
+
+    def ahead(self, node: Node) -> None:
+        """``node``'s view was just opened with a stage (`serve.passthrough`): build the stage of
+        the same file's next epoch while this one is read, so that an epoch change finds it
+        ready (one thread: the readers of this epoch have the other cores).  Not for resumed
+        views.  An epoch set to another number closes it unread (`Views.close_stale`)."""
+        if self.cat.windows.nursery is None or node.key[5]:
+            return
+        self.cat.windows.nursery.start_soon(self._stage_ahead, node.relpath, (node.part, node.parts), node.epoch + 1)
+
+    async def _stage_ahead(self, relpath: str, space: tuple[int, int], epoch: int) -> None:
+        key = ("ahead", relpath, *space)
+        if key in self._preparing:
+            return
+        self._preparing.add(key)
+        try:
+            probe = await self.cat.probe(relpath)
+            if probe is None or probe.fmt is None:
+                return
+            node = await self.cat.entry(relpath, probe, space, epoch=epoch)
+            if node.kind != VIEW or node.broken is not None or node.epoch != epoch:
+                return
+            node.opens += 1
+            try:
+                if node.view is None:
+                    await self.cat.tasks.run(("view", node.ino), functools.partial(self.cat.views.make, node))
+                await self.cat.passthrough.stage(self.cat, node, threads=1, made="while the epoch before was read")
+                self.staged_ahead += 1
+            finally:
+                node.opens -= 1
+                if node.opens == 0:
+                    self.cat.views.retire(node)
+        except (ShuffleError, OSError, Reply) as e:
+            log.debug("staging %s for epoch %d: %s", relpath, epoch, e)
+        except Exception:  # noqa: BLE001 -- a background task must never end the mount
+            log.exception("staging %s for epoch %d failed", relpath, epoch)
+        finally:
+            self._preparing.discard(key)

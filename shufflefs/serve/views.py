@@ -295,7 +295,7 @@ class Views:
     def retire(self, node: Node) -> None:
         """The last handle closed: keep the view idle (LRU) unless it can never be read again."""
         if (node.view is None or node.broken is not None or node.ino not in self.tree.nodes
-                or self.planner.distrusted(node.view.view.index)):
+                or self.planner.distrusted(node.view.view.index) or self._past_stage(node)):
             self.close(node)
             if node.lookups <= 0:
                 self.drop(node)
@@ -307,6 +307,12 @@ class Views:
             self.close(oldest)
             if oldest.lookups <= 0:  # prepared at an epoch change, never opened: forget it
                 self.drop(oldest)
+
+    def _past_stage(self, node: Node) -> bool:
+        """A view read from a stage file (`serve.passthrough`) of an epoch before its file's
+        current one: its name leads elsewhere now, and its file is the next stage's."""
+        return (getattr(node.view.view, "stage", None) is not None
+                and node.epoch < self.epoch_of(node.epoch_path))
 
     def drop(self, node: Node) -> None:
         """The node leaves the inode table (forgotten, or replaced); its view closes if unused."""

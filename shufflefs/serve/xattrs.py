@@ -123,6 +123,9 @@ async def get(cat: Catalog, node: Node, name: bytes, caller: Caller = OWNER) -> 
                               **cat.planner.decoding.describe_view(node.index, cat.store.path(node.relpath))}
     if node.fmt.name == "parquet":  # its row groups, and its file's decoded copy
         info["parquet"] = cat.views.parquet.describe_view(copy_of(cat.store, node), node.layout)
+        stage = getattr(node.view.view, "stage", None) if node.view is not None else None
+        if stage is not None:  # read by the kernel (`serve.passthrough`)
+            info["parquet"]["stage"] = {"bytes": stage.size, "seconds": round(stage.seconds, 3), "made": stage.made}
     if node.pool is not None:
         info.update(pool=node.pool.pool.key, pool_shards=node.pool.shards, pool_declared=node.pool.pool.declared)
         if node.pool.mix is not None:
@@ -312,6 +315,7 @@ def _snapshot(cat: Catalog) -> dict[str, Any]:
         gather=GATHER,
         source_cache=views.source_cache.describe(),
         serving=dict(cat.serving),
+        passthrough={**cat.passthrough.describe(), "staged_ahead": cat.prep.staged_ahead},
         code=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         read_bytes=views.read_bytes.snapshot(),
         **({"store_requests": cat.store.requests()} if hasattr(cat.store, "requests") else {}),

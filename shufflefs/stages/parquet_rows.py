@@ -278,6 +278,11 @@ class RowCopies:
         else:
             self._retired.append(copy)
 
+    def directory(self) -> str:
+        """The copies' directory (made now if need be), where stages of views go too."""
+        with self._lock:
+            return self._directory()
+
     def _directory(self) -> str:
         if self._dir is None:
             os.makedirs(self.root, exist_ok=True)

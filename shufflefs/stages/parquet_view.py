@@ -194,6 +194,10 @@ class ParquetView:
         self._lock = threading.Lock()
         self._ids: OrderedDict[int, np.ndarray] = OrderedDict()  # plan windows' row ids, the last few
         self._peeked: tuple[int, np.ndarray] | None = None  # the last peek's plan window and its ids
+        self.stage = None  # its stage file, when the kernel reads it (`serve.passthrough`)
+        self.unstaged = False  # served by the daemon even so (no room for a stage when first opened)
+        self.writer = None  # the `StageWriter` of its stage while it is being written
+        self.closers: list[Callable[[], None]] = []  # what goes with the view
 
     @property
     def size(self) -> int:
@@ -317,6 +321,8 @@ class ParquetView:
                 return
             self._open = False
         try:
+            for close in self.closers:
+                close()
             self._release()
         finally:
             self.source.close()

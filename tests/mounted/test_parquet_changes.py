@@ -60,26 +60,36 @@ def test_a_decoded_copy_is_made_once_per_version_shown_and_removed_at_unmount(mo
     assert not where.exists()
 
 
-def test_a_file_changed_while_mounted(mount, tmp_path):
-    """A handle opened before the change gets ESTALE for bytes it did not read yet; an open after
-    it reads the new version's rows.  Holds: SEMANTICS.md#changes-open-estale,
-    SEMANTICS.md#changes-new-open"""
+@pytest.mark.parametrize("passthrough", ["off", "auto"])
+def test_a_file_changed_while_mounted(mount, tmp_path, passthrough):
+    """Served by the daemon, a handle opened before the change gets ESTALE for bytes it did not
+    read yet; read by the kernel from its stage (passthrough), it reads the old version's view
+    whole, never a byte of the new one.  Either way an open after the change reads the new
+    version's rows.  Holds: SEMANTICS.md#changes-open-estale, SEMANTICS.md#changes-new-open,
+    SEMANTICS.md#views-parquet-passthrough"""
     d = tmp_path / "src"
     d.mkdir()
     pq.write_table(_table(6_000), d / "c.parquet", row_group_size=1_000)
-    m = mount(None, *ARGS, src=d)
+    m = mount(None, *ARGS, "--passthrough", passthrough, src=d)
     path = m.path("c.parquet")
     assert sorted(pq.read_table(path).column("id").to_pylist()) == list(range(6_000))
     m.set_epoch(3)
     fd = os.open(path, os.O_RDONLY)
+    staged = m.stats()["passthrough"]["on"]
+    assert staged == (passthrough == "auto" and os.geteuid() == 0)
     try:
         size = os.fstat(fd).st_size
         os.pread(fd, 4, 0)
         pq.write_table(_table(5_000, first=100_000), tmp_path / "new.parquet", row_group_size=1_000)
         os.replace(tmp_path / "new.parquet", d / "c.parquet")
-        with pytest.raises(OSError) as e:
-            os.pread(fd, 1 << 16, size // 2)
-        assert e.value.errno == errno.ESTALE
+        if staged:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                old = pq.read_table(f).column("id").to_pylist()
+            assert sorted(old) == list(range(6_000))
+        else:
+            with pytest.raises(OSError) as e:
+                os.pread(fd, 1 << 16, size // 2)
+            assert e.value.errno == errno.ESTALE
     finally:
         os.close(fd)
     got = pq.read_table(path).column("id").to_pylist()

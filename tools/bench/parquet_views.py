@@ -44,6 +44,8 @@ from .proc import FuseDaemon, Sampler
 REPO = Path(__file__).resolve().parents[2]
 START, END = "<!-- parquet-bench:start -->", "<!-- parquet-bench:end -->"
 NAME = "sorted.parquet"
+BLOCK = 4
+"""Epochs a paired round reads of each, back to back."""
 LABELS = 10
 
 
@@ -268,24 +270,36 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
         first_own = u.peak_own
         first_epoch = (f"| view, first epoch (fills the copy) | {n / t:,.0f} | - | {mix:.3f} ({uniform:.3f}) | "
                        f"{u.cpu_s:.1f} | {u.peak_own / 2**20:.0f} / {u.peak_rss / 2**20:.0f} |")
-        src_rates, view_rates, ratios, own, rss, cpu, src_cpu = [], [], [], [], [], [], []
+        src_rates, view_rates, ratios, own, rss, cpu, src_cpu, opened = [], [], [], [], [], [], [], []
         loads = [json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["memory"]["loads"]]
         for r in range(rounds):
-            os.setxattr(view, "user.shufflefs.epoch", str(r + 1).encode())
+            # a round: BLOCK epochs of each back to back, as a training loop reads them (the view's
+            # epoch set in the timed loop; a stage may be built while the epoch before is read);
+            # the first view epoch of a block is timed apart: nothing was read before it
             got = {}
             for what in (("source", "view") if r % 2 == 0 else ("view", "source")):
                 if what == "source":
-                    c0 = cpu_seconds()
-                    n, t, src_labels = iterate(src)
-                    src_cpu.append(cpu_seconds() - c0)
-                    got["source"] = n / t
+                    c0, t0, n = cpu_seconds(), time.perf_counter(), 0
+                    for _ in range(BLOCK - 1):
+                        n += iterate(src)[0]
+                    src_labels = iterate(src)[2]
+                    got["source"] = (n + len(src_labels)) / (time.perf_counter() - t0)
+                    src_cpu.append((cpu_seconds() - c0) / BLOCK)
                 else:
+                    first = 1000 * (r + 1)
+                    t0 = time.perf_counter()
+                    os.setxattr(view, "user.shufflefs.epoch", str(first).encode())
+                    opened.append(iterate(view)[0] / (time.perf_counter() - t0))
                     with Sampler(d.pid) as s:
-                        n, t, labels = iterate(view)
-                    got["view"] = n / t
+                        t0, n = time.perf_counter(), 0
+                        for e in range(first + 1, first + BLOCK):
+                            os.setxattr(view, "user.shufflefs.epoch", str(e).encode())
+                            m, _, labels = iterate(view)
+                            n += m
+                        got["view"] = n / (time.perf_counter() - t0)
                     own.append(s.usage.peak_own)
                     rss.append(s.usage.peak_rss)
-                    cpu.append(s.usage.cpu_s)
+                    cpu.append(s.usage.cpu_s / (BLOCK - 1))
             loads.append(json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["memory"]["loads"])
             src_rates.append(got["source"])
             view_rates.append(got["view"])
@@ -295,10 +309,17 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
         warm_mix = mix
         table.append(f"| source, pyarrow (warm) | {statistics.median(src_rates):,.0f} | 1.00 | {mix_src:.3f} "
                      f"({uniform:.3f}) | - | - |")
-        table.append(f"| view, warm (median of {rounds} paired rounds; {statistics.median(np.diff(loads)):.0f} window "
-                     f"loads per epoch) | {statistics.median(view_rates):,.0f} | "
+        passthrough = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["passthrough"]
+        how = (f"read by the kernel from stages, {passthrough['staged_ahead']} of {passthrough['stages_built']} "
+               "built while the epoch before was read" if passthrough["on"] else
+               f"served by the daemon, {statistics.median(np.diff(loads)) / (BLOCK - 1):.0f} window loads per epoch")
+        table.append(f"| view, warm: epochs 2-{BLOCK} of {rounds} paired blocks of {BLOCK} epochs back to back, the "
+                     f"epoch change included ({how}) | {statistics.median(view_rates):,.0f} | "
                      f"{statistics.median(ratios):.2f} | {mix:.3f} ({uniform:.3f}) | {statistics.median(cpu):.1f} | "
                      f"{max(own) / 2**20:.0f} / {max(rss) / 2**20:.0f} |")
+        table.append(f"| view, warm: the first epoch of each block (its stage, if any, made at its open) | "
+                     f"{statistics.median(opened):,.0f} | {statistics.median(opened) / statistics.median(src_rates):.2f} "
+                     f"| - | - | - |")
         table.append(first_epoch)
         loads0 = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["memory"]["loads"]
         os.setxattr(view, "user.shufflefs.epoch", b"50")
@@ -342,7 +363,8 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
     per_round = ", ".join(f"{x:.2f}" for x in ratios)
     out += ["`iter_batches` with default arguments over the source and over the view at the same path (default "
             "mount options: `stratified`, 64 MiB buffer; warm: the source in the page cache, the index cached, the "
-            f"copy made; per round, view / source: {per_round}):", ""]
+            f"copy made; passthrough {'on' if passthrough['on'] else 'off: ' + passthrough.get('why_not', '')}; "
+            f"per round, view / source: {per_round}):", ""]
     out += table + [""]
     limit = int(stats["memory"]["limit_bytes"])  # three windows and the loads' working memory
     bound = 16 * md.num_rows + limit + 100 * 2**20
@@ -358,8 +380,11 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
             f"at most {limit / 2**20:.0f} MiB.",
             f"- In one process, without FUSE, on one core: the copy filled in {fill:.1f} s, an epoch's "
             f"{info['parquet']['windows']} windows encoded from it in {encode:.2f} s ({view_bytes / encode / 1e9:.2f} GB/s "
-            "of view bytes); the rest of the daemon's CPU above is serving the reads (1 MiB FUSE requests) and "
-            "windows loaded again.",
+            "of view bytes); " + ("with passthrough the daemon's CPU above is each epoch's stage (encoded once, "
+                                  "front to back, and written to the page cache) and the kernel's readahead of the "
+                                  "view's own pages, answered from the stage." if passthrough["on"] else
+                                  "the rest of the daemon's CPU above is serving the reads (1 MiB FUSE requests) "
+                                  "and windows loaded again."),
             f"- {without_copy(src)}",
             budget_line(md.num_rows / statistics.median(src_rates),
                         statistics.median(file_cpu), statistics.median(cpu), front_cpu),

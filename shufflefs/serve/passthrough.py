@@ -1,0 +1,170 @@
+"""Views the kernel reads by itself: FUSE passthrough to a stage file.
+
+Linux 6.9+ lets a FUSE server answer an open with a file on another filesystem, which the kernel
+then reads for that handle (``read``, ``mmap``, splice) at the speed of the local disk: no read
+request reaches the daemon.  The mount asks for it at INIT (`shufflefs._passthrough`: around
+libfuse, which learned it in 3.16) when it runs with ``CAP_SYS_ADMIN`` (root), which registering
+a backing file needs; ``shufflefs stat`` says whether it is on and why not.
+
+A Parquet view uses it: its bytes are encoded once, front to back, into a stage file
+(`stages.parquet_stage`) before its first handle is served, and every handle of the view (one
+inode per epoch, `serve.tree`) reads the stage.  The stage is built by the epoch change's
+preparation of the view (`epoch_prep`) when there is one, else by the first open, and goes with
+the view (its handles keep reading it).  A view whose stage cannot be made (no room on the disk)
+is served by the daemon as without passthrough; a view whose source fails (changed, damaged)
+fails its open as it would fail its reads.  Every other view is served by the daemon.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Any
+
+from ..errors import ShuffleError
+from ..stages.parquet_stage import ParquetStage, StageFiles, StageWriter, write_stage
+from ..stages.parquet_view import ParquetView
+from ..stages.kept_copies import CopyDisk
+from .nodes import VIEW, Node
+
+log = logging.getLogger("shufflefs")
+
+PASSTHROUGH_MODES = ("auto", "off")
+"""``--passthrough``: ``auto`` asks the kernel for it when the daemon may register backing files
+(root), ``off`` never."""
+
+
+class Passthrough:
+    """The mount's passthrough state and its views' stages."""
+
+    def __init__(self, mode: str, lib: Any) -> None:
+        if mode not in PASSTHROUGH_MODES:
+            raise ValueError(f"passthrough must be one of {', '.join(PASSTHROUGH_MODES)}: {mode!r}")
+        self.mode = mode
+        self.lib = lib if lib is not None and hasattr(lib, "passthrough_state") else None
+        self.stages_built = 0
+        self.opens = 0
+        self.refused: str | None = None  # why the last stage was not made
+        self._files: dict[str, StageFiles] = {}  # stage files for reuse, by directory
+        self._registered: set[int] = set()  # handles whose stray reads the compiled replies answer
+
+    def ask(self) -> None:
+        """Before mounting: ask for passthrough at INIT if it may be used."""
+        if self.mode == "auto" and self.lib is not None and os.geteuid() == 0:
+            self.lib.passthrough_enable()
+
+    @property
+    def on(self) -> bool:
+        return self.lib is not None and bool(self.lib.passthrough_state()["on"])
+
+    def why_not(self) -> str:
+        if self.mode == "off":
+            return "--passthrough off"
+        if self.lib is None:
+            return "the compiled replies are not built"
+        if os.geteuid() != 0:
+            return "the daemon is not root (registering a backing file needs CAP_SYS_ADMIN)"
+        return str(self.lib.passthrough_state()["why_not"])
+
+    def wants(self, node: Node) -> bool:
+        """Whether ``node``'s opens are served by passthrough (its view is a Parquet view)."""
+        return (self.on and node.kind == VIEW and node.view is not None
+                and isinstance(node.view.view, ParquetView))
+
+    async def stage(self, cat: Any, node: Node, threads: int = 2, made: str = "at its first open"
+                    ) -> ParquetStage | None:
+        """The stage an open of ``node`` is answered with (built once per view, by the first to
+        ask), or None: the daemon serves it.  A stage that fails fails the open (`Reply`)."""
+        if not self.wants(node):
+            return None
+        view = node.view.view  # type: ignore[union-attr]
+        if view.stage is not None or view.unstaged:
+            return view.stage
+        writer = view.writer
+        if writer is not None and threads > 1 and cat.windows.nursery is not None:  # being built ahead: help
+            cat.windows.nursery.start_soon(functools.partial(cat.workers.run, writer.work, limiter=cat.workers.index))
+        try:
+            stage = await cat.tasks.run(("stage", node.ino), functools.partial(
+                cat.workers.run, self.build, node, cat.views.parquet.copies.directory(), threads, made,
+                limiter=cat.workers.index))
+        except (ShuffleError, OSError) as e:
+            raise cat.fail("open", node.relpath, node.epoch, None, e) from None
+        if stage is None:
+            view.unstaged = True  # served by the daemon from now on: an inode's opens never mix the two
+        return stage
+
+    def build(self, node: Node, directory: str, threads: int = 2, made: str = "at its first open"
+              ) -> ParquetStage | None:
+        """Blocking: ``node``'s stage (made now if there is none), registered with the kernel;
+        None if the disk has no room for it (its views are then served by the daemon)."""
+        view: ParquetView = node.view.view  # type: ignore[union-attr]
+        if view.stage is not None or view.unstaged:
+            return view.stage
+        why = CopyDisk(directory).room_for(view.size)
+        if why is not None:
+            self.refused = why
+            log.info("%s (epoch %d): no stage for passthrough: %s; served by the daemon", node.relpath, node.epoch, why)
+            return None
+        files = self._files.get(directory)
+        if files is None:
+            files = self._files[directory] = StageFiles(directory)
+        view.writer = StageWriter(view, files)  # others may help it (`stage`)
+        try:
+            stage = write_stage(view, files, threads, view.writer)
+        finally:
+            view.writer = None
+        try:
+            stage.backing_id = self.lib.backing_open(stage.fd)
+        except BaseException:
+            stage.close()
+            raise
+        stage.release_id = self.lib.backing_close
+        stage.made = made
+        view.stage = stage
+        view.closers.append(stage.close)
+        self.stages_built += 1
+        log.debug("%s (epoch %d): stage of %d bytes for passthrough in %.2f s", node.relpath, node.epoch, stage.size,
+                  stage.seconds)
+        return stage
+
+    def attach(self, fh: int, stage: ParquetStage) -> None:
+        """The open about to be answered with file handle ``fh`` reads ``stage``.  Reads of the
+        handle never reach the daemon, but the kernel's readahead of the view's own pages does
+        (``POSIX_FADV_WILLNEED``, which pyarrow gives for every column chunk): the compiled
+        replies answer those from the stage's mapping, Python (`read`) otherwise."""
+        self.lib.passthrough_open(fh, stage.backing_id)
+        stage.opens += 1
+        self.opens += 1
+        if stage.size and self.lib.register(fh, 0, stage.size, stage.data, 0, []):
+            self._registered.add(fh)
+
+    def detach(self, fh: int) -> None:
+        """The handle ``fh`` is released (before its view, and so its stage, may close)."""
+        if fh in self._registered:
+            self._registered.discard(fh)
+            self.lib.unregister(fh)
+
+    @staticmethod
+    def read(node: Node, off: int, size: int) -> bytes | None:
+        """Blocking: bytes of a staged view's stage (a read of its own pages, by readahead), or
+        None if the view has no stage."""
+        stage = getattr(node.view.view, "stage", None) if node.view is not None else None
+        return None if stage is None else stage.pread(size, off)
+
+    def close(self) -> None:
+        """At unmount, once every view closed: the stage files kept for reuse."""
+        for files in self._files.values():
+            files.close()
+        self._files.clear()
+
+    def cancel(self, fh: int) -> None:
+        """The open of ``fh`` failed after `attach`: its reply will not carry the stage."""
+        if self.lib is not None:
+            self.lib.passthrough_cancel(fh)
+
+    def describe(self) -> dict[str, Any]:
+        state = self.lib.passthrough_state() if self.lib is not None else {"on": False, "opens": 0}
+        return {"on": bool(state["on"]), **({} if state["on"] else {"why_not": self.why_not()}),
+                "stages_built": self.stages_built, "opens": self.opens,
+                **({"refused": self.refused} if self.refused else {})}

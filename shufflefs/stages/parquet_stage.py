@@ -1,0 +1,240 @@
+"""A Parquet view's whole bytes for one epoch, written once into a file on local disk.
+
+Served window by window, a Parquet view is encoded in pieces as readers ask: pyarrow hints every
+column chunk it will read and the kernel asks for the start of each long before the reader gets
+there, so windows are encoded, dropped and encoded again (docs/benchmark.md, Parquet views).
+Where the kernel can read a file for the mount itself (FUSE passthrough, `serve.passthrough`),
+the view is instead encoded front to back, once, into a *stage file*, and every handle of the
+view reads that file at the speed of the local disk: no request reaches the daemon.
+
+The file is made without a name (``O_TMPFILE``; else named and unlinked at once), so it goes
+with its last descriptor, even after a kill; a stage that closes gives its file to the next.  Blocking (a worker thread), no FUSE.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import tempfile
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from ..formats.base import FramingError
+
+__all__ = ["write_stage", "ParquetStage", "StageFiles", "StageWriter"]
+
+
+class StageFile:
+    """An unnamed file on local disk and a read-only mapping of it, ``capacity`` bytes (at least
+    the file's size), which the daemon answers the reads that reach it from.  A stage is written
+    with ``pwrite``: encoded into the mapping instead, its pages were made writable again by a
+    fault each once the kernel had written them back (the stages of an epoch or two are more
+    than the dirty bytes the kernel lets wait on a machine of 23 GB), measured 0.2-0.4 CPU-s
+    more per 1 GiB stage."""
+
+    def __init__(self, directory: str) -> None:
+        self.fd = _anonymous_file(directory)
+        self.capacity = 0
+        self.map: mmap.mmap | None = None
+
+    def resize(self, size: int) -> np.ndarray:
+        """The file cut or grown to ``size`` bytes; its mapping as an array (made larger first if
+        need be: a mapping may reach past the end of the file, never touched there)."""
+        if size > self.capacity:
+            if self.map is not None:
+                self.map.close()  # no array of the old one is left (`StageWriter` drops its own)
+                self.map = None
+            capacity = (size + (8 << 20)) & ~(mmap.PAGESIZE - 1)
+            os.ftruncate(self.fd, capacity)
+            self.map = mmap.mmap(self.fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ)
+            self.capacity = capacity
+        os.ftruncate(self.fd, size)
+        return np.frombuffer(self.map, np.uint8, count=size) if size else np.zeros(0, np.uint8)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self.map is not None:
+            try:
+                self.map.close()
+            except BufferError:  # an array over it is still referenced: unmapped when it goes
+                pass
+            self.map = None
+        os.close(self.fd)
+
+
+class ParquetStage:
+    """A view's stage: its file, its bytes (an array over the file's mapping: what the daemon
+    answers the few reads that still reach it from, `serve.passthrough`) and, once the mount
+    registered it with the kernel, its backing id.  ``close`` lets the id go and gives the file
+    back to its `StageFiles` for the next stage (no handle reads it any more: the view closes
+    only then)."""
+
+    def __init__(self, file: StageFile, data: np.ndarray, seconds: float, files: "StageFiles | None" = None) -> None:
+        self.file, self.data, self.seconds, self.files = file, data, seconds, files
+        self.fd, self.size = file.fd, len(data)
+        self.backing_id = 0
+        self.release_id: Any = None  # called with the id when the stage closes
+        self.opens = 0
+        self.made = ""  # when: at its first open, when its epoch was set, while the epoch before was read
+
+    def pread(self, size: int, offset: int) -> bytes:
+        return bytes(self.data[offset: offset + size])
+
+    def close(self) -> None:
+        if self.backing_id and self.release_id is not None:
+            try:
+                self.release_id(self.backing_id)
+            except OSError:
+                pass
+            self.backing_id = 0
+        self.data = np.zeros(0, np.uint8)
+        if self.fd >= 0:
+            self.fd = -1
+            if self.files is not None:
+                self.files.give_back(self.file)
+            else:
+                self.file.close()
+
+
+class StageFiles:
+    """Stage files in one directory, kept for the next stages: writing a stage into a file whose
+    pages are still in the page cache copies into them, where a new file's first writes also
+    allocate and zero every page (measured on a 1 GiB view, in one process: 0.70 CPU-s a stage
+    written into a kept file, 1.8 into a new one).  At most `KEPT` files wait for reuse (a past
+    epoch's, the current one's and the next one's are in use while a reader moves on); the
+    others are closed, and so freed."""
+
+    KEPT = 3
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._free: list[StageFile] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> StageFile:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return StageFile(self.directory)
+
+    def give_back(self, file: StageFile) -> None:
+        with self._lock:
+            if len(self._free) < self.KEPT:
+                self._free.append(file)
+                return
+        file.close()
+
+    def close(self) -> None:
+        with self._lock:
+            free, self._free = self._free, []
+        for file in free:
+            file.close()
+
+
+def _anonymous_file(directory: str) -> int:
+    try:
+        return os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            raise
+    fd, path = tempfile.mkstemp(prefix="stage-", dir=directory)
+    os.unlink(path)
+    return fd
+
+
+class StageWriter:
+    """One stage being written (`write_stage`): windows are taken one at a time from a shared
+    counter by every thread that calls `work`, so a build started by one thread (the next epoch's,
+    beside the readers) takes another that comes to help (an open waiting for it).  Consecutive
+    windows fall in few plan windows, whose rows `ParquetView.rows` keeps."""
+
+    def __init__(self, view: Any, files: StageFiles) -> None:
+        lay = view.layout
+        starts = np.asarray(lay.window_starts, np.int64)
+        if (starts[0] if len(starts) else lay.trailer_offset) != len(view.header) or (
+                int(lay.trailer_offset) + len(view.trailer) != lay.size) or (
+                len(starts) and starts[-1] != lay.trailer_offset):
+            raise FramingError(view.path, None, "its windows do not cover the view between header and footer")
+        self.view, self.files, self.t0 = view, files, time.monotonic()
+        self.file = files.take()
+        self._next, self._active = 0, 0
+        self.failed: list[BaseException] = []
+        self._cond = threading.Condition()
+        try:
+            self.data = self.file.resize(lay.size)
+            _pwrite_all(self.file.fd, memoryview(view.header), 0)
+        except BaseException:
+            self.data = np.zeros(0, np.uint8)
+            files.give_back(self.file)
+            raise
+
+    def work(self) -> None:
+        """Encode windows not taken yet until none is left (or one failed: it is kept)."""
+        view, n = self.view, self.view.layout.n_windows
+        with self._cond:
+            self._active += 1
+        starts = view.layout.window_starts
+        buf = None
+        try:
+            while True:
+                with self._cond:
+                    if self.failed or self._next >= n:
+                        return
+                    k, self._next = self._next, self._next + 1
+                data, _ = view.load_window(k, out=buf)
+                if buf is None or len(data) > len(buf):
+                    buf = data.base if isinstance(data.base, np.ndarray) else data
+                _pwrite_all(self.file.fd, memoryview(data), int(starts[k]))
+        except BaseException as e:  # noqa: BLE001 - raised by `finish`
+            with self._cond:
+                self.failed.append(e)
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    def finish(self) -> ParquetStage:
+        """Once the caller's `work` returned: wait for the helpers, write the footer."""
+        with self._cond:
+            while self._active:
+                self._cond.wait()
+        data, self.data = self.data, np.zeros(0, np.uint8)
+        try:
+            if self.failed:
+                raise self.failed[0]
+            lay = self.view.layout
+            _pwrite_all(self.file.fd, memoryview(self.view.trailer), int(lay.trailer_offset))
+            size = os.fstat(self.file.fd).st_size
+            if size != lay.size:
+                raise FramingError(self.view.path, None, f"stage of {size} bytes, planned {lay.size}")
+        except BaseException:
+            self.files.give_back(self.file)
+            raise
+        return ParquetStage(self.file, data, time.monotonic() - self.t0, self.files)
+
+
+def write_stage(view: Any, files: StageFiles, threads: int = 2, writer: StageWriter | None = None) -> ParquetStage:
+    """Encode every byte of the Parquet view ``view`` (a `stages.parquet_view.ParquetView`) into a
+    file of ``files`` with ``threads`` threads (``writer``: made by the caller, who may let others
+    `StageWriter.work` on it meanwhile).  Raises what a window load raises (a changed source, a
+    damaged copy); the file then goes back."""
+    writer = writer or StageWriter(view, files)
+    helpers = [threading.Thread(target=writer.work, name="stage") for _ in range(threads - 1)]
+    for h in helpers:
+        h.start()
+    writer.work()
+    for h in helpers:
+        h.join()
+    return writer.finish()
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    data = data.cast("B")
+    while len(data):
+        n = os.pwrite(fd, data, offset)
+        if n <= 0:
+            raise OSError(errno.EIO, f"short write to a stage file at {offset}")
+        data, offset = data[n:], offset + n

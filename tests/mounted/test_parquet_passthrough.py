@@ -1,0 +1,160 @@
+"""Level: mounted (real FUSE mounts, real readers).
+
+Parquet views read by the kernel from a stage file (FUSE passthrough, Linux 6.9+, a root daemon):
+each view is encoded once per epoch into a file on local disk and every handle of it reads that
+file.  They hold the bytes the daemon serves without passthrough, for every reader (mapped or
+not); handles of two epochs open at once read their own; the next epoch's stage is built while
+one is read; many readers at once read the same; a kill leaves no stage behind."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+import parquet_files as pf  # noqa: E402
+from conftest import REPO  # noqa: E402
+
+ARGS = ("--seed", "5", "--buffer", "2MiB")
+NAMES = ("types.parquet", "sorted.parquet")
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("ptsrc")
+    pf.write_pyarrow(d / NAMES[0])
+    pf.label_sorted(d / NAMES[1])
+    return d
+
+
+@pytest.fixture(scope="module")
+def both(module_mount, src):
+    """(a mount that uses passthrough, one that does not), over the same files and options."""
+    staged = module_mount(None, *ARGS, src=src, name="staged")
+    if not staged.stats()["passthrough"]["on"]:
+        pytest.skip(f"no FUSE passthrough here: {staged.stats()['passthrough'].get('why_not')}")
+    return staged, module_mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
+
+
+def test_stages_hold_the_bytes_the_daemon_serves_for_every_reader(both, src):
+    """Holds: SEMANTICS.md#views-parquet-passthrough, SEMANTICS.md#views-parquet"""
+    staged, served = both
+    for epoch in (0, 1):
+        for m in (staged, served):
+            m.set_epoch(epoch)
+        for name in NAMES:
+            want = served.path(name).read_bytes()
+            assert staged.path(name).read_bytes() == want
+            mapped = np.memmap(staged.path(name), mode="r")
+            assert mapped.tobytes() == want
+            del mapped
+            table = pq.read_table(staged.path(name))
+            assert table.equals(pq.read_table(served.path(name)))
+            assert table.schema.metadata == pq.read_table(src / name).schema.metadata
+            rows = sum(b.num_rows for b in pq.ParquetFile(staged.path(name)).iter_batches())
+            assert rows == table.num_rows
+    got = staged.stats()["passthrough"]
+    assert got["on"] and got["opens"] >= 8 and got["stages_built"] >= 4, got
+    off = served.stats()["passthrough"]
+    assert not off["on"] and off["why_not"] == "--passthrough off"
+    out = subprocess.run([sys.executable, "-m", "shufflefs", "stat", str(staged.path())], capture_output=True,
+                         text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO))).stdout
+    assert "passthrough" in out and "read by the kernel" in out, out
+
+
+def test_handles_of_two_epochs_read_their_own_stages(both):
+    """Holds: SEMANTICS.md#views-parquet-passthrough, SEMANTICS.md#views-inode"""
+    staged, served = both
+    name = NAMES[1]
+    for m in (staged, served):
+        m.set_epoch(10)
+    want10 = served.path(name).read_bytes()
+    with open(staged.path(name), "rb") as old:
+        first = old.read(len(want10) // 2)
+        for m in (staged, served):
+            m.set_epoch(11)
+        want11 = served.path(name).read_bytes()
+        with open(staged.path(name), "rb") as new:
+            assert new.read() == want11
+        assert first + old.read() == want10
+    assert want10 != want11
+
+
+def test_the_next_epochs_stage_is_built_while_one_is_read(both):
+    """Holds: SEMANTICS.md#views-parquet-passthrough"""
+    staged, served = both
+    name = NAMES[1]
+    for m in (staged, served):
+        m.set_epoch(20, name)
+    with open(staged.path(name), "rb") as f:
+        f.read(4)
+    time.sleep(2)  # a small file's next stage takes a fraction of that
+    for m in (staged, served):
+        m.set_epoch(21, name)
+    assert staged.path(name).read_bytes() == served.path(name).read_bytes()
+    made = json.loads(staged.xattr("info", name))["parquet"]["stage"]["made"]
+    assert made == "while the epoch before was read", made
+    for m in (staged, served):
+        m.set_epoch(25, name)  # not the one built ahead: made when set, or at its open
+    assert staged.path(name).read_bytes() == served.path(name).read_bytes()
+    made = json.loads(staged.xattr("info", name))["parquet"]["stage"]["made"]
+    assert made in ("when its epoch was set", "at its first open"), made
+
+
+def test_many_readers_at_once_read_the_same(both):
+    """Holds: SEMANTICS.md#views-parquet-passthrough"""
+    staged, served = both
+    name = NAMES[0]
+    for m in (staged, served):
+        m.set_epoch(30)
+    want = served.path(name).read_bytes()
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(staged.path(name), "rb") as f:
+            got.append(f.read())
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [want] * 8
+
+
+def test_a_killed_daemon_leaves_no_stage(mount, src):
+    """Stage files have no name: a SIGKILL leaves none on the disk, and handles open then keep
+    reading what they read.  Holds: SEMANTICS.md#views-parquet-passthrough"""
+    m = mount(None, *ARGS, src=src)
+    if not m.stats()["passthrough"]["on"]:
+        pytest.skip("no FUSE passthrough here")
+    name = NAMES[1]
+    want = m.path(name).read_bytes()
+    fd = os.open(m.path(name), os.O_RDONLY)
+    try:
+        head = os.read(fd, 10)
+        os.kill(m.pid, signal.SIGKILL)
+        m.wait()
+        rest = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))  # (fstat now fails: ENOTCONN)
+        assert head + rest == want  # the kernel holds the stage for the handle
+    finally:
+        try:
+            os.close(fd)
+        except OSError as e:  # its flush goes to the dead daemon
+            assert e.errno == errno.ENOTCONN
+    subprocess.run([sys.executable, "-m", "shufflefs", "umount", str(m.mnt)], capture_output=True, timeout=60,
+                   env=dict(os.environ, PYTHONPATH=str(REPO)))
+    left = [p for p in Path(m.cache).rglob("*") if p.is_file() and "stage" in p.name]
+    assert not left, left
