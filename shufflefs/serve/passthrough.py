@@ -165,6 +165,7 @@ class Passthrough:
 
     def describe(self) -> dict[str, Any]:
         state = self.lib.passthrough_state() if self.lib is not None else {"on": False, "opens": 0}
+        files = sum(f.made - f.closed for f in self._files.values())
         return {"on": bool(state["on"]), **({} if state["on"] else {"why_not": self.why_not()}),
-                "stages_built": self.stages_built, "opens": self.opens,
+                "stages_built": self.stages_built, "opens": self.opens, "stage_files": files,
                 **({"refused": self.refused} if self.refused else {})}

@@ -113,11 +113,13 @@ class StageFiles:
         self.directory = directory
         self._free: list[StageFile] = []
         self._lock = threading.Lock()
+        self.made = self.closed = 0
 
     def take(self) -> StageFile:
         with self._lock:
             if self._free:
                 return self._free.pop()
+            self.made += 1
         return StageFile(self.directory)
 
     def give_back(self, file: StageFile) -> None:
@@ -125,6 +127,7 @@ class StageFiles:
             if len(self._free) < self.KEPT:
                 self._free.append(file)
                 return
+            self.closed += 1
         file.close()
 
     def close(self) -> None:
