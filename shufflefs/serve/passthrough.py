@@ -46,6 +46,7 @@ class Passthrough:
         self.stages_built = 0
         self.opens = 0
         self.refused: str | None = None  # why the last stage was not made
+        self.disabled: str | None = None  # why passthrough is not used after all
         self._files: dict[str, StageFiles] = {}  # stage files for reuse, by directory
         self._registered: set[int] = set()  # handles whose stray reads the compiled replies answer
 
@@ -56,9 +57,11 @@ class Passthrough:
 
     @property
     def on(self) -> bool:
-        return self.lib is not None and bool(self.lib.passthrough_state()["on"])
+        return self.lib is not None and self.disabled is None and bool(self.lib.passthrough_state()["on"])
 
     def why_not(self) -> str:
+        if self.disabled is not None:
+            return self.disabled
         if self.mode == "off":
             return "--passthrough off"
         if self.lib is None:
@@ -116,6 +119,11 @@ class Passthrough:
             view.writer = None
         try:
             stage.backing_id = self.lib.backing_open(stage.fd)
+        except OSError as e:  # (EPERM in a user namespace): no passthrough for this mount
+            stage.close()
+            self.disabled = f"the kernel refused a backing file: {e.strerror}"
+            log.warning("FUSE passthrough off: %s; Parquet views are served by the daemon", self.disabled)
+            return None
         except BaseException:
             stage.close()
             raise
@@ -164,8 +172,7 @@ class Passthrough:
             self.lib.passthrough_cancel(fh)
 
     def describe(self) -> dict[str, Any]:
-        state = self.lib.passthrough_state() if self.lib is not None else {"on": False, "opens": 0}
         files = sum(f.made - f.closed for f in self._files.values())
-        return {"on": bool(state["on"]), **({} if state["on"] else {"why_not": self.why_not()}),
+        return {"on": self.on, **({} if self.on else {"why_not": self.why_not()}),
                 "stages_built": self.stages_built, "opens": self.opens, "stage_files": files,
                 **({"refused": self.refused} if self.refused else {})}

@@ -45,9 +45,7 @@ class StageFile:
         """The file cut or grown to ``size`` bytes; its mapping as an array (made larger first if
         need be: a mapping may reach past the end of the file, never touched there)."""
         if size > self.capacity:
-            if self.map is not None:
-                self.map.close()  # no array of the old one is left (`StageWriter` drops its own)
-                self.map = None
+            self._unmap()
             capacity = (size + (8 << 20)) & ~(mmap.PAGESIZE - 1)
             os.ftruncate(self.fd, capacity)
             self.map = mmap.mmap(self.fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ)
@@ -56,13 +54,16 @@ class StageFile:
         return np.frombuffer(self.map, np.uint8, count=size) if size else np.zeros(0, np.uint8)  # type: ignore[arg-type]
 
     def close(self) -> None:
+        self._unmap()
+        os.close(self.fd)
+
+    def _unmap(self) -> None:
         if self.map is not None:
             try:
                 self.map.close()
             except BufferError:  # an array over it is still referenced: unmapped when it goes
                 pass
             self.map = None
-        os.close(self.fd)
 
 
 class ParquetStage:

@@ -48,12 +48,16 @@ def both(module_mount, src):
     return staged, module_mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
 
 
+def set_epoch(both, epoch: int, name: str = "") -> None:
+    for m in both:
+        m.set_epoch(epoch, name)
+
+
 def test_stages_hold_the_bytes_the_daemon_serves_for_every_reader(both, src):
     """Holds: SEMANTICS.md#views-parquet-passthrough, SEMANTICS.md#views-parquet"""
     staged, served = both
     for epoch in (0, 1):
-        for m in (staged, served):
-            m.set_epoch(epoch)
+        set_epoch(both, epoch)
         for name in NAMES:
             want = served.path(name).read_bytes()
             assert staged.path(name).read_bytes() == want
@@ -78,13 +82,11 @@ def test_handles_of_two_epochs_read_their_own_stages(both):
     """Holds: SEMANTICS.md#views-parquet-passthrough, SEMANTICS.md#views-inode"""
     staged, served = both
     name = NAMES[1]
-    for m in (staged, served):
-        m.set_epoch(10)
+    set_epoch(both, 10)
     want10 = served.path(name).read_bytes()
     with open(staged.path(name), "rb") as old:
         first = old.read(len(want10) // 2)
-        for m in (staged, served):
-            m.set_epoch(11)
+        set_epoch(both, 11)
         want11 = served.path(name).read_bytes()
         with open(staged.path(name), "rb") as new:
             assert new.read() == want11
@@ -96,18 +98,15 @@ def test_the_next_epochs_stage_is_built_while_one_is_read(both):
     """Holds: SEMANTICS.md#views-parquet-passthrough"""
     staged, served = both
     name = NAMES[1]
-    for m in (staged, served):
-        m.set_epoch(20, name)
+    set_epoch(both, 20, name)
     with open(staged.path(name), "rb") as f:
         f.read(4)
     time.sleep(2)  # a small file's next stage takes a fraction of that
-    for m in (staged, served):
-        m.set_epoch(21, name)
+    set_epoch(both, 21, name)
     assert staged.path(name).read_bytes() == served.path(name).read_bytes()
     made = json.loads(staged.xattr("info", name))["parquet"]["stage"]["made"]
     assert made == "while the epoch before was read", made
-    for m in (staged, served):
-        m.set_epoch(25, name)  # not the one built ahead: made when set, or at its open
+    set_epoch(both, 25, name)  # not the one built ahead: made when set, or at its open
     assert staged.path(name).read_bytes() == served.path(name).read_bytes()
     made = json.loads(staged.xattr("info", name))["parquet"]["stage"]["made"]
     assert made in ("when its epoch was set", "at its first open"), made
@@ -117,8 +116,7 @@ def test_many_readers_at_once_read_the_same(both):
     """Holds: SEMANTICS.md#views-parquet-passthrough"""
     staged, served = both
     name = NAMES[0]
-    for m in (staged, served):
-        m.set_epoch(30)
+    set_epoch(both, 30)
     want = served.path(name).read_bytes()
     got: list[bytes] = []
 
