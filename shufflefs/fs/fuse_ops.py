@@ -264,7 +264,7 @@ class ShuffleFS(pyfuse3.Operations):
         if node.kind != VIEW:
             return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=False)
         if stage is not None:  # (the reply's flags are the stage's: `shufflefs._passthrough`)
-            self.catalog.passthrough.attach(fh, stage)
+            self.catalog.passthrough.attach(fh, stage, node)
             self.catalog.prep.ahead(node)  # the next epoch's stage, while this one is read
             return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=False)
         page_cache = self.catalog.page_cache(node)

@@ -28,11 +28,12 @@ class EpochPrep:
         self.cat.views.close_stale()
         if self.cat.views.stages is not None:
             self.cat.views.stages.tidy()
-        for relpath, space in self.cat.epochs.moved(node):  # newest first
+        files = self.cat.epochs.moved(node)  # newest first
+        for relpath, space in files:
             if self.cat.windows.nursery is not None:
-                self.cat.windows.nursery.start_soon(self._prepare, relpath, space)
+                self.cat.windows.nursery.start_soon(self._prepare, relpath, space, len(files) == 1)
 
-    async def _prepare(self, relpath: str, space: tuple[int, int] = (0, 1)) -> None:
+    async def _prepare(self, relpath: str, space: tuple[int, int] = (0, 1), alone: bool = True) -> None:
         """Prepare the current epoch's view of ``relpath`` (`_once`), one at a time per
         file: epoch changes faster than plans are built start no more work, the running
         preparation repeats once for the epoch that is current when it ends.  (Without this a
@@ -44,13 +45,13 @@ class EpochPrep:
         try:
             while True:
                 epoch = self.cat.epochs.of(relpath), self.cat.epochs.resume_gen
-                await self._once(relpath, space)
+                await self._once(relpath, space, alone)
                 if (self.cat.epochs.of(relpath), self.cat.epochs.resume_gen) == epoch:
                     return
         finally:
             self._preparing.discard(key)
 
-    async def _once(self, relpath: str, space: tuple[int, int]) -> None:
+    async def _once(self, relpath: str, space: tuple[int, int], alone: bool = True) -> None:
         """Open the current epoch's view of ``relpath`` without a handle and load its window 0,
         so that the first read after an epoch change finds it ready (the view then waits among
         the idle ones).  Failures are left for the open to report."""
@@ -65,8 +66,9 @@ class EpochPrep:
             try:
                 if node.view is None:
                     await self.cat.tasks.run(("view", node.ino), functools.partial(self.cat.views.make, node))
-                if self.cat.passthrough.wants(node):  # its stage, which its opens read
-                    await self.cat.passthrough.stage(self.cat, node, made="when its epoch was set")
+                if self.cat.passthrough.wants(node):  # its stage, which its opens read: for a file read
+                    if alone:  # alone (of many, the ones read last would be made first, and dropped)
+                        await self.cat.passthrough.stage(self.cat, node, made="when its epoch was set")
                 elif node.view is not None and node.layout.n_windows:
                     ref = self.cat.views.window(node, 0, ahead=True)
                     self.prefetches += self.cat.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work,
@@ -84,8 +86,10 @@ class EpochPrep:
         """``node``'s view was just opened with a stage (`serve.passthrough`): build the stage of
         the same file's next epoch while this one is read, so that an epoch change finds it
         ready (one thread: the readers of this epoch have the other cores).  Not for resumed
-        views.  An epoch set to another number closes it unread (`Views.close_stale`)."""
-        if self.cat.windows.nursery is None or node.key[5]:
+        views, nor while other files are read in this epoch (a pool's shards: their next epoch's
+        views would wait idle behind the shards read after them, and be dropped).  An epoch set
+        to another number closes it unread (`Views.close_stale`)."""
+        if self.cat.windows.nursery is None or node.key[5] or not self.cat.passthrough.alone(node):
             return
         self.cat.windows.nursery.start_soon(self._stage_ahead, node.relpath, (node.part, node.parts), node.epoch + 1)
 

@@ -10,7 +10,8 @@ A Parquet view uses it: its bytes are encoded once, front to back, into a stage 
 (`stages.parquet_stage`) before its first handle is served, and every handle of the view (one
 inode per epoch, `serve.tree`) reads the stage.  The stage is built by the epoch change's
 preparation of the view (`epoch_prep`) when there is one, else by the first open, and goes with
-the view (its handles keep reading it).  A view whose stage cannot be made (no room on the disk)
+the view (its handles keep reading it); for a file read alone in its epoch, the next epoch's is
+built while this one is read (`EpochPrep.ahead`).  A view whose stage cannot be made (no room on the disk)
 is served by the daemon as without passthrough; a view whose source fails (changed, damaged)
 fails its open as it would fail its reads.  Every other view is served by the daemon.
 """
@@ -49,6 +50,7 @@ class Passthrough:
         self.disabled: str | None = None  # why passthrough is not used after all
         self._files: dict[str, StageFiles] = {}  # stage files for reuse, by directory
         self._registered: set[int] = set()  # handles whose stray reads the compiled replies answer
+        self._opened: dict[int, set[str]] = {}  # files opened with a stage, by epoch (the last few)
 
     def ask(self) -> None:
         """Before mounting: ask for passthrough at INIT if it may be used."""
@@ -136,7 +138,11 @@ class Passthrough:
                   stage.seconds)
         return stage
 
-    def attach(self, fh: int, stage: ParquetStage) -> None:
+    def alone(self, node: Node) -> bool:
+        """Whether ``node``'s file is the only one opened with a stage in its epoch so far."""
+        return self._opened.get(node.epoch, set()) <= {node.relpath}
+
+    def attach(self, fh: int, stage: ParquetStage, node: Node | None = None) -> None:
         """The open about to be answered with file handle ``fh`` reads ``stage``.  Reads of the
         handle never reach the daemon, but the kernel's readahead of the view's own pages does
         (``POSIX_FADV_WILLNEED``, which pyarrow gives for every column chunk): the compiled
@@ -144,6 +150,10 @@ class Passthrough:
         self.lib.passthrough_open(fh, stage.backing_id)
         stage.opens += 1
         self.opens += 1
+        if node is not None:
+            self._opened.setdefault(node.epoch, set()).add(node.relpath)
+            while len(self._opened) > 4:
+                del self._opened[min(self._opened)]
         if stage.size and self.lib.register(fh, 0, stage.size, stage.data, 0, []):
             self._registered.add(fh)
 

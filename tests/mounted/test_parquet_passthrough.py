@@ -112,6 +112,22 @@ def test_the_next_epochs_stage_is_built_while_one_is_read(both):
     assert made in ("when its epoch was set", "at its first open"), made
 
 
+def test_files_read_together_get_no_stage_ahead(both):
+    """Of many files read in one epoch (a pool's shards), the next epoch's stage is built ahead
+    for the first only: the others' would be dropped before their turn.  Holds:
+    SEMANTICS.md#views-parquet-passthrough"""
+    staged, _ = both
+    set_epoch(both, 40)
+    time.sleep(1)  # the epoch change's preparation (two files: no stages)
+    before = staged.stats()["passthrough"]
+    for name in NAMES:
+        staged.path(name).read_bytes()
+    time.sleep(2)
+    after = staged.stats()["passthrough"]
+    assert after["staged_ahead"] - before["staged_ahead"] <= 1, (before, after)
+    assert after["stages_built"] - before["stages_built"] <= 3, (before, after)  # the two opened, one ahead
+
+
 def test_many_readers_at_once_read_the_same(both):
     """Holds: SEMANTICS.md#views-parquet-passthrough"""
     staged, served = both
