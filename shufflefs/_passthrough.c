@@ -226,24 +226,6 @@ static PyObject *py_passthrough_open(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *py_passthrough_cancel(PyObject *self, PyObject *arg)
-{
-    unsigned long long fh = PyLong_AsUnsignedLongLong(arg);
-    if (PyErr_Occurred())
-        return NULL;
-    int32_t id = 0;
-    pthread_mutex_lock(&plock);
-    for (int i = 0; i < n_pending; i++) {
-        if (pending[i].fh == fh) {
-            id = pending[i].id;
-            pending[i] = pending[--n_pending];
-            break;
-        }
-    }
-    pthread_mutex_unlock(&plock);
-    return PyBool_FromLong(id > 0);
-}
-
 PyMethodDef passthrough_methods[] = {
     {"passthrough_enable", py_enable, METH_NOARGS, "ask for FUSE passthrough at the next INIT"},
     {"passthrough_state", py_state, METH_NOARGS, "{'on': negotiated, 'why_not': ..., 'opens': n}"},
@@ -251,7 +233,5 @@ PyMethodDef passthrough_methods[] = {
     {"backing_close", py_backing_close, METH_O, "backing_close(id)"},
     {"passthrough_open", py_passthrough_open, METH_VARARGS,
      "passthrough_open(fh, id): the open replied next with file handle fh reads backing file id"},
-    {"passthrough_cancel", py_passthrough_cancel, METH_O,
-     "passthrough_cancel(fh) -> bool: forget a passthrough_open whose reply never went out"},
     {NULL, NULL, 0, NULL},
 };

@@ -148,12 +148,12 @@ class MountConfig:
     ``index``: only when the index is built."""
     source_cache: str = "auto"
     decoded_copies: str = "auto"
-    passthrough: str = "auto"
-    """``auto``: Parquet views are read by the kernel from a stage file (FUSE passthrough) where it
-    can (`serve.passthrough`); ``off``: the daemon serves every read."""
     """``auto``: every compressed file gets a decoded copy, written by its index scan or made in the
     background, when the disk has room; ``needed``: only those that cannot be read otherwise
     (`stages.decoded`)."""
+    passthrough: str = "auto"
+    """``auto``: Parquet views are read by the kernel from a stage file (FUSE passthrough) where it
+    can (`serve.passthrough`); ``off``: the daemon serves every read."""
     """``keep`` or ``drop`` a window's source pages once it is built; ``auto`` chooses per view
     (`sources.cache_mode`)."""
     direct_io: bool = False

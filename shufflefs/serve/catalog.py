@@ -65,7 +65,8 @@ class Catalog:
         self.views = Views(config, self.store, self.tree, self.planner, self.workers, self.tasks,
                            self.windows, self.epochs.of, self.current)
         self.reads = Reads(self.views, self.windows, config.compiled_replies, config.reply_threads)
-        self.passthrough = Passthrough(config.passthrough, replies.compiled if replies.bound else None)
+        self.passthrough = Passthrough(config.passthrough, replies.compiled if replies.bound else None,
+                                       self.planner.decoding.disk)
         self.pools = PoolTable(self.store, self.tree.pool_key, config.pool_globs) if config.pool else None
         self.tree.pools = self.pools
         self.mixes = None
@@ -440,8 +441,9 @@ class Catalog:
             return data
         if node.broken is not None:
             raise Reply(node.broken.errno)
-        if node.view is not None and getattr(node.view.view, "stage", None) is not None:  # the kernel's readahead
-            return await self.workers.run(self.passthrough.read, node, off, size)
+        stage = getattr(node.view.view, "stage", None) if node.view is not None else None
+        if stage is not None:  # read by the kernel: only its readahead of the view's own pages comes here
+            return await self.workers.run(stage.pread, size, off)
         replies = self.reads.replies
         try:
             replies.sync(h)

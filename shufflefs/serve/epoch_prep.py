@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 from ..errors import ShuffleError
 from .nodes import VIEW, Node, Reply
@@ -52,35 +52,45 @@ class EpochPrep:
             self._preparing.discard(key)
 
     async def _once(self, relpath: str, space: tuple[int, int], alone: bool = True) -> None:
-        """Open the current epoch's view of ``relpath`` without a handle and load its window 0,
-        so that the first read after an epoch change finds it ready (the view then waits among
-        the idle ones).  Failures are left for the open to report."""
+        """Open the current epoch's view of ``relpath`` without a handle and load its window 0 (a
+        Parquet view read by the kernel: make its stage, if its file is read alone; of many, the
+        ones read last would be made first, and dropped), so that the first read after an epoch
+        change finds it ready (the view then waits among the idle ones)."""
+        async def prepare(node: Node) -> None:
+            if self.cat.passthrough.wants(node):
+                if alone:
+                    await self.cat.passthrough.stage(self.cat, node, made="when its epoch was set")
+            elif node.view is not None and node.layout.n_windows:
+                ref = self.cat.views.window(node, 0, ahead=True)
+                self.prefetches += self.cat.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work,
+                                                              background=True)
+
+        await self._with_view(relpath, space, None, prepare)
+
+    async def _with_view(self, relpath: str, space: tuple[int, int], epoch: int | None,
+                         work: Callable[[Node], Awaitable[None]]) -> None:
+        """Make the view of ``relpath`` at ``epoch`` (None: its current one) without a handle, and
+        ``work`` on it; the view is then left idle.  Failures are left for the open to report."""
         try:
             probe = await self.cat.probe(relpath)
             if probe is None or probe.fmt is None:
                 return
-            node = await self.cat.entry(relpath, probe, space)
-            if node.kind != VIEW or node.broken is not None:
+            node = await self.cat.entry(relpath, probe, space, epoch=epoch)
+            if node.kind != VIEW or node.broken is not None or (epoch is not None and node.epoch != epoch):
                 return
             node.opens += 1  # keeps the view from closing while it is being made
             try:
                 if node.view is None:
                     await self.cat.tasks.run(("view", node.ino), functools.partial(self.cat.views.make, node))
-                if self.cat.passthrough.wants(node):  # its stage, which its opens read: for a file read
-                    if alone:  # alone (of many, the ones read last would be made first, and dropped)
-                        await self.cat.passthrough.stage(self.cat, node, made="when its epoch was set")
-                elif node.view is not None and node.layout.n_windows:
-                    ref = self.cat.views.window(node, 0, ahead=True)
-                    self.prefetches += self.cat.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work,
-                                                                  background=True)
+                await work(node)
             finally:
                 node.opens -= 1
                 if node.opens == 0:
                     self.cat.views.retire(node)  # idle until its first open (or forgotten if it failed)
-        except (ShuffleError, OSError, Reply) as e:  # left for the open to report
-            log.debug("preparing %s for the new epoch: %s", relpath, e)
+        except (ShuffleError, OSError, Reply) as e:
+            log.debug("preparing %s (epoch %s): %s", relpath, "current" if epoch is None else epoch, e)
         except Exception:  # noqa: BLE001 -- a background task must never end the mount
-            log.exception("preparing %s for the new epoch failed", relpath)
+            log.exception("preparing %s (epoch %s) failed", relpath, "current" if epoch is None else epoch)
 
     def ahead(self, node: Node) -> None:
         """``node``'s view was just opened with a stage (`serve.passthrough`): build the stage of
@@ -98,26 +108,12 @@ class EpochPrep:
         if key in self._preparing:
             return
         self._preparing.add(key)
+
+        async def stage(node: Node) -> None:
+            await self.cat.passthrough.stage(self.cat, node, threads=1, made="while the epoch before was read")
+            self.staged_ahead += 1
+
         try:
-            probe = await self.cat.probe(relpath)
-            if probe is None or probe.fmt is None:
-                return
-            node = await self.cat.entry(relpath, probe, space, epoch=epoch)
-            if node.kind != VIEW or node.broken is not None or node.epoch != epoch:
-                return
-            node.opens += 1
-            try:
-                if node.view is None:
-                    await self.cat.tasks.run(("view", node.ino), functools.partial(self.cat.views.make, node))
-                await self.cat.passthrough.stage(self.cat, node, threads=1, made="while the epoch before was read")
-                self.staged_ahead += 1
-            finally:
-                node.opens -= 1
-                if node.opens == 0:
-                    self.cat.views.retire(node)
-        except (ShuffleError, OSError, Reply) as e:
-            log.debug("staging %s for epoch %d: %s", relpath, epoch, e)
-        except Exception:  # noqa: BLE001 -- a background task must never end the mount
-            log.exception("staging %s for epoch %d failed", relpath, epoch)
+            await self._with_view(relpath, space, epoch, stage)
         finally:
             self._preparing.discard(key)

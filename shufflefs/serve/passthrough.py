@@ -39,10 +39,12 @@ PASSTHROUGH_MODES = ("auto", "off")
 class Passthrough:
     """The mount's passthrough state and its views' stages."""
 
-    def __init__(self, mode: str, lib: Any) -> None:
+    def __init__(self, mode: str, lib: Any, disk: CopyDisk) -> None:
+        """``disk``: the room rule of the node-local disk stages go on (with the decoded copies:
+        copies kept for later mounts give way to stages too)."""
         if mode not in PASSTHROUGH_MODES:
             raise ValueError(f"passthrough must be one of {', '.join(PASSTHROUGH_MODES)}: {mode!r}")
-        self.mode = mode
+        self.mode, self.disk = mode, disk
         self.lib = lib if lib is not None and hasattr(lib, "passthrough_state") else None
         self.stages_built = 0
         self.opens = 0
@@ -106,7 +108,7 @@ class Passthrough:
         view: ParquetView = node.view.view  # type: ignore[union-attr]
         if view.stage is not None or view.unstaged:
             return view.stage
-        why = CopyDisk(directory).room_for(view.size)
+        why = self.disk.room_for(view.size)
         if why is not None:
             self.refused = why
             log.info("%s (epoch %d): no stage for passthrough: %s; served by the daemon", node.relpath, node.epoch, why)
@@ -146,9 +148,8 @@ class Passthrough:
         """The open about to be answered with file handle ``fh`` reads ``stage``.  Reads of the
         handle never reach the daemon, but the kernel's readahead of the view's own pages does
         (``POSIX_FADV_WILLNEED``, which pyarrow gives for every column chunk): the compiled
-        replies answer those from the stage's mapping, Python (`read`) otherwise."""
+        replies answer those from the stage's mapping, the catalog (`ParquetStage.pread`) otherwise."""
         self.lib.passthrough_open(fh, stage.backing_id)
-        stage.opens += 1
         self.opens += 1
         if node is not None:
             self._opened.setdefault(node.epoch, set()).add(node.relpath)
@@ -163,23 +164,11 @@ class Passthrough:
             self._registered.discard(fh)
             self.lib.unregister(fh)
 
-    @staticmethod
-    def read(node: Node, off: int, size: int) -> bytes | None:
-        """Blocking: bytes of a staged view's stage (a read of its own pages, by readahead), or
-        None if the view has no stage."""
-        stage = getattr(node.view.view, "stage", None) if node.view is not None else None
-        return None if stage is None else stage.pread(size, off)
-
     def close(self) -> None:
         """At unmount, once every view closed: the stage files kept for reuse."""
         for files in self._files.values():
             files.close()
         self._files.clear()
-
-    def cancel(self, fh: int) -> None:
-        """The open of ``fh`` failed after `attach`: its reply will not carry the stage."""
-        if self.lib is not None:
-            self.lib.passthrough_cancel(fh)
 
     def describe(self) -> dict[str, Any]:
         files = sum(f.made - f.closed for f in self._files.values())

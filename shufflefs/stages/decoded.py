@@ -88,7 +88,8 @@ class Decoding:
         self.copy_all = strategy not in RESTART_ORDERS
         self.background = copies == "auto" and not self.copy_all
         self._closing = False
-        self._tried: set[tuple] = set()  # versions a background copy (or a kept one) was looked for
+        self._tried: set[tuple[str, SourceStamp]] = set()  # versions a background copy was started (or refused) for
+        self._looked: set[tuple[str, SourceStamp]] = set()  # versions a kept copy was looked for
         self._making: dict[str, str] = {}  # background copies queued or being made, by source path
         self._queue: list[tuple] = []  # (relpath, path, stamp, restarts) of the copies queued
         self._worker: threading.Thread | None = None  # the thread making them
@@ -259,9 +260,9 @@ class Decoding:
         """The copy of this version of ``path`` an earlier mount kept (`kept_copies`), taken as
         this mount's, if there is one (looked for once per version)."""
         with self._lock:
-            if self._closing or (path, stamp, "kept") in self._tried:
+            if self._closing or (path, stamp) in self._looked:
                 return None
-            self._tried.add((path, stamp, "kept"))
+            self._looked.add((path, stamp))
         try:
             target = os.path.join(self._directory(), f"kept-{next(self._numbers)}")
         except OSError:
