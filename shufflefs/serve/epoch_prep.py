@@ -21,6 +21,7 @@ class EpochPrep:
         self.prefetches = 0  # window loads started by preparations
         self.staged_ahead = 0  # stages of a next epoch built before it was set (`ahead`)
         self._preparing: set[tuple] = set()  # files whose next epoch's view is being prepared
+        self._ahead_epoch: dict[tuple, int] = {}  # the epoch each file's stage built ahead is for
 
     def moved(self, node: Node) -> None:
         """The epoch setting on ``node`` moved: close the views that are no longer current, then
@@ -92,6 +93,11 @@ class EpochPrep:
         except Exception:  # noqa: BLE001 -- a background task must never end the mount
             log.exception("preparing %s (epoch %s) failed", relpath, "current" if epoch is None else epoch)
 
+    @property
+    def building_ahead(self) -> int:
+        """Stages of a next epoch being built now (`ahead`)."""
+        return len(self._ahead_epoch)
+
     def ahead(self, node: Node) -> None:
         """``node``'s view was just opened with a stage (`serve.passthrough`): build the stage of
         the same file's next epoch while this one is read, so that an epoch change finds it
@@ -104,7 +110,11 @@ class EpochPrep:
         self.cat.windows.nursery.start_soon(self._stage_ahead, node.relpath, (node.part, node.parts), node.epoch + 1)
 
     async def _stage_ahead(self, relpath: str, space: tuple[int, int], epoch: int) -> None:
+        """One build at a time per file; a request for another epoch made while one runs (an
+        epoch set elsewhere, then this one opened) is built once the running one ends, not
+        dropped."""
         key = ("ahead", relpath, *space)
+        self._ahead_epoch[key] = epoch
         if key in self._preparing:
             return
         self._preparing.add(key)
@@ -114,6 +124,11 @@ class EpochPrep:
             self.staged_ahead += 1
 
         try:
-            await self._with_view(relpath, space, epoch, stage)
+            while True:
+                want = self._ahead_epoch[key]
+                await self._with_view(relpath, space, want, stage)
+                if self._ahead_epoch[key] == want:
+                    return
         finally:
             self._preparing.discard(key)
+            self._ahead_epoch.pop(key, None)

@@ -94,14 +94,26 @@ def test_handles_of_two_epochs_read_their_own_stages(both):
     assert want10 != want11
 
 
+def wait_ahead(mount, count: int) -> None:
+    """Until ``count`` stages were built ahead in all and none is being built."""
+    deadline = time.monotonic() + 60
+    while True:
+        got = mount.stats()["passthrough"]
+        if got["staged_ahead"] >= count and not got["building_ahead"]:
+            return
+        assert time.monotonic() < deadline, got
+        time.sleep(0.05)
+
+
 def test_the_next_epochs_stage_is_built_while_one_is_read(both):
     """Holds: SEMANTICS.md#views-parquet-passthrough"""
     staged, served = both
     name = NAMES[1]
     set_epoch(both, 20, name)
+    before = staged.stats()["passthrough"]["staged_ahead"]
     with open(staged.path(name), "rb") as f:
         f.read(4)
-    time.sleep(2)  # a small file's next stage takes a fraction of that
+    wait_ahead(staged, before + 1)
     set_epoch(both, 21, name)
     assert staged.path(name).read_bytes() == served.path(name).read_bytes()
     made = json.loads(staged.xattr("info", name))["parquet"]["stage"]["made"]
@@ -110,6 +122,24 @@ def test_the_next_epochs_stage_is_built_while_one_is_read(both):
     assert staged.path(name).read_bytes() == served.path(name).read_bytes()
     made = json.loads(staged.xattr("info", name))["parquet"]["stage"]["made"]
     assert made in ("when its epoch was set", "at its first open"), made
+
+
+def test_a_stage_ahead_asked_for_while_another_is_built_is_built_after_it(both):
+    """Holds: SEMANTICS.md#views-parquet-passthrough (an epoch opened while the stage ahead of
+    the epoch before is still being built gets its own next stage: the request waits, it is not
+    dropped)"""
+    staged, served = both
+    name = NAMES[1]
+    before = staged.stats()["passthrough"]["staged_ahead"]
+    for epoch in (30, 40, 50):  # each open asks for epoch + 1 at once, while the last is built
+        set_epoch(both, epoch, name)
+        with open(staged.path(name), "rb") as f:
+            f.read(4)
+    wait_ahead(staged, before + 1)
+    set_epoch(both, 51, name)
+    made = json.loads(staged.xattr("info", name))["parquet"]["stage"]["made"]
+    assert made == "while the epoch before was read", made
+    assert staged.path(name).read_bytes() == served.path(name).read_bytes()
 
 
 def test_files_read_together_get_no_stage_ahead(both):
