@@ -207,7 +207,7 @@ windows' temporaries of a few MiB stay in its heaps, fragmented, once freed.  Me
 2-core VM (2 GiB of ~1 KiB lines, 64 MiB windows, a new epoch per pass): steady daemon RSS
 430 -> 300 MB for ``lirs-page``; peaks 450 -> 326 MB."""
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-TRIM_THRESHOLD = 4 << 20
+TRIM_THRESHOLD = 8 << 20
 """Free memory at the top of a heap that glibc keeps rather than hands back.  Fixing the mmap
 threshold also fixes this one at its 128 KiB default, so the per-row temporaries of a Parquet
 window (arrays of a few hundred KiB) were handed back and faulted in again, 4 KiB at a time, at
@@ -216,7 +216,11 @@ runs alternated): the window builds' page faults fell from 370,000-460,000 an ep
 30,000-150,000, their system CPU from 1.0-1.2 to 0.3-0.5 s, the reader's rows/s rose 10-30%;
 the daemon's peak own memory while the copy is filled stayed at 305-325 MiB (16 MiB kept faults at
 25,000 but took it to 330-350, over the bound `tools/bench.py --only parquet` checks).  JSON lines
-views barely fault either way."""
+views barely fault either way.  Raised from 4 to 8 MiB when Parquet views came to be encoded whole
+into stage files (`serve.passthrough`): encoding a run of pages holds up to ~7 MiB of per-row
+arrays at once, so at 4 MiB each of the ~220 runs of an epoch handed some back and faulted it in
+again.  Measured (same VM and file, steady epochs, runs alternated): 34,000-68,000 faults an
+epoch -> 12,000-15,000, daemon CPU 0.9-1.2 -> 0.84-0.98 s an epoch."""
 M_TRIM_THRESHOLD = -1
 ARENAS = 2
 """glibc heaps (arenas) the daemon's threads share.  By default each new thread may get its own,

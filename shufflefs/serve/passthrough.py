@@ -116,9 +116,9 @@ class Passthrough:
         files = self._files.get(directory)
         if files is None:
             files = self._files[directory] = StageFiles(directory)
-        view.writer = StageWriter(view, files)  # others may help it (`stage`)
+        writer = StageWriter(view, files)  # the view's writer: others may help it (`stage`)
         try:
-            stage = write_stage(view, files, threads, view.writer)
+            stage = write_stage(view, files, threads, writer)
         finally:
             view.writer = None
         try:

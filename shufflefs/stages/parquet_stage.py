@@ -173,6 +173,7 @@ class StageWriter:
             self.data = np.zeros(0, np.uint8)
             files.give_back(self.file)
             raise
+        view.writer = self  # its loads are the stage's (`ParquetView.rows`); others may help (`work`)
 
     def work(self) -> None:
         """Encode windows not taken yet until none is left (or one failed: it is kept)."""
@@ -205,6 +206,8 @@ class StageWriter:
             while self._active:
                 self._cond.wait()
         data, self.data = self.data, np.zeros(0, np.uint8)
+        self.view.drop_order()
+        self.view.writer = None
         try:
             if self.failed:
                 raise self.failed[0]

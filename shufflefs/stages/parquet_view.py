@@ -131,6 +131,10 @@ class ParquetLayout(Layout):
         del ids
         self.view: ViewLayout = plan_view(index.footer, index.sizes, order, rows, path)
         self.view.order = np.zeros(0, np.int64)  # a row group's rows come from the plan when it loads
+        self.order: np.ndarray | None = order
+        """Every row in view order, until the first view made of this layout takes it (`ParquetView`)."""
+        self.plan_first = np.zeros(plan.n_windows + 1, np.int64)
+        np.cumsum(window_rows, out=self.plan_first[1:])
         bounds = self.view.group_bounds
         self.group_window = np.repeat(np.arange(plan.n_windows, dtype=np.int64), per_window)
         first_group = np.zeros(plan.n_windows + 1, np.int64)
@@ -198,6 +202,9 @@ class ParquetView:
         self.unstaged = False  # served by the daemon even so (no room for a stage when first opened)
         self.writer = None  # the `StageWriter` of its stage while it is being written
         self.closers: list[Callable[[], None]] = []  # what goes with the view
+        self._order, layout.order = (layout.order if plan is layout.plan else None), None
+        """The layout's rows in view order, kept while the view is encoded whole into its stage
+        (`drop_order`): each plan window's ids are then read from it instead of shuffled again."""
 
     @property
     def size(self) -> int:
@@ -224,7 +231,12 @@ class ParquetView:
                 self._ids.move_to_end(k)
             elif ids is None and not keep and self._peeked is not None and self._peeked[0] == k:
                 ids = self._peeked[1]
-        if ids is None:
+        if ids is None and self.writer is None:
+            self._order = None  # loaded for a reader, not for a stage: it would only hold memory
+        order = self._order
+        if ids is None and order is not None:
+            ids = order[int(lay.plan_first[k]): int(lay.plan_first[k + 1])]
+        elif ids is None:
             ids = np.asarray(self.plan.window(k), np.int64)
             if not keep:
                 with self._lock:
@@ -315,7 +327,12 @@ class ParquetView:
     def hint(self, k: int, plan: Plan | None = None) -> None:
         """Nothing to hint: a window reads its copy, copied from the source when first needed."""
 
+    def drop_order(self) -> None:
+        """The stage is written: plan windows are shuffled again for any later load."""
+        self._order = None
+
     def close(self) -> None:
+        self._order = None
         with self._closed:
             if not self._open:
                 return

@@ -113,6 +113,29 @@ def test_a_copy_encodes_the_bytes_the_source_does(files, name):
     source.close()
 
 
+def test_fixed_width_columns_encode_as_every_column_does(files, monkeypatch):
+    """Leaves whose rows are all alike (fixed width, no nulls) are encoded by indexing the copy's
+    streams (`uniform_width`); the bytes are those the run-by-run way gives."""
+    from shufflefs.formats.parquet import streams as st
+
+    seen = 0
+    for path in files.values():
+        index = scan_file(path, make_format("parquet"))
+        seen += sum(bool(st.uniform_width(leaf, col, b)) for leaf, col, b in
+                    zip(index.footer.leaves, index.sizes.columns, index.sizes.booleans))
+        copy = _copy(path, index, list(range(len(index.footer.group_rows))))
+        order = np.random.default_rng(3).permutation(index.n)
+        view = plan_view(index.footer, index.sizes, order, 900, page_bytes=16 << 10)
+        fast = [encode_rows(view, g, view.rows(g), copy, np.empty(view.group_range(g)[1] - view.group_range(g)[0],
+                                                                   np.uint8), str(path)).copy() for g in range(view.n_groups)]
+        with monkeypatch.context() as m:
+            m.setattr(st, "uniform_width", lambda leaf, col, boolean: 0)
+            for g in range(view.n_groups):
+                want = encode_rows(view, g, view.rows(g), copy, np.empty(len(fast[g]), np.uint8), str(path))
+                assert np.array_equal(fast[g], want), (path.name, g)
+    assert seen >= 4, seen
+
+
 @pytest.mark.parametrize("name", list(WRITERS))
 def test_a_copy_made_in_batches_is_the_copy_made_whole(files, name):
     """Decoding a column chunk in batches of rows (what a mount does, to hold one batch decoded)
