@@ -58,12 +58,12 @@ def copy_runs(dst: np.ndarray, dst_pos: np.ndarray, src: np.ndarray, src_pos: np
 
 
 def _prefix(per_row: np.ndarray | int | None, rows: np.ndarray) -> np.ndarray:
-    cs = np.zeros(len(rows) + 1, np.int64)
     if per_row is None:
         per_row = 1
     if isinstance(per_row, int):
-        cs[1:] = per_row
-        return np.cumsum(cs)
+        return np.arange(0, (len(rows) + 1) * per_row, per_row, dtype=np.int64) if per_row else np.zeros(
+            len(rows) + 1, np.int64)
+    cs = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(per_row[rows], out=cs[1:], dtype=np.int64)
     return cs
 
