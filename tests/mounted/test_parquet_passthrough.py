@@ -149,10 +149,12 @@ def test_files_read_together_get_no_stage_ahead(both):
     staged, _ = both
     set_epoch(both, 40)
     time.sleep(1)  # the epoch change's preparation (two files: no stages)
+    wait_ahead(staged, 0)  # none still being built for an earlier test
     before = staged.stats()["passthrough"]
     for name in NAMES:
         staged.path(name).read_bytes()
-    time.sleep(2)
+    time.sleep(0.5)
+    wait_ahead(staged, 0)
     after = staged.stats()["passthrough"]
     assert after["staged_ahead"] - before["staged_ahead"] <= 1, (before, after)
     assert after["stages_built"] - before["stages_built"] <= 3, (before, after)  # the two opened, one ahead
