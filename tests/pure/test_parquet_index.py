@@ -113,16 +113,43 @@ def test_a_copy_encodes_the_bytes_the_source_does(files, name):
     source.close()
 
 
-def test_fixed_width_columns_encode_as_every_column_does(files, monkeypatch):
+@pytest.fixture(scope="module")
+def fixed_widths(tmp_path_factory) -> Path:
+    """Required and nullable fixed-width leaves of 4, 8, 12 (INT96), 16 and 32 bytes, with and
+    without nulls, in row groups that do not divide the rows evenly."""
+    import decimal
+
+    n = 5_003
+    rng = np.random.default_rng(11)
+    ints = rng.integers(-2**31, 2**31, n).astype(np.int32)
+    table = pa.table({
+        "req_i32": pa.array(ints, pa.int32()),
+        "uuid": pa.array([bytes(rng.integers(0, 256, 16, dtype=np.uint8)) for _ in range(n)], pa.binary(16)),
+        "dec": pa.array([decimal.Decimal(int(x)) / 100 for x in ints], pa.decimal128(38, 2)),
+        "hash": pa.array([bytes(rng.integers(0, 256, 32, dtype=np.uint8)) for _ in range(n)], pa.binary(32)),
+        "maybe": pa.array([None if i % 7 == 0 else float(i) for i in range(n)], pa.float64()),
+        "ts96": pa.array(np.arange(n, dtype=np.int64).astype("datetime64[ns]")),
+    }, schema=pa.schema([pa.field("req_i32", pa.int32(), nullable=False), pa.field("uuid", pa.binary(16)),
+                         pa.field("dec", pa.decimal128(38, 2)), pa.field("hash", pa.binary(32), nullable=False),
+                         pa.field("maybe", pa.float64()), pa.field("ts96", pa.timestamp("ns"))]))
+    path = tmp_path_factory.mktemp("fixed") / "fixed.parquet"
+    pq.write_table(table, path, row_group_size=1_234, use_deprecated_int96_timestamps=True)
+    return path
+
+
+def test_fixed_width_columns_encode_as_every_column_does(files, fixed_widths, monkeypatch):
     """Leaves whose rows are all alike (fixed width, no nulls) are encoded by indexing the copy's
     streams (`uniform_width`); the bytes are those the run-by-run way gives."""
     from shufflefs.formats.parquet import streams as st
 
     seen = 0
-    for path in files.values():
+    widths = set()
+    for path in [*files.values(), fixed_widths]:
         index = scan_file(path, make_format("parquet"))
-        seen += sum(bool(st.uniform_width(leaf, col, b)) for leaf, col, b in
-                    zip(index.footer.leaves, index.sizes.columns, index.sizes.booleans))
+        got = [st.uniform_width(leaf, col, b) for leaf, col, b in
+               zip(index.footer.leaves, index.sizes.columns, index.sizes.booleans)]
+        seen += sum(map(bool, got))
+        widths |= set(got)
         copy = _copy(path, index, list(range(len(index.footer.group_rows))))
         order = np.random.default_rng(3).permutation(index.n)
         view = plan_view(index.footer, index.sizes, order, 900, page_bytes=16 << 10)
@@ -133,7 +160,12 @@ def test_fixed_width_columns_encode_as_every_column_does(files, monkeypatch):
             for g in range(view.n_groups):
                 want = encode_rows(view, g, view.rows(g), copy, np.empty(len(fast[g]), np.uint8), str(path))
                 assert np.array_equal(fast[g], want), (path.name, g)
-    assert seen >= 4, seen
+        if path == fixed_widths:  # and the view reads back as the source's rows, in the view's order
+            groups = SourceGroups(str(path), index.footer, str(path), keep=64)
+            for g in range(view.n_groups):
+                assert np.array_equal(fast[g], encode_group(view, g, groups)), g
+            groups.close()
+    assert seen >= 4 and {4, 8, 12, 16, 32} <= widths, (seen, widths)
 
 
 @pytest.mark.parametrize("name", list(WRITERS))
