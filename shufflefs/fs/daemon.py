@@ -21,6 +21,7 @@ import pyfuse3
 import trio
 
 from .. import scratch
+from ..windows import heap
 from ..config import MountConfig, check_paths
 from ..errors import ShuffleError
 from ..formats import build as indexer
@@ -200,48 +201,6 @@ def raise_readahead(mnt: str) -> None:
         log.debug("readahead of %s left as it was: %s", mnt, e)
 
 
-MMAP_THRESHOLD = 1 << 20
-"""Allocations from this size on are mapped and unmapped on their own.  glibc otherwise raises
-its threshold to the size of each large block freed (up to 32 MiB), after which plans' and
-windows' temporaries of a few MiB stay in its heaps, fragmented, once freed.  Measured on a
-2-core VM (2 GiB of ~1 KiB lines, 64 MiB windows, a new epoch per pass): steady daemon RSS
-430 -> 300 MB for ``lirs-page``; peaks 450 -> 326 MB."""
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
-TRIM_THRESHOLD = 8 << 20
-"""Free memory at the top of a heap that glibc keeps rather than hands back.  Fixing the mmap
-threshold also fixes this one at its 128 KiB default, so the per-row temporaries of a Parquet
-window (arrays of a few hundred KiB) were handed back and faulted in again, 4 KiB at a time, at
-every load.  Measured on a 2-core VM (1 GiB Parquet view, `iter_batches`, a new epoch a pass,
-runs alternated): the window builds' page faults fell from 370,000-460,000 an epoch to
-30,000-150,000, their system CPU from 1.0-1.2 to 0.3-0.5 s, the reader's rows/s rose 10-30%;
-the daemon's peak own memory while the copy is filled stayed at 305-325 MiB (16 MiB kept faults at
-25,000 but took it to 330-350, over the bound `tools/bench.py --only parquet` checks).  JSON lines
-views barely fault either way.  Raised from 4 to 8 MiB when Parquet views came to be encoded whole
-into stage files (`serve.passthrough`): encoding a run of pages holds up to ~7 MiB of per-row
-arrays at once, so at 4 MiB each of the ~220 runs of an epoch handed some back and faulted it in
-again.  Measured (same VM and file, steady epochs, runs alternated): 34,000-68,000 faults an
-epoch -> 12,000-15,000, daemon CPU 0.9-1.2 -> 0.84-0.98 s an epoch."""
-M_TRIM_THRESHOLD = -1
-ARENAS = 2
-"""glibc heaps (arenas) the daemon's threads share.  By default each new thread may get its own,
-up to 8 per core, and each keeps the fragments of what its thread freed: with 32 readers of 32
-epochs (worker threads come and go), the peak was 0.78-1.33 of the memory bound between runs."""
-M_ARENA_MAX = -8
-
-
-def fix_mmap_threshold() -> None:
-    """Best effort: glibc only (elsewhere the allocator keeps its own policy)."""
-    try:
-        libc = ctypes.CDLL(None)
-        for param, value, name in ((M_MMAP_THRESHOLD, MMAP_THRESHOLD, "M_MMAP_THRESHOLD"),
-                                   (M_TRIM_THRESHOLD, TRIM_THRESHOLD, "M_TRIM_THRESHOLD"),
-                                   (M_ARENA_MAX, ARENAS, "M_ARENA_MAX")):
-            if not libc.mallopt(param, value):
-                log.debug("mallopt(%s) refused", name)
-    except (OSError, AttributeError) as e:
-        log.debug("allocator left as it is: %s", e)
-
-
 def raise_descriptor_limit() -> tuple[int, int] | None:
     """Raise the soft limit of open files to the hard one, as servers do (the soft limit of a
     login shell, often 1,024 or less, is meant for programs that do not expect many files): every
@@ -264,7 +223,7 @@ def raise_descriptor_limit() -> tuple[int, int] | None:
 
 
 def _serve(config: MountConfig, ready: _Ready, to_file: bool) -> int:
-    fix_mmap_threshold()
+    heap.fix_allocator()
     limits = raise_descriptor_limit()
     if limits is not None:
         log.info("open files: at most %d (soft limit %s)", limits[1],

@@ -23,6 +23,7 @@ import logging
 import os
 from typing import Any
 
+from ..windows import heap
 from ..errors import ShuffleError
 from ..stages.parquet_stage import ParquetStage, StageFiles, StageWriter, write_stage
 from ..stages.parquet_view import ParquetView
@@ -116,6 +117,7 @@ class Passthrough:
         files = self._files.get(directory)
         if files is None:
             files = self._files[directory] = StageFiles(directory)
+            heap.keep_top(heap.STAGE_TRIM_THRESHOLD)
         writer = StageWriter(view, files)  # the view's writer: others may help it (`stage`)
         try:
             stage = write_stage(view, files, threads, writer)
