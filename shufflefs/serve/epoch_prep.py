@@ -87,6 +87,9 @@ class EpochPrep:
             finally:
                 node.opens -= 1
                 if node.opens == 0:
+                    drop = getattr(getattr(node.view, "view", None), "drop_order", None)
+                    if drop is not None:  # a Parquet view not staged here: its layout's order would only wait
+                        drop()
                     self.cat.views.retire(node)  # idle until its first open (or forgotten if it failed)
         except (ShuffleError, OSError, Reply) as e:
             log.debug("preparing %s (epoch %s): %s", relpath, "current" if epoch is None else epoch, e)

@@ -1,0 +1,67 @@
+"""Level: pure (no mount, no daemon).
+
+A Parquet view encoded whole into its stage reads each plan window's rows from the order its
+layout worked out (`ParquetLayout.order`) instead of shuffling the window again: the stage holds
+the bytes a view without that order loads, and the order is let go once the stage is written, or
+as soon as the view is loaded for a reader."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pq = pytest.importorskip("pyarrow.parquet")
+
+import parquet_files as pf  # noqa: E402
+from shufflefs.formats import make_format, scan_file  # noqa: E402
+from shufflefs.sources.local import SourceFile  # noqa: E402
+from shufflefs.stages.parquet_rows import RowCopies  # noqa: E402
+from shufflefs.stages.parquet_stage import StageFiles, write_stage  # noqa: E402
+from shufflefs.strategies import make_plan  # noqa: E402
+from shufflefs.strategies.base import ShuffleSpec  # noqa: E402
+from shufflefs.stages.parquet_view import ParquetLayout, ParquetView  # noqa: E402
+
+
+@pytest.mark.parametrize("strategy", ["stratified", "corgipile", "full"])
+def test_a_stage_from_the_layouts_order_is_the_view(tmp_path: Path, strategy: str) -> None:
+    src = pf.label_sorted(tmp_path / "s.parquet", n=20_000, group_rows=3_000)
+    index = scan_file(src, make_format("parquet"))
+    copies = RowCopies(tmp_path / "copies")
+    files = StageFiles(str(tmp_path))
+
+    def view(epoch: int) -> ParquetView:
+        plan = make_plan(index, ShuffleSpec(strategy=strategy, buffer=1 << 20), epoch, 0, 1)
+        copy = copies.acquire(str(src), index)
+        return ParquetView(str(src), index, plan, ParquetLayout(index, plan), SourceFile(str(src), index.stamp),
+                           copy, lambda: copies.release(copy))
+
+    staged, loaded = view(4), view(4)
+    try:
+        assert staged._order is not None and staged.layout.order is None  # taken from its layout
+        lay = loaded.layout
+        first, _ = loaded.load_window(0)  # loaded for a reader: the order goes
+        assert loaded._order is None
+        want = b"".join([bytes(loaded.header), bytes(first)]
+                        + [bytes(loaded.load_window(k)[0]) for k in range(1, lay.n_windows)] + [bytes(loaded.trailer)])
+        stage = write_stage(staged, files)
+        assert staged._order is None and staged.writer is None
+        assert bytes(stage.data) == want and len(want) == lay.size
+        assert pq.ParquetFile(tmp_path / "s.parquet").metadata.num_rows == sum(
+            b.num_rows for b in pq.ParquetFile(io.BytesIO(want)).iter_batches())
+        stage.close()
+        other = view(5)
+        other.drop_order()  # a view whose order was let go encodes the same bytes from its plan
+        again = write_stage(other, files)
+        fresh = view(5)
+        ordered = write_stage(fresh, files)
+        assert bytes(again.data) == bytes(ordered.data) and np.asarray(again.data).size == other.layout.size
+        for done in (again, ordered, other, fresh):
+            done.close()
+    finally:
+        staged.close()
+        loaded.close()
+        files.close()
+        copies.close()
