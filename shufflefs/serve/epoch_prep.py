@@ -21,7 +21,7 @@ class EpochPrep:
         self.prefetches = 0  # window loads started by preparations
         self.staged_ahead = 0  # stages of a next epoch built before it was set (`ahead`)
         self._preparing: set[tuple] = set()  # files whose next epoch's view is being prepared
-        self._ahead_epoch: dict[tuple, int] = {}  # the epoch each file's stage built ahead is for
+        self._ahead_epoch: dict[tuple, int] = {}  # files whose next stage is being built: the epoch wanted
 
     def moved(self, node: Node) -> None:
         """The epoch setting on ``node`` moved: close the views that are no longer current, then
@@ -87,9 +87,6 @@ class EpochPrep:
             finally:
                 node.opens -= 1
                 if node.opens == 0:
-                    drop = getattr(getattr(node.view, "view", None), "drop_order", None)
-                    if drop is not None:  # a Parquet view not staged here: its layout's order would only wait
-                        drop()
                     self.cat.views.retire(node)  # idle until its first open (or forgotten if it failed)
         except (ShuffleError, OSError, Reply) as e:
             log.debug("preparing %s (epoch %s): %s", relpath, "current" if epoch is None else epoch, e)
@@ -116,11 +113,11 @@ class EpochPrep:
         """One build at a time per file; a request for another epoch made while one runs (an
         epoch set elsewhere, then this one opened) is built once the running one ends, not
         dropped."""
-        key = ("ahead", relpath, *space)
+        key = (relpath, *space)
+        running = key in self._ahead_epoch
         self._ahead_epoch[key] = epoch
-        if key in self._preparing:
+        if running:
             return
-        self._preparing.add(key)
 
         async def stage(node: Node) -> None:
             await self.cat.passthrough.stage(self.cat, node, threads=1, made="while the epoch before was read")
@@ -133,5 +130,4 @@ class EpochPrep:
                 if self._ahead_epoch[key] == want:
                     return
         finally:
-            self._preparing.discard(key)
-            self._ahead_epoch.pop(key, None)
+            del self._ahead_epoch[key]

@@ -23,11 +23,11 @@ import logging
 import os
 from typing import Any
 
-from ..windows import heap
 from ..errors import ShuffleError
-from ..stages.parquet_stage import ParquetStage, StageFiles, StageWriter, write_stage
+from ..stages.parquet_stage import ParquetStage, StageFiles, write_stage
 from ..stages.parquet_view import ParquetView
 from ..stages.kept_copies import CopyDisk
+from ..windows import heap
 from .nodes import VIEW, Node
 
 log = logging.getLogger("shufflefs")
@@ -118,11 +118,7 @@ class Passthrough:
         if files is None:
             files = self._files[directory] = StageFiles(directory)
             heap.keep_top(heap.STAGE_TRIM_THRESHOLD)
-        writer = StageWriter(view, files)  # the view's writer: others may help it (`stage`)
-        try:
-            stage = write_stage(view, files, threads, writer)
-        finally:
-            view.writer = None
+        stage = write_stage(view, files, threads)  # others may help it (`stage`)
         try:
             stage.backing_id = self.lib.backing_open(stage.fd)
         except OSError as e:  # (EPERM in a user namespace): no passthrough for this mount

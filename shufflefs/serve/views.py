@@ -300,6 +300,9 @@ class Views:
             if node.lookups <= 0:
                 self.drop(node)
             return
+        drop = getattr(node.view.view, "drop_order", None)
+        if drop is not None:  # a Parquet view waiting idle: its layout's order is only for its stage
+            drop()
         self.idle[node.ino] = node  # its windows stay while memory allows
         self.idle.move_to_end(node.ino)
         while len(self.idle) > IDLE_VIEWS:

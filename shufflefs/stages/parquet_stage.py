@@ -222,12 +222,12 @@ class StageWriter:
         return ParquetStage(self.file, data, time.monotonic() - self.t0, self.files)
 
 
-def write_stage(view: Any, files: StageFiles, threads: int = 2, writer: StageWriter | None = None) -> ParquetStage:
+def write_stage(view: Any, files: StageFiles, threads: int = 2) -> ParquetStage:
     """Encode every byte of the Parquet view ``view`` (a `stages.parquet_view.ParquetView`) into a
-    file of ``files`` with ``threads`` threads (``writer``: made by the caller, who may let others
-    `StageWriter.work` on it meanwhile).  Raises what a window load raises (a changed source, a
-    damaged copy); the file then goes back."""
-    writer = writer or StageWriter(view, files)
+    file of ``files`` with ``threads`` threads (others may `StageWriter.work` on ``view.writer``
+    meanwhile).  Raises what a window load raises (a changed source, a damaged copy); the file
+    then goes back."""
+    writer = StageWriter(view, files)
     helpers = [threading.Thread(target=writer.work, name="stage") for _ in range(threads - 1)]
     for h in helpers:
         h.start()

@@ -27,9 +27,9 @@ def test_a_request_made_while_a_build_runs_is_built_after_it() -> None:
         async with trio.open_nursery() as n:
             n.start_soon(prep._stage_ahead, "a.parquet", (0, 1), 31)
             await trio.testing.wait_all_tasks_blocked()
-            for epoch in (41, 51):
+            for epoch in (41, 51):  # one after the other (trio runs tasks started together in any order)
                 n.start_soon(prep._stage_ahead, "a.parquet", (0, 1), epoch)
-            await trio.testing.wait_all_tasks_blocked()
+                await trio.testing.wait_all_tasks_blocked()
             assert built == [31] and prep.building_ahead == 1
             n.start_soon(prep._stage_ahead, "b.parquet", (0, 1), 7)  # another file: not held up
             await trio.testing.wait_all_tasks_blocked()

@@ -14,6 +14,7 @@ column, the row group and the source offset, and never a page of wrong bytes.
 
 from __future__ import annotations
 
+import functools
 from typing import BinaryIO, Callable
 
 import numpy as np
@@ -86,13 +87,19 @@ class _Chunk:
         self.defs = np.zeros(total, np.uint8) if self.def_bits else None
         self.reps = np.zeros(total, np.uint8) if self.rep_bits else None
         self.bits = np.zeros(int(self.V[-1]), np.uint8) if boolean else None
-        # where each row's values start in the output row group
         p = np.arange(self.pages.start, self.pages.stop)
+        self.val_start = (cp.offset[p] - base + cp.header[p] + levels_size(cp.entries[p], self.rep_bits)
+                          + levels_size(cp.entries[p], self.def_bits))
+        """Where each page's values start in the output."""
+
+    @functools.cached_property
+    def value_dst(self) -> np.ndarray | None:
+        """Where each row's values start in the output (None for booleans, bit-packed per page)."""
+        if self.boolean:
+            return None
+        cp, p = self.cp, np.arange(self.pages.start, self.pages.stop)
         p_rows = cp.row_end[p] - cp.row_start[p]
-        first_row = cp.row_start[p] - self.rows0
-        val_start = (cp.offset[p] - base + cp.header[p] + levels_size(cp.entries[p], self.rep_bits)
-                     + levels_size(cp.entries[p], self.def_bits))
-        self.value_dst = (np.repeat(val_start - self.V[first_row], p_rows) + self.V[:-1]) if not boolean else None
+        return np.repeat(self.val_start - self.V[cp.row_start[p] - self.rows0], p_rows) + self.V[:-1]
 
     def fill(self, out: np.ndarray, data: LeafData, js: np.ndarray, r: np.ndarray, where: str,
              path: str, offset: int | None) -> None:

@@ -69,10 +69,16 @@ def encode_levels(levels: np.ndarray, width: int) -> bytes:
     groups = (n + 7) // 8
     if width == 1 and levels.all():  # no nulls (the common case): every bit set, then the padding's zeros
         packed = b"\xff" * (n // 8) + (bytes([(1 << (n % 8)) - 1]) if n % 8 else b"")
-        w = Writer()
-        w.varint(groups * 2 + 1)
-        run = w.getvalue() + packed
-        return len(run).to_bytes(4, "little") + run
+    else:
+        padded = np.zeros(groups * 8, np.uint8)
+        padded[:n] = levels
+        if width > 1:
+            padded = ((padded[:, None] >> np.arange(width, dtype=np.uint8)) & 1).reshape(-1)
+        packed = np.packbits(padded, bitorder="little").tobytes()
+    w = Writer()
+    w.varint(groups * 2 + 1)
+    run = w.getvalue() + packed
+    return len(run).to_bytes(4, "little") + run
     padded = np.zeros(groups * 8, np.uint8)
     padded[:n] = levels
     if width == 1:

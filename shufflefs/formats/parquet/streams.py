@@ -32,7 +32,6 @@ from .decode import LeafData
 from .encode import _Chunk, copy_runs
 from .footer import BOOLEAN, BYTE_ARRAY, Leaf, SourceFooter
 from .layout import ViewLayout
-from .pages import bit_width, encode_levels, header
 from .sizes import ColumnSizes, RowSizes
 
 ALIGN = 64
@@ -234,10 +233,9 @@ def encode_pages(view: ViewLayout, g: int, c: int, rows: np.ndarray, streams: Ro
     rows = rows[int(cp.row_start[pages.start]) - first: int(cp.row_end[pages.stop - 1]) - first]
     sizes, lay, data = view.sizes, streams.layout, streams.data
     leaf, col = view.footer_src.leaves[c], sizes.columns[c]
-    if uniform_width(leaf, col, sizes.booleans[c]):
-        return _encode_uniform(view, c, rows, streams, out, pages, base, f"column {leaf.dotted}, row group {g}", path)
     chunk = _Chunk(leaf, cp, g, rows, base, col.values, col.entries, sizes.booleans[c], pages)
-    v_off, e_off = streams.offsets(c, rows)
+    w = uniform_width(leaf, col, sizes.booleans[c])
+    v_off, e_off = streams.offsets(c, rows) if not (w and col.entries is None) else (None, None)
     for stage, at in ((chunk.defs, lay.defs[c]), (chunk.reps, lay.reps[c])):
         if stage is None:
             continue
@@ -245,7 +243,14 @@ def encode_pages(view: ViewLayout, g: int, c: int, rows: np.ndarray, streams: Ro
             np.take(data[int(at): int(at) + sizes.n_rows], rows, out=stage)
         else:
             copy_runs(stage, chunk.E[:-1], data, e_off + at, np.diff(chunk.E))
-    if chunk.boolean:
+    if w:  # every row w bytes: each page's values are the rows' items of the value stream, in order
+        item = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(w, np.dtype((np.void, w)))
+        values = data[int(lay.values[c]): int(lay.values[c]) + w * sizes.n_rows].view(item)
+        for i, p in enumerate(pages):
+            a, b = int(cp.row_start[p]) - chunk.rows0, int(cp.row_end[p]) - chunk.rows0
+            at = int(chunk.val_start[i])
+            np.take(values, rows[a:b], out=out[at: at + w * (b - a)].view(item))
+    elif chunk.boolean:
         copy_runs(chunk.bits, chunk.V[:-1], data, v_off, np.diff(chunk.V))  # type: ignore[arg-type]
     else:
         copy_runs(out, chunk.value_dst, data, v_off, np.diff(chunk.V))  # type: ignore[arg-type]
@@ -256,41 +261,11 @@ def encode_pages(view: ViewLayout, g: int, c: int, rows: np.ndarray, streams: Ro
 def uniform_width(leaf: Leaf, col: ColumnSizes, boolean: bool) -> int:
     """Value bytes of every row of a leaf whose rows all have one level entry and the same
     value bytes (a fixed-width column without nulls; 0 for any other): each of its pages is
-    encoded by indexing the copy's streams with the page's rows (`_encode_uniform`), where the
-    general way copies one run of a few bytes per row and stream."""
+    encoded by indexing the copy's value stream with the page's rows (`encode_pages`), where the
+    general way copies one run of a few bytes per row."""
     if boolean or leaf.max_rep or not isinstance(col.values, int) or col.values <= 0:
         return 0
     return col.values if col.entries in (None, 1) else 0
-
-
-def _encode_uniform(view: ViewLayout, c: int, rows: np.ndarray, streams: RowStreams, out: np.ndarray,
-                    pages: range, base: int, where: str, path: str) -> np.ndarray:
-    """`encode_pages` of a leaf of `uniform_width` (``rows``: the pages' rows, ``out`` as long as
-    the pages): the same bytes, each page's values and definition levels taken by ``np.take``."""
-    cp, lay, data = view.columns[c], streams.layout, streams.data
-    leaf, n = view.footer_src.leaves[c], view.sizes.n_rows
-    w = uniform_width(leaf, view.sizes.columns[c], False)
-    item = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(w, np.dtype((np.void, w)))
-    at = int(lay.values[c])
-    values = data[at: at + w * n].view(item)
-    def_bits = bit_width(leaf.max_def)
-    defs = data[int(lay.defs[c]): int(lay.defs[c]) + n] if def_bits else None
-    rows0 = int(cp.row_start[pages.start])
-    for p in pages:
-        a, b = int(cp.row_start[p]) - rows0, int(cp.row_end[p]) - rows0
-        r = rows[a:b]
-        head = header(int(cp.body[p]), b - a)
-        if defs is not None:
-            head += encode_levels(np.take(defs, r), def_bits)
-        if b - a != int(cp.entries[p]) or int(cp.values[p]) != w * (b - a) or (
-                len(head) + w * (b - a) != int(cp.header[p] + cp.body[p])):
-            raise FormatError(path, None, f"{where}: page {p - pages.start} encodes to {len(head) + w * (b - a)} "
-                              f"bytes, planned {int(cp.header[p] + cp.body[p])}")
-        pos = int(cp.offset[p]) - base
-        out[pos: pos + len(head)] = np.frombuffer(head, np.uint8)
-        pos += len(head)
-        np.take(values, r, out=out[pos: pos + w * (b - a)].view(item))
-    return out
 
 
 def encode_rows(view: ViewLayout, g: int, rows: np.ndarray, streams: RowStreams, out: np.ndarray,
