@@ -17,7 +17,7 @@ threads), no FUSE.
 Under ``--decoded-copies auto`` (the default) every file gets a copy when the disk keeps room
 besides it: written by the scan that indexes it (`index`: the scan decodes it all anyway), else
 (its index cached) queued at its first open and made by one low-priority thread, one copy after
-another, while the first views decode (`room_for`).  Views opened once it is there read it and
+another, each decoded by a child process (`copy_process`), while the first views decode (`room_for`).  Views opened once it is there read it and
 decode nothing.  Where the bytes come from never changes which bytes a view holds.
 """
 
@@ -44,6 +44,7 @@ from ..sources.base import Source, Store
 from ..sources.decoded import DecodedSource, close_kept, close_kept_of
 from ..sources.local import SourceFile
 from ..windows.container import served_size
+from .copy_process import decode_in_child
 from .kept_copies import CopyDisk
 
 __all__ = ["Decoding", "RESTART_ORDERS", "served_size"]  # served_size: a compressed view's size
@@ -404,7 +405,10 @@ class Decoding:
         size = int(restarts.plain[-1])
         self.kept.trim(size)
         t0 = time.monotonic()
-        if background and restarts.codec == GZIP:
+        fd = getattr(raw, "fd", -1) if background else -1
+        if fd >= 0:  # decoded by a child process (`copy_process`): the views' decoding keeps the interpreter
+            steps = iter(())
+        elif background and restarts.codec == GZIP:
             steps = inflate(raw.read_range, stamp.size, path)
         else:
             steps, _ = decode_all(restarts.codec, raw.read_range, stamp.size, path)
@@ -412,17 +416,26 @@ class Decoding:
 
         def decode(out: BinaryIO) -> None:
             nonlocal written
-            writer = StepWriter(out, directory)  # writing overlaps decoding
-            try:
-                for step in steps:
-                    if self._closing:
-                        raise _Stopped
-                    writer(step)
-                    written += len(step)
-            finally:
-                writer.close()
-            if writer.stopped is not None:
-                raise writer.error or OSError(errno.ENOSPC, writer.stopped)
+            if fd >= 0:
+                got = decode_in_child(fd, stamp.size, restarts.codec, out, directory, path, BACKGROUND_NICE,
+                                      lambda: self._closing)
+                if got is None:
+                    raise _Stopped
+                written = got
+                if os.fstat(out.fileno()).st_size != written:
+                    raise OSError(errno.EIO, f"{path}: its decoded copy does not hold the bytes written to it")
+            else:
+                writer = StepWriter(out, directory)  # writing overlaps decoding
+                try:
+                    for step in steps:
+                        if self._closing:
+                            raise _Stopped
+                        writer(step)
+                        written += len(step)
+                finally:
+                    writer.close()
+                if writer.stopped is not None:
+                    raise writer.error or OSError(errno.ENOSPC, writer.stopped)
             if written != size:
                 raise StaleSourceError(path, None, f"decodes to {written} bytes now, {size} when indexed")
             raw.verify_open()  # decoded from the indexed version to its end

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -126,6 +127,51 @@ def test_an_unmount_stops_a_copy_under_way_and_leaves_nothing(mount):
     assert m.returncode == 0 and time.monotonic() - t0 < 30
     left = [p for p in m.cache.rglob("*") if p.name.startswith(("decoded-", "part-"))]
     assert not left, left
+
+
+def test_a_copy_is_decoded_by_a_child_that_goes_with_a_killed_daemon(mount):
+    """The background copy is decoded by a child process (the views' decoding keeps the daemon's
+    interpreter), niced, and a daemon killed with SIGKILL takes it along.
+    Holds: SEMANTICS.md#views-compressed-copy, SEMANTICS.md#umount-killed"""
+    m = later_mount(mount, {"big.jsonl.gz": cf.gz(cf.jsonl(100000, seed=14))})
+    with open(m.path("big.jsonl.gz"), "rb") as f:
+        f.read(1 << 20)
+    deadline = time.monotonic() + COPY_TIMEOUT
+    while not (kids := [k for k in _children(m.pid) if b"copy_process" in _cmdline(k)]):
+        assert compressed_info(m, "big.jsonl.gz")["read_from"] == "restart points", "copied without a child"
+        assert time.monotonic() < deadline, "no child decodes the copy"
+        time.sleep(0.02)
+    assert os.getpriority(os.PRIO_PROCESS, kids[0]) > os.getpriority(os.PRIO_PROCESS, m.pid)
+    os.kill(m.pid, signal.SIGKILL)
+    m.wait()
+    subprocess.run(["fusermount3", "-u", "-z", str(m.mnt)], capture_output=True, timeout=30)
+    while _alive(kids[0]):
+        assert time.monotonic() < deadline + 10, "the child outlived the daemon"
+        time.sleep(0.05)
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            kids += [int(x) for x in open(f"/proc/{pid}/task/{task}/children").read().split()]
+        except OSError:
+            pass
+    return kids
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        return b""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_a_pool_of_many_shards_gets_its_copies_one_after_another(mount):

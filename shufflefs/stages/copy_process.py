@@ -1,0 +1,125 @@
+"""A background decoded copy, made by a child process of the mount.
+
+Made in a thread of the daemon, a background copy decoded the whole file in Python beside the
+views' own decoding, and the two took turns at the interpreter's lock.  On a 1.06 GiB gzip file
+whose index was cached and whose copy was not kept, the first epoch of a later mount read 0.81x
+the records/s of ``gzip.open`` over the source with the copy made in a thread, 0.96-0.97x with
+it made here, and the copy was made within that epoch both times (docs/benchmark.md, compressed
+text views).  The child reads the descriptor the daemon opened (the indexed file, whatever its
+path names now), writes the copy to the descriptor of the daemon's temporary file, verifies
+every checksum as the thread did (`formats.compressed.inflate`, `formats.codecs.decode_all`),
+runs at the background's niceness, and dies with the daemon (``PR_SET_PDEATHSIG``).  Its memory
+(the interpreter, the decoder and the `StepWriter`'s buffers: a peak of 44-62 MiB measured on
+1.06 GiB files) is its own, not the daemon's.
+
+Run as ``python -m shufflefs.stages.copy_process SOURCE_FD SIZE CODEC OUT_FD DIRECTORY PATH NICE
+PARENT``; the daemon's side is `decode_in_child`.  Blocking, no FUSE.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+from typing import BinaryIO, Callable, Sequence
+
+from ..errors import FormatError, ShuffleError, StaleSourceError
+
+EXIT_NO_ROOM, EXIT_DAMAGED, EXIT_CHANGED = 2, 3, 4
+"""The child's exit codes besides 0: the disk would keep too little room (or a write failed), the
+stream is damaged, the file is not the indexed one any more."""
+POLL = 0.2
+"""Seconds between looks at whether the mount is stopping while a child runs."""
+
+
+def decode_in_child(source_fd: int, size: int, codec: str, out: BinaryIO, directory: str, path: str,
+                    nice: int, stopping: Callable[[], bool]) -> int | None:
+    """Decode the compressed file open as ``source_fd`` (``size`` bytes) into ``out`` (empty, at
+    its start) in a child process; the decoded bytes written, or None if ``stopping`` turned
+    true first (the child is then killed).  A damaged stream is `FormatError`, a changed file
+    `StaleSourceError`, a full disk or failed write `OSError`, all naming ``path``."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    cmd = [sys.executable, "-m", __name__, str(source_fd), str(size), codec, str(out.fileno()), directory, path,
+           str(nice), str(os.getpid())]
+    proc = subprocess.Popen(cmd, pass_fds=(source_fd, out.fileno()), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    try:
+        while True:
+            try:
+                got, err = proc.communicate(timeout=POLL)
+                break
+            except subprocess.TimeoutExpired:
+                if stopping():
+                    return None
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
+    why = (err.decode(errors="replace").strip().splitlines() or [""])[-1]
+    if proc.returncode == 0:
+        return int(got)
+    if proc.returncode == EXIT_NO_ROOM:
+        raise OSError(errno.ENOSPC, f"{path}: decoded copy not written: {why}")
+    if proc.returncode == EXIT_DAMAGED:
+        raise FormatError(path, None, why)
+    if proc.returncode == EXIT_CHANGED:
+        raise StaleSourceError(path, None, why)
+    raise OSError(errno.EIO, f"{path}: the process decoding its copy ended with status {proc.returncode}: {why}")
+
+
+def _die_with(parent: int) -> None:
+    """Be killed when the daemon ends, however it ends."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it ended before the line above
+        os._exit(1)
+
+
+def main(argv: Sequence[str]) -> int:
+    source_fd, size, codec, out_fd, directory, path, nice, parent = argv
+    _die_with(int(parent))
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, int(nice))
+    except OSError:
+        pass
+    from ..formats.codecs import GZIP, decode_all
+    from ..formats.compressed import StepWriter, inflate
+
+    fd = int(source_fd)
+    read = lambda a, b: os.pread(fd, b - a, a)  # noqa: E731
+    out = os.fdopen(int(out_fd), "wb", closefd=False)
+    writer = StepWriter(out, directory)
+    written = 0
+    try:
+        steps = inflate(read, int(size), path) if codec == GZIP else decode_all(codec, read, int(size), path)[0]
+        for step in steps:
+            writer(step)
+            written += len(step)
+    except StaleSourceError as e:
+        print(e, file=sys.stderr)
+        return EXIT_CHANGED
+    except ShuffleError as e:
+        print(e, file=sys.stderr)
+        return EXIT_DAMAGED
+    finally:
+        writer.close()
+        try:
+            out.flush()
+        except OSError as e:
+            writer.stopped = writer.stopped or str(e)
+    if writer.stopped is not None:
+        print(writer.stopped, file=sys.stderr)
+        return EXIT_NO_ROOM
+    print(written)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
