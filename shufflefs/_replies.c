@@ -82,7 +82,16 @@ typedef struct {
     int64_t last_end;  /* where the last reply ended */
     uint64_t last_ns;  /* CLOCK_MONOTONIC of the last reply */
     int inflight;      /* replies queued or being written (under `qlock`) */
+    int64_t plain;     /* -1; else [lo, hi) are bytes of the plain view (of ``plain`` bytes) that a
+                          zstd view of raw blocks frames (windows/container.py: ZstdRawFrame) */
 } entry_t;
+
+/* A zstd view (windows/container.py, ZstdRawFrame): a 14-byte frame header, then raw blocks of
+   ZSTD_UNIT plain bytes, each after a 3-byte header, the last one flagged. */
+#define ZSTD_PREFIX 14
+#define ZSTD_HEAD 3
+#define ZSTD_UNIT (128 << 10)
+#define MAX_PIECES 32 /* of a reply: 1 MiB over 128 KiB blocks takes at most 18 */
 
 static entry_t table[TABLE];
 static uint64_t n_replies, n_bytes, n_passed, n_missed, n_stale, n_write_errors;
@@ -94,8 +103,10 @@ typedef struct {
     entry_t *e;
     int fd;
     uint64_t unique;
-    const char *data;
-    uint32_t size;
+    int n;                             /* pieces */
+    uint32_t size;                     /* their bytes */
+    struct iovec iov[MAX_PIECES + 1];  /* [0]: the reply's header, filled when written */
+    uint8_t heads[MAX_PIECES][ZSTD_HEAD];
 } job_t;
 #define QUEUE 1024
 static job_t queue[QUEUE];
@@ -104,15 +115,21 @@ static pthread_t threads[64];
 static pthread_mutex_t qlock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t q_work = PTHREAD_COND_INITIALIZER, q_done = PTHREAD_COND_INITIALIZER;
 
-static void write_reply(int fd, uint64_t unique, const char *data, uint32_t size)
+static void write_reply(job_t *j)
 {
-    struct out_header out = {(uint32_t)(sizeof out + size), 0, unique};
-    struct iovec iov[2] = {{&out, sizeof out}, {(void *)data, size}};
+    int fd = j->fd;
+    uint32_t size = j->size;
+    struct out_header out = {(uint32_t)(sizeof out + size), 0, j->unique};
+    struct iovec *iov = j->iov;
+    iov[0] = (struct iovec){&out, sizeof out};
+    for (int i = 1; i <= j->n; i++) /* a header piece points into the job's heads: moved with it */
+        if (iov[i].iov_len <= ZSTD_HEAD && iov[i].iov_base == NULL)
+            iov[i].iov_base = (void *)j->heads[i - 1];
     pthread_mutex_lock(&qlock); /* counted first: a reader that has the bytes sees them counted */
     n_replies++;
     n_bytes += size;
     pthread_mutex_unlock(&qlock);
-    if (writev(fd, iov, 2) < 0) {
+    if (writev(fd, iov, j->n + 1) < 0) {
         int err = errno;
         pthread_mutex_lock(&qlock);
         n_replies--;
@@ -136,7 +153,7 @@ static void *reply_thread(void *arg)
         q_head = (q_head + 1) % QUEUE;
         q_len--;
         pthread_mutex_unlock(&qlock);
-        write_reply(j.fd, j.unique, j.data, j.size);
+        write_reply(&j);
         pthread_mutex_lock(&qlock);
         if (--j.e->inflight == 0)
             pthread_cond_broadcast(&q_done);
@@ -202,13 +219,54 @@ static int source_unchanged(const entry_t *e)
     return 1;
 }
 
+/* The pieces of a read [off, *end) of a zstd view whose plain bytes [lo, hi) ``e`` holds: block
+   headers (in j->heads, marked by a NULL base) and slices of the window; *end is clipped to the
+   view's size.  0, or -1 if the read needs bytes the window lacks (the frame header, another
+   window's) or too many pieces: Python answers it. */
+static int zstd_pieces(const entry_t *e, int64_t off, int64_t *end, job_t *j)
+{
+    int64_t plain = e->plain, units = (plain + ZSTD_UNIT - 1) / ZSTD_UNIT, step = ZSTD_UNIT + ZSTD_HEAD;
+    int64_t size = ZSTD_PREFIX + plain + units * ZSTD_HEAD;
+    if (*end > size)
+        *end = size;
+    if (off < ZSTD_PREFIX || off >= *end)
+        return -1;
+    int n = 0;
+    for (int64_t x = off; x < *end;) {
+        int64_t u = (x - ZSTD_PREFIX) / step, p = (x - ZSTD_PREFIX) % step;
+        int64_t length = plain - u * ZSTD_UNIT < ZSTD_UNIT ? plain - u * ZSTD_UNIT : ZSTD_UNIT;
+        if (n == MAX_PIECES)
+            return -1;
+        n++;
+        if (p < ZSTD_HEAD) { /* (part of) the block's header */
+            uint32_t h = (uint32_t)(length << 3) | (u == units - 1);
+            int64_t k = *end - x < ZSTD_HEAD - p ? *end - x : ZSTD_HEAD - p;
+            for (int64_t i = 0; i < k; i++)
+                j->heads[n - 1][i] = (uint8_t)(h >> (8 * (p + i)));
+            j->iov[n] = (struct iovec){NULL, (size_t)k};
+            x += k;
+        } else {
+            int64_t q = u * ZSTD_UNIT + p - ZSTD_HEAD, k = length - (p - ZSTD_HEAD);
+            if (k > *end - x)
+                k = *end - x;
+            if (q < e->lo || q + k > e->hi)
+                return -1;
+            j->iov[n] = (struct iovec){(void *)(e->base + (q - e->lo)), (size_t)k};
+            x += k;
+        }
+    }
+    j->n = n;
+    j->size = (uint32_t)(*end - off);
+    return 0;
+}
+
 /* Answer ``in`` from its handle's window: 1 if answered (or the reply failed to go out, as
    libfuse would), 0 to leave it to libfuse and Python. */
 static int reply_from_window(struct fuse_session *se, const struct in_header *in, const struct read_in *rd)
 {
     entry_t *e = &table[rd->fh & (TABLE - 1)];
     int64_t off = (int64_t)rd->offset, end = off + (int64_t)rd->size;
-    if (!e->used || e->fh != rd->fh || off < e->lo || end > e->hi || rd->size == 0) {
+    if (!e->used || e->fh != rd->fh || rd->size == 0 || (e->plain < 0 && (off < e->lo || end > e->hi))) {
         n_missed += e->used && e->fh == rd->fh;
         return 0;
     }
@@ -216,12 +274,23 @@ static int reply_from_window(struct fuse_session *se, const struct in_header *in
         n_stale++;
         return 0;
     }
-    const char *data = e->base + (off - e->lo);
-    int fd = real_fd(se), queued = 0;
+    job_t j;
+    j.e = e;
+    j.fd = real_fd(se);
+    j.unique = in->unique;
+    if (e->plain < 0) {
+        j.n = 1;
+        j.size = rd->size;
+        j.iov[1] = (struct iovec){(void *)(e->base + (off - e->lo)), rd->size};
+    } else if (zstd_pieces(e, off, &end, &j) != 0) {
+        n_missed++;
+        return 0;
+    }
+    int queued = 0;
     if (n_threads) {
         pthread_mutex_lock(&qlock);
         if (q_len < QUEUE) {
-            queue[(q_head + q_len) % QUEUE] = (job_t){e, fd, in->unique, data, rd->size};
+            queue[(q_head + q_len) % QUEUE] = j;
             q_len++;
             e->inflight++;
             queued = 1;
@@ -231,7 +300,7 @@ static int reply_from_window(struct fuse_session *se, const struct in_header *in
     }
     if (!queued) {
         Py_BEGIN_ALLOW_THREADS
-        write_reply(fd, in->unique, data, rd->size);
+        write_reply(&j);
         Py_END_ALLOW_THREADS
     }
     e->reads++;
@@ -270,9 +339,9 @@ static void clear(entry_t *e)
 static PyObject *py_register(PyObject *self, PyObject *args)
 {
     unsigned long long fh;
-    long long lo, hi, at;
+    long long lo, hi, at, plain = -1;
     PyObject *buffer, *checks;
-    if (!PyArg_ParseTuple(args, "KLLOLO", &fh, &lo, &hi, &buffer, &at, &checks))
+    if (!PyArg_ParseTuple(args, "KLLOLO|L", &fh, &lo, &hi, &buffer, &at, &checks, &plain))
         return NULL;
     PyObject *seq = PySequence_Fast(checks, "checks must be a sequence");
     if (!seq)
@@ -294,7 +363,7 @@ static PyObject *py_register(PyObject *self, PyObject *args)
         cs[i] = (check_t){fd, ino, size, m, c};
     }
     Py_DECREF(seq);
-    if (lo < 0 || hi < lo || at < 0) {
+    if (lo < 0 || hi < lo || at < 0 || plain < -1 || (plain >= 0 && hi > plain)) {
         PyErr_SetString(PyExc_ValueError, "bad window range");
         return NULL;
     }
@@ -321,6 +390,7 @@ static PyObject *py_register(PyObject *self, PyObject *args)
     e->nchecks = (int)n;
     memcpy(e->checks, cs, sizeof(check_t) * (size_t)n);
     e->last_end = -1;
+    e->plain = plain;
     Py_RETURN_TRUE;
 }
 
@@ -405,8 +475,9 @@ static PyObject *py_stats(PyObject *self, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"register", py_register, METH_VARARGS,
-     "register(fh, lo, hi, buffer, at, checks) -> bool: reads of view bytes [lo, hi) through fh are answered "
-     "from buffer[at:], after checking every (fd, ino, size, mtime_ns, ctime_ns) in checks with fstat"},
+     "register(fh, lo, hi, buffer, at, checks[, plain]) -> bool: reads of view bytes [lo, hi) through fh are "
+     "answered from buffer[at:], after checking every (fd, ino, size, mtime_ns, ctime_ns) in checks with fstat; "
+     "with plain, [lo, hi) are bytes of a plain view of that size that a zstd view of raw blocks frames"},
     {"unregister", py_unregister, METH_O, "unregister(fh) -> (replies, last_end, last_ns) or None"},
     {"take", py_take, METH_O, "take(fh) -> (replies since the last take, last_end, last_ns) or None"},
     {"start", py_start, METH_O, "start(n): replies are written by n threads of their own (0: by the caller)"},

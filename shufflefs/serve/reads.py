@@ -160,9 +160,14 @@ class Reads:
 
     def offer(self, h: Handle) -> None:
         """After a read served: the handle's next reads inside its window may be answered by
-        the compiled replies (`serve.replies`); not for compressed views, whose reads render."""
-        if container_of(h.node.fmt) is None:
+        the compiled replies (`serve.replies`); a zstd view's too (they frame the plain view's
+        bytes in raw blocks, a header every 128 KiB), not a gzip view's, whose reads take
+        checksums."""
+        container = container_of(h.node.fmt)
+        if container is None:
             self.replies.offer(h)
+        elif container.name == "zstd":
+            self.replies.offer(h, plain=h.node.layout.size)
 
     def _peeks(self, node: Node, ref: Any, size: int, sequential: bool) -> bool:
         """Whether a read of ``size`` bytes of a window is answered from the pages it falls in

@@ -47,8 +47,9 @@ class Replies:
         if self.lib is not None:
             self.lib.stop()
 
-    def offer(self, h: Handle) -> None:
-        """``h`` read its held window: let the compiled replies answer its next reads inside it."""
+    def offer(self, h: Handle, plain: int = -1) -> None:
+        """``h`` read its held window: let the compiled replies answer its next reads inside it
+        (``plain``: the size of the plain view a zstd view frames, whose window it is)."""
         slot = h.slot
         if self.lib is None or h.fh is None or slot is None or slot.data is None or h.offered is slot:
             return
@@ -58,7 +59,7 @@ class Replies:
             return
         self.withdraw(h)
         try:
-            ok = self.lib.register(h.fh, h.lo, h.hi, slot.data, h.shift, checks)
+            ok = self.lib.register(h.fh, h.lo, h.hi, slot.data, h.shift, checks, plain)
         except ValueError as e:  # a window that does not cover its range: Python serves it
             log.debug("window of %s not offered: %s", h.node.relpath, e)
             return

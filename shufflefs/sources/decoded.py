@@ -171,6 +171,18 @@ class DecodedSource:
         if self.copy is not None:
             self.copy.verify_open()
 
+    def open_checks(self) -> list[tuple[int, int, int, int, int]] | None:
+        """`verify_open` as data, for the compiled replies (`SourceFile.open_checks`): the
+        compressed file's and the copy's, or None if either has none."""
+        out: list[tuple[int, int, int, int, int]] = []
+        for source in (self.raw, self.copy):
+            ask = getattr(source, "open_checks", None) if source is not None else (lambda: [])
+            got = ask() if ask is not None else None
+            if got is None:
+                return None
+            out += got
+        return out
+
     def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> Runs | None:
         return None if self.copy is None else self.copy.place(index, first, count)
 
