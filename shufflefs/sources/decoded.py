@@ -176,7 +176,9 @@ class DecodedSource:
         compressed file's and the copy's, or None if either has none."""
         out: list[tuple[int, int, int, int, int]] = []
         for source in (self.raw, self.copy):
-            ask = getattr(source, "open_checks", None) if source is not None else (lambda: [])
+            if source is None:
+                continue
+            ask = getattr(source, "open_checks", None)
             got = ask() if ask is not None else None
             if got is None:
                 return None

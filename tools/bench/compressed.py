@@ -39,9 +39,6 @@ from pathlib import Path
 
 import numpy as np
 
-from shufflefs.formats.codecs import DECODE_STEP
-from shufflefs.formats.compressed import READ_STEP, StepWriter
-
 from .docs import write_section
 from .proc import FuseDaemon, Sampler
 
@@ -331,15 +328,14 @@ def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = 
     for (name, built, view_size), (_, block, read_from, first, _) in zip(builds, firsts):
         out.append(f"| {name} | {built:.1f} | {view_size:,} ({view_size / size:.4f}) | {block >> 10} KiB | "
                    f"{read_from} | {first * 1e3:.0f} |")
-    copy_buffers = (StepWriter.QUEUED + 2) * DECODE_STEP + READ_STEP
     out += ["", f"Daemon memory bound (16 bytes/record + 3 windows + 100 MiB): {(bound + 3 * window) / 2**20:.0f} MiB. "
             f"Decoded copies: {stats.get('decoded', {}).get('files', 0)} "
             f"({stats.get('decoded', {}).get('bytes', 0) / 2**30:.2f} GiB under {stats.get('decoded', {}).get('dir')}).",
             "", f"Rows that decode from restart points (no copy yet, `needed`) hold the file's decoders besides: gzip "
             f"one, its restart points (about 10 MB per GiB decoded) and rapidgzip's chunk cache (about 21 MB); zstd "
-            f"two decoded frames (`sources.decoded.DECODERS`); and while a copy is made in the background, its "
-            f"buffers ({copy_buffers / 2**20:.0f} MiB: `StepWriter`). For this gzip file that is a bound of "
-            f"{(bound + 3 * window + 10e6 * size / 2**30 + 21e6 + copy_buffers) / 2**20:.0f} MiB."]
+            f"two decoded frames (`sources.decoded.DECODERS`). For this gzip file that is a bound of "
+            f"{(bound + 3 * window + 10e6 * size / 2**30 + 21e6) / 2**20:.0f} MiB. A copy made in the background "
+            f"is decoded by a child process (`stages.copy_process`), whose memory is its own."]
     return "\n".join(out)
 
 
