@@ -76,6 +76,18 @@ def process_gone(pid: int) -> bool:
         return True
 
 
+def children_of(pid: int) -> list[int]:
+    """The processes ``pid``'s threads started and have not been reaped."""
+    kids: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                kids += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return kids
+
+
 def wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
     """Poll ``check`` until it holds; fail the test naming ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import compressed_files as cf
+from conftest import children_of, process_gone
 
 FILES = {"train.jsonl.gz": lambda d: cf.gz(d, members=3), "frames.jsonl.zst": lambda d: cf.zst(d, frame=1 << 20)}
 COPY_TIMEOUT = 60.0
@@ -137,7 +138,7 @@ def test_a_copy_is_decoded_by_a_child_that_goes_with_a_killed_daemon(mount):
     with open(m.path("big.jsonl.gz"), "rb") as f:
         f.read(1 << 20)
     deadline = time.monotonic() + COPY_TIMEOUT
-    while not (kids := [k for k in _children(m.pid) if b"copy_process" in _cmdline(k)]):
+    while not (kids := [k for k in children_of(m.pid) if b"copy_process" in _cmdline(k)]):
         assert compressed_info(m, "big.jsonl.gz")["read_from"] == "restart points", "copied without a child"
         assert time.monotonic() < deadline, "no child decodes the copy"
         time.sleep(0.02)
@@ -145,33 +146,17 @@ def test_a_copy_is_decoded_by_a_child_that_goes_with_a_killed_daemon(mount):
     os.kill(m.pid, signal.SIGKILL)
     m.wait()
     subprocess.run(["fusermount3", "-u", "-z", str(m.mnt)], capture_output=True, timeout=30)
-    while _alive(kids[0]):
+    while not process_gone(kids[0]):
         assert time.monotonic() < deadline + 10, "the child outlived the daemon"
         time.sleep(0.05)
 
 
-def _children(pid: int) -> list[int]:
-    kids = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            kids += [int(x) for x in open(f"/proc/{pid}/task/{task}/children").read().split()]
-        except OSError:
-            pass
-    return kids
-
-
 def _cmdline(pid: int) -> bytes:
     try:
-        return open(f"/proc/{pid}/cmdline", "rb").read()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
     except OSError:
         return b""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_a_pool_of_many_shards_gets_its_copies_one_after_another(mount):

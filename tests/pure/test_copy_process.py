@@ -18,20 +18,11 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from conftest import children_of, process_gone
 from shufflefs.errors import FormatError, StaleSourceError
 from shufflefs.stages.copy_process import decode_in_child
 
 PLAIN = b"".join(b'{"i": %d, "text": "%s"}\n' % (i, b"abc" * (i % 50)) for i in range(60000))
-
-
-def children_of(pid: int) -> list[int]:
-    kids = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            kids += [int(x) for x in open(f"/proc/{pid}/task/{task}/children").read().split()]
-        except OSError:
-            pass
-    return kids
 
 
 def decode(tmp_path: Path, blob: bytes, codec: str, stopping=lambda: False) -> tuple[int | None, bytes]:
@@ -110,7 +101,7 @@ with open({str(tmp_path / 'copy')!r}, "w+b") as out:
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(10)
         deadline = time.monotonic() + 10
-        while os.path.exists(f"/proc/{child}") and open(f"/proc/{child}/stat").read().split(")")[1].split()[0] != "Z":
+        while not process_gone(child):
             assert time.monotonic() < deadline, "the child outlived its parent"
             time.sleep(0.05)
     finally:
