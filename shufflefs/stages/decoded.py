@@ -405,13 +405,7 @@ class Decoding:
         size = int(restarts.plain[-1])
         self.kept.trim(size)
         t0 = time.monotonic()
-        fd = getattr(raw, "fd", -1) if background else -1
-        if fd >= 0:  # decoded by a child process (`copy_process`): the views' decoding keeps the interpreter
-            steps = iter(())
-        elif background and restarts.codec == GZIP:
-            steps = inflate(raw.read_range, stamp.size, path)
-        else:
-            steps, _ = decode_all(restarts.codec, raw.read_range, stamp.size, path)
+        fd = getattr(raw, "fd", -1) if background else -1  # a local file: decoded by a child process
         written = 0
 
         def decode(out: BinaryIO) -> None:
@@ -425,6 +419,8 @@ class Decoding:
                 if os.fstat(out.fileno()).st_size != written:
                     raise OSError(errno.EIO, f"{path}: its decoded copy does not hold the bytes written to it")
             else:
+                steps = (inflate(raw.read_range, stamp.size, path) if background and restarts.codec == GZIP
+                         else decode_all(restarts.codec, raw.read_range, stamp.size, path)[0])
                 writer = StepWriter(out, directory)  # writing overlaps decoding
                 try:
                     for step in steps:
