@@ -68,7 +68,9 @@ def test_no_room_means_no_copy_and_the_info_says_why(tmp_path: Path, monkeypatch
         time.sleep(0.01)
     info = d.describe_view(index, "/src/f.jsonl.gz")
     assert info["read_from"] == "restart points" and info["decoded_copy"].startswith("none: "), info
-    assert d.describe()["refused"] == {"/src/f.jsonl.gz": d.room_for(2 << 20)}
+    refused = d.describe()["refused"]  # the disk's free bytes it names move with other writers
+    assert list(refused) == ["/src/f.jsonl.gz"] and refused["/src/f.jsonl.gz"].startswith(
+        d.room_for(2 << 20).split(" free bytes")[0].rsplit("'s ", 1)[0])
     d.close()
 
 
