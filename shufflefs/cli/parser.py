@@ -133,7 +133,7 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
                         "one into a copy on node-local disk (under --stage-dir, else the cache "
                         "directory) when the disk keeps 10%% and 1 GiB free besides it: written by "
                         "the scan that indexes it, else (index cached) during its first epoch by "
-                        "one low-priority thread, one file after another; views that find the copy "
+                        "a low-priority child process, one file after another; views that find the copy "
                         "read it and decode nothing; at unmount copies are kept for later mounts "
                         "of the same files (they give way to copies in use); needed: only files without restart points (one zstd "
                         "frame) or under record-level orders get one, the others are decoded from "
