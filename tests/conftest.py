@@ -76,8 +76,9 @@ def process_gone(pid: int) -> bool:
         return True
 
 
-def children_of(pid: int) -> list[int]:
-    """The processes ``pid``'s threads started and have not been reaped."""
+def children_of(pid: int, running: bytes = b"") -> list[int]:
+    """The processes ``pid``'s threads started and have not been reaped, whose command line
+    holds ``running`` (other tests may have left others)."""
     kids: list[int] = []
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -85,7 +86,15 @@ def children_of(pid: int) -> list[int]:
                 kids += [int(x) for x in f.read().split()]
         except OSError:
             pass
-    return kids
+    out = []
+    for kid in kids:
+        try:
+            with open(f"/proc/{kid}/cmdline", "rb") as f:
+                if running in f.read():
+                    out.append(kid)
+        except OSError:
+            pass
+    return out
 
 
 def wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
