@@ -39,6 +39,19 @@ _requests = threading.local()
 _closer = ThreadPoolExecutor(4, thread_name_prefix="shufflefs-close")
 
 
+def open_checks_of(sources: Any) -> list[tuple[int, int, int, int, int]] | None:
+    """Every source's ``open_checks`` one after the other (what a view over all of them is
+    checked by before a compiled reply), or None if one has none."""
+    out: list[tuple[int, int, int, int, int]] = []
+    for source in sources:
+        ask = getattr(source, "open_checks", None)
+        got = ask() if ask is not None else None
+        if got is None:
+            return None
+        out += got
+    return out
+
+
 def close_fd(fd: int) -> None:
     """Close a source descriptor; from the event loop's thread, on a closing thread instead.
 

@@ -25,7 +25,7 @@ import numpy as np
 from ..formats.codecs import DecodedReader
 from ..index.decoded import Restarts
 from ..index.table import RecordIndex
-from .base import Members, Reader, Runs, Source
+from .base import Members, Reader, Runs, Source, open_checks_of
 
 
 DECODERS = {"gzip": 1, "zstd": 2}
@@ -174,16 +174,7 @@ class DecodedSource:
     def open_checks(self) -> list[tuple[int, int, int, int, int]] | None:
         """`verify_open` as data, for the compiled replies (`SourceFile.open_checks`): the
         compressed file's and the copy's, or None if either has none."""
-        out: list[tuple[int, int, int, int, int]] = []
-        for source in (self.raw, self.copy):
-            if source is None:
-                continue
-            ask = getattr(source, "open_checks", None)
-            got = ask() if ask is not None else None
-            if got is None:
-                return None
-            out += got
-        return out
+        return open_checks_of(s for s in (self.raw, self.copy) if s is not None)
 
     def place(self, index: RecordIndex, first: np.ndarray, count: np.ndarray) -> Runs | None:
         return None if self.copy is None else self.copy.place(index, first, count)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..index.table import SourceStamp
 from ..index.joined_index import PooledIndex, split_runs
-from .base import Members, Runs, Source, finish_all, gather
+from .base import Members, Runs, Source, finish_all, gather, open_checks_of
 
 OPEN_CHECKS = 16
 """The most member files a pool's reads may be answered by compiled replies for (`open_checks`)."""
@@ -71,15 +71,7 @@ class PoolSource:
     def open_checks(self) -> list[tuple[int, int, int, int, int]] | None:
         """Every member's `SourceFile.open_checks`, for pools of at most `OPEN_CHECKS` files
         (a reply's checks are one ``fstat`` each); None otherwise, or if a member has none."""
-        if len(self.files) > OPEN_CHECKS:
-            return None
-        out: list[tuple[int, int, int, int, int]] = []
-        for f in self.files:
-            got = getattr(f, "open_checks", None)
-            if got is None:
-                return None
-            out += got()
-        return out
+        return None if len(self.files) > OPEN_CHECKS else open_checks_of(self.files)
 
     def place(self, index: PooledIndex, first: np.ndarray, count: np.ndarray) -> Runs | None:
         """The runs cut where members end, each in its member file at the member's shift."""

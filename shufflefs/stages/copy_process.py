@@ -23,12 +23,14 @@ import os
 import signal
 import subprocess
 import sys
-from typing import BinaryIO, Callable, Sequence
+from typing import Any, BinaryIO, Callable, Sequence
 
 from ..errors import FormatError, ShuffleError, StaleSourceError
+from ..formats.codecs import GZIP, decode_all
+from ..formats.compressed import StepWriter, inflate
 
 EXIT_NO_ROOM, EXIT_DAMAGED, EXIT_CHANGED = 2, 3, 4
-"""The child's exit codes besides 0: the disk would keep too little room (or a write failed), the
+"""The child's exit codes besides 0: a write failed (or the disk would keep too little room), the
 stream is damaged, the file is not the indexed one any more."""
 POLL = 0.2
 """Seconds between looks at whether the mount is stopping while a child runs."""
@@ -82,6 +84,30 @@ def _die_with(parent: int) -> None:
         os._exit(1)
 
 
+def decode_into(out: BinaryIO, directory: str, codec: str, read: Callable[[int, int], Any], size: int, path: str,
+                by_zlib: bool, stopping: Callable[[], bool] = lambda: False) -> int | None:
+    """Decode a compressed file of ``size`` bytes (``read(start, end)``) into ``out``, written by a
+    `StepWriter` (writing overlaps decoding; it stops short of a full disk), gzip by zlib if
+    ``by_zlib`` (`inflate`: every member checked, a few hundred KiB held); what a copy is made
+    with, by the thread or by the child.  The bytes written, or None if ``stopping`` turned true;
+    `OSError` if a write failed or the disk would keep too little room, `FormatError` or
+    `StaleSourceError` from the decoder."""
+    steps = inflate(read, size, path) if by_zlib and codec == GZIP else decode_all(codec, read, size, path)[0]
+    writer = StepWriter(out, directory)
+    written = 0
+    try:
+        for step in steps:
+            if stopping():
+                return None
+            writer(step)
+            written += len(step)
+    finally:
+        writer.close()
+    if writer.stopped is not None:
+        raise writer.error or OSError(errno.ENOSPC, writer.stopped)
+    return written
+
+
 def main(argv: Sequence[str]) -> int:
     source_fd, size, codec, out_fd, directory, path, nice, parent = argv
     _die_with(int(parent))
@@ -89,33 +115,19 @@ def main(argv: Sequence[str]) -> int:
         os.setpriority(os.PRIO_PROCESS, 0, int(nice))
     except OSError:
         pass
-    from ..formats.codecs import GZIP, decode_all
-    from ..formats.compressed import StepWriter, inflate
-
     fd = int(source_fd)
-    read = lambda a, b: os.pread(fd, b - a, a)  # noqa: E731
     out = os.fdopen(int(out_fd), "wb", closefd=False)
-    writer = StepWriter(out, directory)
-    written = 0
     try:
-        steps = inflate(read, int(size), path) if codec == GZIP else decode_all(codec, read, int(size), path)[0]
-        for step in steps:
-            writer(step)
-            written += len(step)
+        written = decode_into(out, directory, codec, lambda a, b: os.pread(fd, b - a, a), int(size), path, True)
+        out.flush()
     except StaleSourceError as e:
         print(e, file=sys.stderr)
         return EXIT_CHANGED
     except ShuffleError as e:
         print(e, file=sys.stderr)
         return EXIT_DAMAGED
-    finally:
-        writer.close()
-        try:
-            out.flush()
-        except OSError as e:
-            writer.stopped = writer.stopped or str(e)
-    if writer.stopped is not None:
-        print(writer.stopped, file=sys.stderr)
+    except OSError as e:
+        print(e, file=sys.stderr)
         return EXIT_NO_ROOM
     print(written)
     return 0

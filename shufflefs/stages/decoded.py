@@ -23,7 +23,6 @@ decode nothing.  Where the bytes come from never changes which bytes a view hold
 
 from __future__ import annotations
 
-import errno
 import itertools
 import logging
 import os
@@ -36,15 +35,14 @@ from typing import Any, BinaryIO, Callable
 from .. import scratch
 from ..errors import ShuffleError, StageError, StaleSourceError
 from ..formats import Format
-from ..formats.codecs import GZIP, decode_all
-from ..formats.compressed import CopyTarget, StepWriter, inflate
+from ..formats.compressed import CopyTarget
 from ..index.decoded import DecodedIndex, Restarts
 from ..index.table import SourceStamp, write_atomically
 from ..sources.base import Source, Store
 from ..sources.decoded import DecodedSource, close_kept, close_kept_of
 from ..sources.local import SourceFile
 from ..windows.container import served_size
-from .copy_process import decode_in_child
+from .copy_process import decode_in_child, decode_into
 from .kept_copies import CopyDisk
 
 __all__ = ["Decoding", "RESTART_ORDERS", "served_size"]  # served_size: a compressed view's size
@@ -407,31 +405,16 @@ class Decoding:
         t0 = time.monotonic()
         fd = getattr(raw, "fd", -1) if background else -1  # a local file: decoded by a child process
         written = 0
+        stopping = lambda: self._closing  # noqa: E731
 
         def decode(out: BinaryIO) -> None:
             nonlocal written
-            if fd >= 0:
-                got = decode_in_child(fd, stamp.size, restarts.codec, out, directory, path, BACKGROUND_NICE,
-                                      lambda: self._closing)
-                if got is None:
-                    raise _Stopped
-                written = got
-                if os.fstat(out.fileno()).st_size != written:
-                    raise OSError(errno.EIO, f"{path}: its decoded copy does not hold the bytes written to it")
-            else:
-                steps = (inflate(raw.read_range, stamp.size, path) if background and restarts.codec == GZIP
-                         else decode_all(restarts.codec, raw.read_range, stamp.size, path)[0])
-                writer = StepWriter(out, directory)  # writing overlaps decoding
-                try:
-                    for step in steps:
-                        if self._closing:
-                            raise _Stopped
-                        writer(step)
-                        written += len(step)
-                finally:
-                    writer.close()
-                if writer.stopped is not None:
-                    raise writer.error or OSError(errno.ENOSPC, writer.stopped)
+            got = (decode_in_child(fd, stamp.size, restarts.codec, out, directory, path, BACKGROUND_NICE, stopping)
+                   if fd >= 0 else decode_into(out, directory, restarts.codec, raw.read_range, stamp.size, path,
+                                               background, stopping))
+            if got is None:
+                raise _Stopped
+            written = got
             if written != size:
                 raise StaleSourceError(path, None, f"decodes to {written} bytes now, {size} when indexed")
             raw.verify_open()  # decoded from the indexed version to its end

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zstandard
 
+import compressed_files as cf
 from conftest import Mount
 from shufflefs.config import parse_buffer, parse_size
 from shufflefs.formats import resolve_format, scan_file
@@ -181,10 +183,6 @@ def test_a_zstd_view_is_answered_with_its_block_headers(mount, threads: str):
     header, the last block, past the end) give the bytes Python gives, a gzip view (whose reads
     take checksums) is left to Python, and a source changed under the window is refused.
     Holds: SEMANTICS.md#views-compiled-replies, SEMANTICS.md#views-compressed"""
-    import zstandard
-
-    import compressed_files as cf
-
     plain = jsonl(60000, 8)
     files = {"a.jsonl.zst": cf.zst(plain, frame=1 << 20), "b.jsonl.gz": cf.gz(plain)}
     fast = mount(files, *ARGS, "--direct-io", "--reply-threads", threads)

@@ -79,14 +79,3 @@ def encode_levels(levels: np.ndarray, width: int) -> bytes:
     w.varint(groups * 2 + 1)
     run = w.getvalue() + packed
     return len(run).to_bytes(4, "little") + run
-    padded = np.zeros(groups * 8, np.uint8)
-    padded[:n] = levels
-    if width == 1:
-        packed = np.packbits(padded, bitorder="little")
-    else:
-        bits = (padded[:, None] >> np.arange(width, dtype=np.uint8)) & 1
-        packed = np.packbits(bits.reshape(-1), bitorder="little")
-    w = Writer()
-    w.varint(groups * 2 + 1)
-    run = w.getvalue() + packed.tobytes()
-    return len(run).to_bytes(4, "little") + run
