@@ -29,7 +29,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Protocol
 
 import numpy as np
 
@@ -276,6 +276,28 @@ class GzipDecoder:
             os.close(fd)  # rapidgzip leaves a descriptor it was given open
 
 
+class Fill(Protocol):
+    """A copy being filled with the frames views decode (`stages.frame_fill.FrameFill`)."""
+
+    def offer(self, i: int, data: memoryview) -> None: ...
+
+    def read(self, i: int, at: int, out: memoryview) -> bool: ...
+
+
+def decode_frame(dctx: object, packed: bytes, out: memoryview, i: int) -> None:
+    """Decode zstd frame ``i`` (its compressed bytes ``packed``) into ``out``, exactly its decoded
+    size, to the frame's end (its checksum verified)."""
+    done, size = 0, len(out)
+    with dctx.stream_reader(packed, read_size=len(packed), read_across_frames=False) as reader:  # type: ignore[attr-defined]
+        while done < size:
+            n = reader.readinto(out[done:])
+            if not n:
+                raise EOFError(f"frame {i} decodes to {done} bytes, not {size}")
+            done += n
+        if reader.read(1):
+            raise EOFError(f"frame {i} decodes to more than {size} bytes")
+
+
 class ZstdDecoder:
     """Reads decoded bytes of a zstd file.  A read that needs most of a frame (`WHOLE_FRAME` of
     it or more) decodes the whole frame in one call (zstd's one-shot decode, straight into its
@@ -294,6 +316,7 @@ class ZstdDecoder:
         self._stream: tuple[int, int, object] | None = None  # (frame, decoded position, reader)
         self._frame: tuple[int, memoryview] | None = None  # (frame, its decoded bytes in _buf)
         self._buf = bytearray(0)
+        self.fill: Fill | None = None  # the file's copy being filled (`stages.frame_fill`), if any
 
     def _packed(self, i: int, s: int, e: int) -> bytes:
         """Compressed bytes ``[s, e)`` of frame ``i`` (offsets within the frame)."""
@@ -316,16 +339,11 @@ class ZstdDecoder:
         packed = self._packed(i, 0, int(self.r.packed_end[i]) - int(self.r.packed[i]))
         if len(self._buf) < size:
             self._buf = bytearray(size)
-        data, done = memoryview(self._buf)[:size], 0
-        with self._dctx.stream_reader(packed, read_size=len(packed), read_across_frames=False) as reader:
-            while done < size:
-                n = reader.readinto(data[done:])
-                if not n:
-                    raise EOFError(f"frame {i} decodes to {done} bytes, not {size}")
-                done += n
-            if reader.read(1):  # to the frame's end: its checksum verified
-                raise EOFError(f"frame {i} decodes to more than {size} bytes")
+        data = memoryview(self._buf)[:size]
+        decode_frame(self._dctx, packed, data, i)
         self._frame = (i, data)
+        if self.fill is not None:
+            self.fill.offer(i, data)
         return data
 
     def _streamed(self, i: int, at: int, out: memoryview) -> None:
@@ -359,8 +377,10 @@ class ZstdDecoder:
                 raise EOFError(f"the decoded stream ended at {at}")
             f0, f1 = int(plain[i]), int(plain[i + 1])
             n = min(len(out) - pos, f1 - at)
-            got = self._frame
-            if (got is not None and got[0] == i) or at + n - f0 >= WHOLE_FRAME * (f1 - f0):
+            got, fill = self._frame, self.fill
+            if (got is None or got[0] != i) and fill is not None and fill.read(i, at - f0, out[pos: pos + n]):
+                pass  # decoded before, by this view or another: read back from the copy being filled
+            elif (got is not None and got[0] == i) or at + n - f0 >= WHOLE_FRAME * (f1 - f0):
                 out[pos: pos + n] = self._whole(i, f1 - f0)[at - f0: at - f0 + n]
             else:
                 self._streamed(i, at - f0, out[pos: pos + n])
@@ -390,6 +410,7 @@ class DecodedReader:
         preads of its own; ``verify`` after the reads tells a changed file)."""
         self.restarts, self.raw, self.raw_size, self.path, self.verify = restarts, raw, raw_size, path, verify
         self.fd = fd
+        self.fill: Fill | None = None  # a zstd file's copy being filled, set by the source that takes the reader
         self.decoder: GzipDecoder | ZstdDecoder | None = None
         self._busy = threading.Lock()  # held while decoding: `_recent` closes idle decoders only
 
@@ -413,6 +434,8 @@ class DecodedReader:
                     self.decoder = GzipDecoder(own if own >= 0 else RangeFile(raw, self.raw_size), self.restarts)
                 else:
                     self.decoder = ZstdDecoder(raw, self.restarts, own)
+            if isinstance(self.decoder, ZstdDecoder):
+                self.decoder.fill = self.fill
             self.decoder.read_runs(runs)
         except Exception as e:  # noqa: BLE001 -- the libraries' errors: ValueError, RuntimeError, ZstdError...
             self.close()  # a decoder that failed is not trusted with the next read

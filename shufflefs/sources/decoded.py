@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..formats.codecs import DecodedReader
+from ..formats.codecs import DecodedReader, Fill
 from ..index.decoded import Restarts
 from ..index.table import RecordIndex
 from .base import Members, Reader, Runs, Source, open_checks_of
@@ -141,8 +141,10 @@ class DecodedSource:
     them one after another anyway, so fetching a window's at once only took a window of memory."""
 
     def __init__(self, raw: Source, restarts: Restarts, raw_size: int, path: str, copy: Source | None = None,
-                 release: Callable[[], None] | None = None) -> None:
+                 release: Callable[[], None] | None = None, fill: Callable[[], Fill | None] | None = None) -> None:
+        """``fill``: the file's copy being filled by the frames decoded, when there is one now."""
         self.raw, self.restarts, self.path, self.copy, self._release = raw, restarts, path, copy, release
+        self._fill = fill
         fd = getattr(raw, "fd", -1)  # a local file: decoders read it by preads of their own
         self._fd = fd if isinstance(fd, int) else -1
         stamp = getattr(raw, "stamp", None)
@@ -232,6 +234,7 @@ class DecodedSource:
             raise OSError(errno.EBADF, "decoded source closed")
         reader = self._decoders.take(self._reader, lambda: self._closed)
         reader.raw, reader.verify, reader.fd = self.raw.read_range, self.raw.verify_open, self._fd
+        reader.fill = self._fill() if self._fill is not None else None
         return reader
 
     def _give(self, reader: DecodedReader) -> None:

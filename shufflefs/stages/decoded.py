@@ -17,8 +17,9 @@ threads), no FUSE.
 Under ``--decoded-copies auto`` (the default) every file gets a copy when the disk keeps room
 besides it: written by the scan that indexes it (`index`: the scan decodes it all anyway), else
 (its index cached) queued at its first open and made by one low-priority thread, one copy after
-another, each decoded by a child process (`copy_process`), while the first views decode (`room_for`).  Views opened once it is there read it and
-decode nothing.  Where the bytes come from never changes which bytes a view holds.
+another, while the first views decode (`background_copies`: a gzip file's decoded by a child
+process, a zstd file's filled with the frames its views decode).  Views opened once it is there
+read it and decode nothing.  Where the bytes come from never changes which bytes a view holds.
 """
 
 from __future__ import annotations
@@ -33,16 +34,18 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from .. import scratch
-from ..errors import ShuffleError, StageError, StaleSourceError
+from ..errors import FormatError, StageError, StaleSourceError
 from ..formats import Format
 from ..formats.compressed import CopyTarget
 from ..index.decoded import DecodedIndex, Restarts
 from ..index.table import SourceStamp, write_atomically
 from ..sources.base import Source, Store
-from ..sources.decoded import DecodedSource, close_kept, close_kept_of
+from ..sources.decoded import DecodedSource, close_kept
 from ..sources.local import SourceFile
 from ..windows.container import served_size
+from .background_copies import BACKGROUND_NICE, BackgroundCopies, Copy, Stopped
 from .copy_process import decode_in_child, decode_into
+from .frame_fill import FrameFill
 from .kept_copies import CopyDisk
 
 __all__ = ["Decoding", "RESTART_ORDERS", "served_size"]  # served_size: a compressed view's size
@@ -56,26 +59,12 @@ compressed file's records from a decoded copy."""
 DECODED_COPY_MODES = ("auto", "needed")
 """``--decoded-copies``: ``auto`` copies every compressed file when the disk has room, ``needed``
 only those without restart points worth using or under a record-level order."""
-BACKGROUND_NICE = 10
-"""Niceness of the thread making a background copy: the serving threads and the readers, which
-the first epoch needs, come first."""
 RESTARTS_KEPT = 32 << 20
 """Bytes of restart points (mostly gzip's index: ~5 MB per GiB decoded) kept for the next opens
 of their files (a pool's members, every epoch)."""
 
 
-class _Stopped(Exception):
-    """A background copy stopped by the unmount."""
-
-
-class Copy:
-    """One file version's decoded copy and the views reading it."""
-
-    def __init__(self, path: str, stamp: SourceStamp, seconds: float, made: str) -> None:
-        self.path, self.stamp, self.seconds, self.made, self.users = path, stamp, seconds, made, 0
-
-
-class Decoding:
+class Decoding(BackgroundCopies):
     """The mount's opener of view sources (module docstring); ``root``: where copies go,
     ``strategy``: the mount's order."""
 
@@ -96,6 +85,7 @@ class Decoding:
         self._lock = threading.Lock()
         self._building: dict[str, threading.Lock] = {}
         self._copies: dict[str, Copy] = {}  # by source path
+        self._fills: dict[str, FrameFill] = {}  # zstd copies being filled by the views' decoding, by source path
         self._restarts: dict[tuple, Restarts] = {}
         self._dir: str | None = None
         self._hold = -1
@@ -123,7 +113,7 @@ class Decoding:
                 return DecodedSource(raw, restarts, stamp.size, path, copy, release)
             if self.background and not light:
                 self._start(relpath, path, stamp, restarts)
-            return DecodedSource(raw, restarts, stamp.size, path)
+            return DecodedSource(raw, restarts, stamp.size, path, fill=lambda: self._fill_of(path, stamp))
         except BaseException:
             raw.close()
             raise
@@ -174,12 +164,6 @@ class Decoding:
         return {"codec": restarts.codec, "restart_points": restarts.points, "decoded_bytes": int(restarts.plain[-1]),
                 "read_from": "a decoded copy" if copied else "restart points", **({"copied_because": why} if why else {}),
                 **({"copy_dir": self._dir or self.root} if copied else {}), **more}
-
-    # ------------------------------------------------------------------ background copies
-
-    def room_for(self, size: int) -> str | None:
-        """Why a background copy of ``size`` bytes may not be made now (`CopyDisk.room_for`)."""
-        return self.disk.room_for(size)
 
     # ------------------------------------------------------------------ copies made by index scans
 
@@ -281,75 +265,6 @@ class Decoding:
             self._remove(old)
         return got
 
-    def _start(self, relpath: str, path: str, stamp: SourceStamp, restarts: Restarts) -> None:
-        """Queue the background copy of this version of ``path`` unless one was.  One thread makes
-        the queued copies one after another (a pool of a thousand shards opened at once is not a
-        thousand decoders), each once the disk has room for it (else why is kept for
-        `describe_view`)."""
-        with self._lock:
-            if self._closing or (path, stamp) in self._tried or path in self._making:
-                return
-            self._tried.add((path, stamp))
-            self._making[path] = "queued"
-            self._queue.append((relpath, path, stamp, restarts))
-            if self._worker is not None:
-                return
-            self._worker = threading.Thread(target=self._drain, name="decoded-copy", daemon=True)
-            worker = self._worker
-        worker.start()
-
-    def _drain(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
-        except OSError:
-            pass
-        while True:
-            with self._lock:
-                if self._closing or not self._queue:
-                    self._worker = None
-                    for _, path, _, _ in self._queue:
-                        self._making.pop(path, None)
-                    self._queue.clear()
-                    return
-                relpath, path, stamp, restarts = self._queue.pop(0)
-            refused = self.room_for(int(restarts.plain[-1]))
-            with self._lock:
-                if refused is not None:
-                    self._refused[path] = refused
-                    self._making.pop(path, None)
-                else:
-                    self._refused.pop(path, None)
-                    self._making[path] = "being made"
-            if refused is not None:
-                log.info("%s: no decoded copy: %s; its views decode from restart points", path, refused)
-            else:
-                try:
-                    self._background(relpath, path, stamp, restarts)
-                except Exception:  # not the next copies' end too
-                    log.exception("%s: the background copy failed; its views decode from restart points", path)
-
-    def _background(self, relpath: str, path: str, stamp: SourceStamp, restarts: Restarts) -> None:
-        try:
-            packed = getattr(self.store, "open_packed", None)
-            raw = packed(relpath, stamp) if packed is not None else self.store.open(relpath, stamp)
-            try:
-                with self._lock:
-                    building = self._building.setdefault(path, threading.Lock())
-                with building:
-                    self._build(path, stamp, restarts, raw, "made in the background", background=True)
-            finally:
-                raw.close()
-            close_kept_of(path)  # the next views read the copy: their decoders' memory is free again
-        except _Stopped:
-            pass
-        except (OSError, ShuffleError) as e:
-            log.warning("%s: no decoded copy (%s): its views decode from restart points", path, e)
-            with self._lock:
-                self._refused[path] = str(e)
-        finally:
-            with self._lock:
-                self._making.pop(path, None)
-
     # ------------------------------------------------------------------ copies
 
     def _copy(self, path: str, stamp: SourceStamp, restarts: Restarts, raw: Source
@@ -409,11 +324,15 @@ class Decoding:
 
         def decode(out: BinaryIO) -> None:
             nonlocal written
-            got = (decode_in_child(fd, stamp.size, restarts.codec, out, directory, path, BACKGROUND_NICE, stopping)
-                   if fd >= 0 else decode_into(out, directory, restarts.codec, raw.read_range, stamp.size, path,
-                                               background, stopping))
+            try:
+                got = (decode_in_child(fd, stamp.size, restarts.codec, out, directory, path, BACKGROUND_NICE, stopping)
+                       if fd >= 0 else decode_into(out, directory, restarts.codec, raw.read_range, stamp.size, path,
+                                                   background, stopping))
+            except FormatError:
+                raw.verify_open()  # a file changed while decoded is that, not a damaged one
+                raise
             if got is None:
-                raise _Stopped
+                raise Stopped
             written = got
             if written != size:
                 raise StaleSourceError(path, None, f"decodes to {written} bytes now, {size} when indexed")
@@ -422,7 +341,10 @@ class Decoding:
         write_atomically(Path(target), decode, prefix="part-", sync=False)
         seconds = time.monotonic() - t0
         log.info("%s: %s: decoded copy of %d bytes in %s (%.1f s)", path, why, written, target, seconds)
-        got = Copy(target, stamp, seconds, "in the background" if background else "at the first open")
+        return self._made_now(path, Copy(target, stamp, seconds, "in the background" if background
+                                         else "at the first open"))
+
+    def _made_now(self, path: str, got: Copy) -> Copy:
         with self._lock:
             old = self._copies.get(path)
             self._copies[path] = got
