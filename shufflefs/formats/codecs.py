@@ -380,7 +380,8 @@ class ZstdDecoder:
             got, fill = self._frame, self.fill
             if (got is None or got[0] != i) and fill is not None and fill.read(i, at - f0, out[pos: pos + n]):
                 pass  # decoded before, by this view or another: read back from the copy being filled
-            elif (got is not None and got[0] == i) or at + n - f0 >= WHOLE_FRAME * (f1 - f0):
+            elif (got is not None and got[0] == i) or fill is not None or at + n - f0 >= WHOLE_FRAME * (f1 - f0):
+                # (a copy being filled: every frame decoded once, whole, and its next reads read the copy)
                 out[pos: pos + n] = self._whole(i, f1 - f0)[at - f0: at - f0 + n]
             else:
                 self._streamed(i, at - f0, out[pos: pos + n])
