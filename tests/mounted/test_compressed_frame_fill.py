@@ -9,6 +9,10 @@ under it, leaves no copy of the wrong bytes."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import threading
 import time
 
 import compressed_files as cf
@@ -68,7 +72,7 @@ def test_an_unmount_during_the_fill_leaves_nothing(mount):
     assert "being made" in compressed_info(m, NAME).get("decoded_copy", "")
     m.stop()
     assert m.returncode == 0
-    left = [p for p in m.cache.rglob("*") if p.name.startswith(("decoded-", "part-"))]
+    left = list(m.cache.glob(f"decoded-{m.pid}-*"))  # (the first mount, still up, has its own)
     assert not left, left
 
 
@@ -93,3 +97,58 @@ def test_a_file_rewritten_in_place_during_the_fill_gets_no_copy_of_the_old_bytes
     assert info["decoded_bytes"] == len(new)
     m.set_epoch(1, NAME)
     assert sorted(cf.lines_of(cf.decode(NAME, read(m.path(NAME))))) == sorted(cf.lines_of(new))
+
+
+def test_many_readers_during_the_fill_all_read_the_bytes_of_a_mount_that_never_copies(mount):
+    """Eight readers of a view, each with reads of its own odd size, while their decoding fills the
+    copy (their frames written and read back by any of them).
+    Holds: SEMANTICS.md#views-compressed-copy, SEMANTICS.md#views-order"""
+    tree = files(26)
+    m = later_mount(mount, tree, "--buffer", "4MiB", "--seed", "8")
+    needed = mount(tree, "--buffer", "4MiB", "--seed", "8", "--decoded-copies", "needed")
+    want = {e: None for e in (0, 1)}
+    for e in want:
+        needed.set_epoch(e, NAME)
+        want[e] = read(needed.path(NAME))
+    got: dict[int, bytes] = {}
+    errors: list[BaseException] = []
+
+    def reader(k: int) -> None:
+        try:
+            with open(m.path(NAME), "rb") as f:
+                parts, size = [], 4096 + 7919 * k
+                while chunk := f.read(size):
+                    parts.append(chunk)
+            got[k] = b"".join(parts)
+        except BaseException as e:  # noqa: BLE001 -- reported by the test's thread
+            errors.append(e)
+
+    m.set_epoch(0, NAME)
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    assert all(got[k] == want[0] for k in range(8))
+    wait_for_copy(m, NAME)
+    m.set_epoch(1, NAME)
+    assert read(m.path(NAME)) == want[1]
+
+
+def test_a_daemon_killed_during_the_fill_leaves_nothing_the_next_mount_keeps(mount):
+    """Holds: SEMANTICS.md#views-compressed-copy, SEMANTICS.md#umount-killed"""
+    tree = files(27)
+    m = later_mount(mount, tree, "--buffer", "2MiB")
+    with open(m.path(NAME), "rb") as f:
+        f.read(100 << 10)
+    assert list(m.cache.rglob("part-*")), "no copy being filled"
+    os.kill(m.pid, signal.SIGKILL)
+    m.wait()
+    subprocess.run(["fusermount3", "-u", "-z", str(m.mnt)], capture_output=True, timeout=30)
+    again = mount(None, "--cache-dir", str(m.cache), "--seed", "9", src=m.src, name="again")
+    needed = mount(tree, "--seed", "9", "--decoded-copies", "needed")
+    assert read(again.path(NAME)) == read(needed.path(NAME))
+    wait_for_copy(again, NAME)
+    left = [p for p in m.cache.rglob("part-*") if f"decoded-{m.pid}-" in str(p)]
+    assert not left and not [p for p in m.cache.glob(f"decoded-{m.pid}-*")], left
