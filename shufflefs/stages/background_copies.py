@@ -160,11 +160,13 @@ class BackgroundCopies:
         def rest(frames: np.ndarray) -> bool:
             table = np.stack([restarts.packed[frames], restarts.packed_end[frames], restarts.plain[frames],
                               restarts.plain[frames + 1]], axis=1)
-            log.info("%s: %d of %d frames of its copy decoded by a child (its views filled the rest)", path,
-                     len(frames), fill.frames)
+            log.info("%s: %d of %d frames of its copy decoded %s (its views filled the rest)", path,
+                     len(frames), fill.frames, "by a child" if fd >= 0 else "here")
             try:
-                got = (decode_in_child(fd, stamp.size, ZSTD, fill.fd, directory, path, BACKGROUND_NICE, stopping,
-                                       table) if fd >= 0 else decode_frames(raw.read_range, table, fill.fd, path, stopping))
+                if fd >= 0:
+                    got = decode_in_child(fd, stamp.size, ZSTD, fill.fd, directory, path, BACKGROUND_NICE, stopping, table)
+                else:  # an object's copy: no local descriptor
+                    got = decode_frames(raw.read_range, table, fill.fd, path, stopping)
             except FormatError:
                 raw.verify_open()  # a file changed under the child is that, not a damaged one
                 raise

@@ -4,13 +4,14 @@ A file of many zstd frames whose index was cached and whose copy was not kept is
 frames (restart points) while a copy is made in the background.  Decoded by a child process of
 its own, that copy cost a second decode of the whole file beside the views' own: on a 1.06 GiB
 file in 1 MiB frames, the first epoch of a later mount read 0.64-0.67x the records/s of a
-``zstandard`` line loop over the source, 0.83x with no copy made at all.  Here every frame a view
-decodes whole (its checksum verified) is also written at its place in the copy, and a frame
-already written is read back from the copy instead of being decoded again (a view's window
-needs the first bytes of the next frame, which it would otherwise decode as a stream).  The
-frames no view decodes (a rank that reads a share of the file) are decoded by a child process
-once the views stop filling (`IDLE` seconds without a new frame), and the copy is taken as
-made once every frame is in it.  Blocking, no FUSE.
+``zstandard`` line loop over the source.  Here every frame a view decodes (whole, its checksum
+verified) is also written at its place in the copy, and the frame's other reads (the next
+block's, or the first bytes a window needs of it for a record that runs into it) read it back
+from the copy, so each frame is decoded once: 0.76-0.80x, against 0.83-0.87x with no copy made
+at all, in runs one after the other (docs/benchmark.md).  The frames no view decodes (a rank
+that reads a share of the file) are decoded by a child process once the views stop filling
+(`IDLE` seconds without a new frame), and the copy is taken as made once every frame is in it.
+Blocking, no FUSE.
 """
 
 from __future__ import annotations
@@ -41,15 +42,17 @@ class FrameFill:
         self.path, self.stamp, self.restarts = path, stamp, restarts
         self.temp = os.path.join(directory, f"part-{name}")
         self.fd = os.open(self.temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:  # its blocks at once: writes into them cost a third less CPU, and a full disk shows here
-            os.posix_fallocate(self.fd, 0, max(1, int(restarts.plain[-1])))
+        try:  # its blocks at once: a full disk shows here, and writes cost less (0.19 against 0.27-0.79 CPU-s a GiB)
+            if restarts.plain[-1] > 0:
+                os.posix_fallocate(self.fd, 0, int(restarts.plain[-1]))
         except OSError:
             os.close(self.fd)
             os.unlink(self.temp)
             raise
         self.frames = restarts.points
         self._state = np.zeros(self.frames, np.uint8)  # 0 missing, 1 being written, 2 in the copy
-        self.written = 0
+        self._state[np.diff(restarts.plain) == 0] = 2  # empty frames: in it already
+        self.written = int((self._state == 2).sum())
         self.error: OSError | None = None
         self._cond = threading.Condition()
         self._busy = 0  # writes and reads under way: the descriptor stays open for them

@@ -138,3 +138,15 @@ def test_a_frame_table_decodes_each_frame_at_its_place(tmp_path: Path):
     finally:
         os.close(out)
     assert (tmp_path / "out").read_bytes() == PLAIN
+
+
+def test_an_empty_file_has_an_empty_copy_at_once(tmp_path: Path):
+    path = tmp_path / "empty.jsonl.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(b""))
+    blob = path.read_bytes()
+    steps, restarts = decode_all("zstd", lambda a, b: blob[a:b], len(blob), str(path))
+    assert b"".join(bytes(s) for s in steps) == b""
+    fill = FrameFill(str(tmp_path), "c", str(path), SourceStamp.of(path.stat()), restarts())
+    assert fill.complete(lambda: False, lambda: None, lambda frames: pytest.fail("nothing to decode"))
+    fill.close(str(tmp_path / "copy"))
+    assert (tmp_path / "copy").read_bytes() == b""
