@@ -15,6 +15,7 @@ pid: a pid may run again as another process; the lock goes with the last descrip
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -30,6 +31,17 @@ log = logging.getLogger("shufflefs")
 
 RUN_PREFIX = "shufflefs-"
 TMP_NAME = re.compile(r"^(\d+)-.*\.tmp$")
+
+
+def pwrite_all(fd: int, data: object, offset: int) -> None:
+    """All of ``data`` (a buffer) written at ``offset`` of ``fd`` (a daemon's copy or stage file):
+    a short write goes on where it stopped, one that writes nothing is EIO."""
+    view = memoryview(data).cast("B")  # type: ignore[arg-type]
+    while len(view):
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.EIO, f"short write at byte {offset}")
+        view, offset = view[n:], offset + n
 
 
 def _alive(pid: int) -> bool:

@@ -13,7 +13,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -32,6 +33,17 @@ log = logging.getLogger("shufflefs")
 BACKGROUND_NICE = 10
 """Niceness of the thread making a background copy: the serving threads and the readers, which
 the first epoch needs, come first."""
+
+
+@contextmanager
+def change_first(raw: Source) -> Iterator[None]:
+    """A decode error of a file that changed while it was decoded is that change
+    (`StaleSourceError` from ``raw.verify_open``), not a damaged stream."""
+    try:
+        yield
+    except FormatError:
+        raw.verify_open()
+        raise
 
 
 class Stopped(Exception):
@@ -162,14 +174,11 @@ class BackgroundCopies:
                               restarts.plain[frames + 1]], axis=1)
             log.info("%s: %d of %d frames of its copy decoded %s (its views filled the rest)", path,
                      len(frames), fill.frames, "by a child" if fd >= 0 else "here")
-            try:
+            with change_first(raw):
                 if fd >= 0:
                     got = decode_in_child(fd, stamp.size, ZSTD, fill.fd, directory, path, BACKGROUND_NICE, stopping, table)
                 else:  # an object's copy: no local descriptor
                     got = decode_frames(raw.read_range, table, fill.fd, path, stopping)
-            except FormatError:
-                raw.verify_open()  # a file changed under the child is that, not a damaged one
-                raise
             return got is not None
 
         with self._lock:

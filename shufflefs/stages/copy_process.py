@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import FormatError, ShuffleError, StaleSourceError
 from ..formats.codecs import GZIP, decode_all, decode_frame
 from ..formats.compressed import StepWriter, inflate
+from ..scratch import pwrite_all
 
 EXIT_NO_ROOM, EXIT_DAMAGED, EXIT_CHANGED = 2, 3, 4
 """The child's exit codes besides 0: a write failed (or the disk would keep too little room), the
@@ -139,9 +140,7 @@ def decode_frames(read: Callable[[int, int], bytes], frames: np.ndarray, out_fd:
             decode_frame(dctx, packed, out, -1)
         except (zstandard.ZstdError, EOFError) as err:
             raise FormatError(path, a, f"corrupt zstd frame at compressed byte {a}: {err}") from None
-        done = 0
-        while done < len(out):
-            done += os.pwrite(out_fd, out[done:], s + done)
+        pwrite_all(out_fd, out, s)
         written += len(out)
     return written
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from .. import scratch
-from ..errors import FormatError, StageError, StaleSourceError
+from ..errors import StageError, StaleSourceError
 from ..formats import Format
 from ..formats.compressed import CopyTarget
 from ..index.decoded import DecodedIndex, Restarts
@@ -43,7 +43,7 @@ from ..sources.base import Source, Store
 from ..sources.decoded import DecodedSource, close_kept
 from ..sources.local import SourceFile
 from ..windows.container import served_size
-from .background_copies import BACKGROUND_NICE, BackgroundCopies, Copy, Stopped
+from .background_copies import BACKGROUND_NICE, BackgroundCopies, Copy, Stopped, change_first
 from .copy_process import decode_in_child, decode_into
 from .frame_fill import FrameFill
 from .kept_copies import CopyDisk
@@ -324,13 +324,10 @@ class Decoding(BackgroundCopies):
 
         def decode(out: BinaryIO) -> None:
             nonlocal written
-            try:
+            with change_first(raw):
                 got = (decode_in_child(fd, stamp.size, restarts.codec, out, directory, path, BACKGROUND_NICE, stopping)
                        if fd >= 0 else decode_into(out, directory, restarts.codec, raw.read_range, stamp.size, path,
                                                    background, stopping))
-            except FormatError:
-                raw.verify_open()  # a file changed while decoded is that, not a damaged one
-                raise
             if got is None:
                 raise Stopped
             written = got

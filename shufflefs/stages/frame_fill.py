@@ -27,6 +27,7 @@ import numpy as np
 from ..errors import StageError
 from ..index.decoded import Restarts
 from ..index.table import SourceStamp
+from ..scratch import pwrite_all
 
 IDLE = 2.0
 """Seconds without a frame written by a view after which the child decodes the rest."""
@@ -83,9 +84,7 @@ class FrameFill:
             self._state[i] = 1
             self._busy += 1
         try:
-            at, done = int(self.restarts.plain[i]), 0
-            while done < len(data):
-                done += os.pwrite(self.fd, data[done:], at + done)
+            pwrite_all(self.fd, data, int(self.restarts.plain[i]))
         except OSError as e:
             with self._cond:
                 self.error, self._state[i] = e, 0

@@ -178,7 +178,7 @@ class RowCopy:
                 batch = max(1024, BATCH_BYTES * rows // max(1, self.layout.top_bytes(g, top)))
                 for first, datas in decode_top_batches(pf, footer, own, top, path, batch):
                     for offset, data in group_pieces(self.layout, g, leaves, datas, path, first):
-                        _pwrite_all(self._fd, data, offset)
+                        scratch.pwrite_all(self._fd, data, offset)
                     del datas
         finally:
             if held is not None:
@@ -222,15 +222,6 @@ def _same(a: ParquetIndex, b: ParquetIndex) -> bool:
         return False
     x, y = a.sizes.to_arrays(), b.sizes.to_arrays()
     return x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
-
-
-def _pwrite_all(fd: int, data: np.ndarray, offset: int) -> None:
-    view = memoryview(data).cast("B")
-    while len(view):
-        n = os.pwrite(fd, view, offset)
-        if n <= 0:
-            raise OSError(f"short write to a decoded copy at {offset}")
-        view, offset = view[n:], offset + n
 
 
 class RowCopies:

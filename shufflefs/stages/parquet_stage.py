@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..formats.base import FramingError
+from ..scratch import pwrite_all
 
 __all__ = ["write_stage", "ParquetStage", "StageFiles", "StageWriter"]
 
@@ -168,7 +169,7 @@ class StageWriter:
         self._cond = threading.Condition()
         try:
             self.data = self.file.resize(lay.size)
-            _pwrite_all(self.file.fd, memoryview(view.header), 0)
+            pwrite_all(self.file.fd, memoryview(view.header), 0)
         except BaseException:
             self.data = np.zeros(0, np.uint8)
             files.give_back(self.file)
@@ -191,7 +192,7 @@ class StageWriter:
                 data, _ = view.load_window(k, out=buf)
                 if buf is None or len(data) > len(buf):
                     buf = data.base if isinstance(data.base, np.ndarray) else data
-                _pwrite_all(self.file.fd, memoryview(data), int(starts[k]))
+                pwrite_all(self.file.fd, memoryview(data), int(starts[k]))
         except BaseException as e:  # noqa: BLE001 - raised by `finish`
             with self._cond:
                 self.failed.append(e)
@@ -212,7 +213,7 @@ class StageWriter:
             if self.failed:
                 raise self.failed[0]
             lay = self.view.layout
-            _pwrite_all(self.file.fd, memoryview(self.view.trailer), int(lay.trailer_offset))
+            pwrite_all(self.file.fd, memoryview(self.view.trailer), int(lay.trailer_offset))
             size = os.fstat(self.file.fd).st_size
             if size != lay.size:
                 raise FramingError(self.view.path, None, f"stage of {size} bytes, planned {lay.size}")
@@ -235,12 +236,3 @@ def write_stage(view: Any, files: StageFiles, threads: int = 2) -> ParquetStage:
     for h in helpers:
         h.join()
     return writer.finish()
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    data = data.cast("B")
-    while len(data):
-        n = os.pwrite(fd, data, offset)
-        if n <= 0:
-            raise OSError(errno.EIO, f"short write to a stage file at {offset}")
-        data, offset = data[n:], offset + n
