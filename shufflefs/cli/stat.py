@@ -142,7 +142,8 @@ def format_stats(stats: dict) -> str:
     parquet = take("parquet_copies", None)
     for path, got in (parquet or {}).get("copies", {}).items():
         lines.append(("parquet copy", f"{path}: {got.get('copied')} of {got.get('row_groups')} row groups decoded "
-                                      f"into {parquet.get('dir')} ({_human(got.get('bytes', 0))}), {got.get('views')} view(s)"))
+                                      f"into {parquet.get('dir')} ({_human(got.get('bytes', 0))}) {got.get('made', '')}, "
+                                      f"{got.get('views')} view(s)"))
     overrides = take("epoch_overrides", None)
     epoch = str(take("epoch", "?"))
     if overrides:

@@ -42,9 +42,10 @@ def _hash(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=10).hexdigest()
 
 
-def keys_of(source_path: str, stamp: SourceStamp) -> tuple[str, str]:
-    """(the key of the source's path, of its version)."""
-    return _hash(source_path), _hash(f"{source_path}\0{stamp.size}\0{stamp.mtime_ns}\0{stamp.ino}\0{stamp.ctime_ns}")
+def keys_of(source_path: str, stamp: SourceStamp, layout: str = "") -> tuple[str, str]:
+    """(the key of the source's path, of its version and the copy's ``layout``)."""
+    return _hash(source_path), _hash(f"{source_path}\0{stamp.size}\0{stamp.mtime_ns}\0{stamp.ino}\0{stamp.ctime_ns}"
+                                     + (f"\0{layout}" if layout else ""))
 
 
 class KeptCopies:
@@ -80,11 +81,11 @@ class KeptCopies:
             out.append(_Entry(os.path.join(self.dir, name), keys[0], keys[1], int(parts[1]), int(parts[2])))
         return out
 
-    def take(self, source_path: str, stamp: SourceStamp, size: int, into: str) -> str | None:
-        """The kept copy of this version of ``source_path``, moved to the file ``into`` (None if
-        there is none, or it is not what was kept: then it is removed); copies of its other
-        versions are removed."""
-        name_key, version_key = keys_of(source_path, stamp)
+    def take(self, source_path: str, stamp: SourceStamp, size: int, into: str, layout: str = "") -> str | None:
+        """The kept copy of this version of ``source_path`` (in ``layout``: "" for a decoded
+        stream), moved to the file ``into`` (None if there is none, or it is not what was kept:
+        then it is removed); copies of its other versions are removed."""
+        name_key, version_key = keys_of(source_path, stamp, layout)
         taken = None
         for e in self._kept_of(name_key):
             if e.version_key != version_key or taken is not None:
@@ -106,9 +107,10 @@ class KeptCopies:
             taken = into
         return taken
 
-    def keep(self, source_path: str, stamp: SourceStamp, copy: str) -> bool:
-        """Move the finished copy ``copy`` of this version of ``source_path`` here (at unmount)."""
-        name_key, version_key = keys_of(source_path, stamp)
+    def keep(self, source_path: str, stamp: SourceStamp, copy: str, layout: str = "") -> bool:
+        """Move the finished copy ``copy`` of this version of ``source_path`` (in ``layout``)
+        here (at unmount)."""
+        name_key, version_key = keys_of(source_path, stamp, layout)
         try:
             os.makedirs(self.dir, exist_ok=True)
             st = os.stat(copy)

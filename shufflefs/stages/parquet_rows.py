@@ -8,9 +8,11 @@ column by column (memory: one column chunk), when a window first needs it, then 
 read-only mapping by every view of that version, every epoch.  Copies go under ``--stage-dir``,
 else the cache directory (node-local disk, where indexes are), in a directory of their own held
 like a stage directory (`scratch.held`: a killed mount's is removed by the next one there), and
-are removed when no view reads them and a newer version replaced them, and at unmount.  A local
-file is read by pyarrow's own preads; an object (no descriptor) by ranged GETs of whole row groups
-(`parquet_fetch`).  Blocking (worker threads), no FUSE.
+are removed when no view reads them and a newer version replaced them.  At unmount a whole copy
+of a local file is kept for the next mount there (`kept_copies`, as compressed files' copies are:
+a rename, taken back by a mount that opens the same version, and given up for room first; a
+pool's copy by the versions of all its members), the others removed.  A local file is read by pyarrow's own preads; an object (no descriptor) by ranged
+GETs of whole row groups (`parquet_fetch`).  Blocking (worker threads), no FUSE.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import shutil
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -31,7 +33,9 @@ from ..formats.parquet.decode import decode_top_batches
 from ..formats.parquet.footer import SourceFooter, read_footer
 from ..formats.parquet.index import ParquetIndex
 from ..formats.parquet.streams import RowStreams, StreamLayout, group_pieces
+from ..index.table import SourceStamp
 from ..sources.base import Source
+from .kept_copies import CopyDisk
 from .parquet_fetch import Fetched, RangedReader, group_bytes
 
 log = logging.getLogger("shufflefs")
@@ -48,23 +52,29 @@ peaked at 365 MiB while its copy was filled, 243 MiB after)."""
 
 
 class RowCopy:
-    """One file version's rows on local disk (`streams`), filled as windows need them."""
+    """One file version's rows on local disk (`streams`), filled as windows need them; or,
+    ``taken``, the whole copy an earlier mount kept, already at ``file``."""
 
-    def __init__(self, path: str, index: ParquetIndex, file: str) -> None:
+    def __init__(self, path: str, index: ParquetIndex, file: str, taken: bool = False) -> None:
         self.path, self.index, self.file = path, index, file
         self.layout = StreamLayout(index.footer, index.sizes)
-        self.present = np.zeros(len(index.footer.group_rows), bool)
+        self.present = np.full(len(index.footer.group_rows), taken, bool)
         self.users = 0
         self.seconds = 0.0
         self.remote = False
         """Whether the copy is filled from object storage (by whole row groups, `parquet_fetch`)."""
+        self.made = "by an earlier mount" if taken else "by this mount"
         self.fetched = Fetched()
-        self._complete = not len(self.present)
+        self._complete = taken or not len(self.present)
         self._fill = threading.Lock()
-        self._fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        self._fd = os.open(file, os.O_RDWR | os.O_CLOEXEC | (0 if taken else os.O_CREAT | os.O_EXCL), 0o600)
         try:
-            os.ftruncate(self._fd, self.layout.size)
+            if os.fstat(self._fd).st_size != self.layout.size:
+                os.ftruncate(self._fd, self.layout.size)  # sparse until filled
             self._map = mmap.mmap(self._fd, self.layout.size, prot=mmap.PROT_READ) if self.layout.size else None
+            if taken:  # likely on disk only: read it in ahead, not page by page as windows gather rows
+                threading.Thread(target=_read_ahead, args=(os.dup(self._fd), self.layout.size), name="copy-ahead",
+                                 daemon=True).start()
         except BaseException:
             os.close(self._fd)
             os.unlink(file)
@@ -186,19 +196,39 @@ class RowCopy:
         source.verify_open()  # decoded from the indexed version
         self.present[g] = True
 
-    def close(self) -> None:
-        """Remove the copy (no view reads it any more)."""
+    def close(self, keep: Callable[[RowCopy], bool] | None = None) -> None:
+        """Remove the copy (no view reads it any more), unless ``keep`` took its file."""
         self.streams = None  # type: ignore[assignment]
-        try:
-            os.unlink(self.file)
-        except FileNotFoundError:
-            pass
+        if keep is None or not keep(self):
+            try:
+                os.unlink(self.file)
+            except FileNotFoundError:
+                pass
         if self._map is not None:
             try:
                 self._map.close()
             except BufferError:  # an array over it is still referenced: unmapped when it goes
                 pass
         os.close(self._fd)
+
+
+READ_AHEAD = 4 << 20
+"""Bytes a kept copy is asked into the page cache at a time (`_read_ahead`): the kernel reads at
+most its read-ahead size of a larger request.  Measured on a 1.13 GiB copy, the page cache
+dropped, rows gathered in random order: 0.47-0.58 s with it, 0.86-0.96 s without, 0.90-1.03 s
+with one request for the whole file."""
+
+
+def _read_ahead(fd: int, size: int) -> None:
+    """Ask the kernel for every page of a kept copy, front to back (a thread of its own: each
+    request waits while its reads are submitted); closes ``fd``, its own descriptor."""
+    try:
+        for offset in range(0, size, READ_AHEAD):
+            os.posix_fadvise(fd, offset, READ_AHEAD, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass  # a hint only
+    finally:
+        os.close(fd)
 
 
 def _system_allocator() -> None:
@@ -224,6 +254,24 @@ def _same(a: ParquetIndex, b: ParquetIndex) -> bool:
     return x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
 
 
+COPY_FORMAT = 1
+"""The layout of a copy's file (`formats.parquet.streams`): part of a kept copy's version, so a
+copy kept by a mount of another layout is never read."""
+
+
+def _kept_key(path: str, index: ParquetIndex) -> tuple[str, SourceStamp, str] | None:
+    """(the name, version and layout a copy is kept under), or None if a file's version is not
+    known.  A pool's version is every member's (their stamps in its layout)."""
+    stamps = getattr(index, "member_stamps", (index.stamp,))
+    if not stamps or any(s is None for s in stamps):
+        return None
+    layout = f"{COPY_FORMAT}\0{index.footer.digest}"
+    if hasattr(index, "member_stamps"):
+        layout += "\0" + ";".join(f"{s.size},{s.mtime_ns},{s.ino},{s.ctime_ns}" for s in stamps)
+        return f"parquet\0{path}", SourceStamp(sum(s.size for s in stamps), 0, 0, 0), layout
+    return f"parquet\0{path}", stamps[0], layout
+
+
 class RowCopies:
     """The mount's Parquet copies (module docstring), one per file, under ``root``."""
 
@@ -235,6 +283,7 @@ class RowCopies:
         self._dir: str | None = None
         self._hold = -1
         self._made = 0
+        self.disk = CopyDisk(self.root)
 
     def acquire(self, path: str, index: ParquetIndex) -> RowCopy:
         """The copy of ``path`` at ``index``'s version (made now, empty, if there is none), with
@@ -247,8 +296,11 @@ class RowCopies:
             directory = self._directory()
             self._made += 1
             stamp = index.stamp
-            name = f"{self._made}-{stamp.ino if stamp else 0}-{stamp.mtime_ns if stamp else 0}"
-            copy = RowCopy(path, index, os.path.join(directory, name))
+            name = os.path.join(directory, f"{self._made}-{stamp.ino if stamp else 0}-{stamp.mtime_ns if stamp else 0}")
+            copy = self._take_kept(path, index, name)
+            if copy is None:
+                self.disk.kept.trim(StreamLayout(index.footer, index.sizes).size)  # kept copies give way
+                copy = RowCopy(path, index, name)
             if got is not None:
                 self._retire(got)
             self._copies[path] = copy
@@ -284,7 +336,7 @@ class RowCopies:
         """For ``shufflefs stat``: the copies, how far filled, and where they are."""
         with self._lock:
             copies = {p: {"bytes": c.layout.size, "row_groups": len(c.present), "copied": c.filled, "views": c.users,
-                          "seconds": round(c.seconds, 2),
+                          "seconds": round(c.seconds, 2), "made": c.made,
                           **({"fetched_row_groups": c.fetched.groups, "stray_reads": c.fetched.strays}
                              if c.remote else {})} for p, c in self._copies.items()}
         return {"dir": self._dir or self.root, "copies": copies, "bytes": sum(c["bytes"] for c in copies.values())}
@@ -292,13 +344,31 @@ class RowCopies:
     def close(self) -> None:
         """Remove every copy (at unmount)."""
         with self._lock:
-            copies = list(self._copies.values()) + self._retired
+            copies, retired = list(self._copies.values()), self._retired
             self._copies, self._retired = {}, []
             directory, hold = self._dir, self._hold
             self._dir, self._hold = None, -1
-        for copy in copies:
+        for copy in retired:
             copy.close()
+        for copy in copies:  # the next mount reads the whole ones (`kept_copies`)
+            copy.close(self._keep)
+        self.disk.kept.trim()
         if directory is not None:
             shutil.rmtree(directory, ignore_errors=True)
         if hold >= 0:
             os.close(hold)
+
+    def _take_kept(self, path: str, index: ParquetIndex, into: str) -> RowCopy | None:
+        """The copy of this version an earlier mount kept (`kept_copies`), moved to ``into``."""
+        key = _kept_key(path, index)
+        size = StreamLayout(index.footer, index.sizes).size
+        if key is None or self.disk.kept.take(key[0], key[1], size, into, layout=key[2]) is None:
+            return None
+        log.info("%s: read from the decoded copy an earlier mount kept, now %s", path, into)
+        return RowCopy(path, index, into, taken=True)
+
+    def _keep(self, copy: RowCopy) -> bool:
+        """At unmount: move a whole copy of a local file to the kept copies for the next mount."""
+        key = _kept_key(copy.path, copy.index)
+        return (key is not None and copy.complete and not copy.remote
+                and self.disk.kept.keep(key[0], key[1], copy.file, layout=key[2]))

@@ -49,3 +49,18 @@ def test_an_unknown_free_space_removes_nothing_and_a_resized_copy_is_not_taken(t
     assert KeptCopies(str(tmp_path), lambda: None).take("/src/a.gz", SourceStamp(5, 1, 1, 1), 100,
                                                         str(tmp_path / "t")) is None
     assert not (tmp_path / "t").exists() and list(Path(keeps.dir).iterdir()) == []
+
+
+def test_a_copy_kept_in_one_layout_is_never_taken_for_another(tmp_path: Path):
+    keeps = KeptCopies(str(tmp_path), lambda: None)
+    f = tmp_path / "copy"
+    f.write_bytes(b"r" * 64)
+    stamp = SourceStamp(64, 1, 1, 1)
+    assert keeps.keep("parquet\0/src/a.parquet", stamp, str(f), layout="1\0digest")
+    out = str(tmp_path / "t")
+    assert keeps.take("parquet\0/src/a.parquet", stamp, 64, out, layout="2\0digest") is None  # another layout
+    assert not os.path.exists(out) and list(Path(keeps.dir).iterdir()) == []  # and that copy is gone
+    f.write_bytes(b"r" * 64)
+    assert keeps.keep("parquet\0/src/a.parquet", stamp, str(f), layout="1\0digest")
+    assert KeptCopies(str(tmp_path), lambda: None).take("parquet\0/src/a.parquet", stamp, 64, out,
+                                                        layout="1\0digest") == out

@@ -13,8 +13,9 @@ as zstd frames of 1 MiB (pzstd, the seekable format) and as one zstd frame (the 
   and over the view at the same path through a mount with default options: the first epoch (the
   decoded copy written by the scan that indexed the file at its first lookup), warm (the epochs
   after it), the first epoch of a later mount (the index cached; the copy the mount before kept
-  at its unmount, and without it: made in the background, or before the first byte for one zstd
-  frame), and the same warm epochs through a
+  at its unmount, read warm and cold: the page cache dropped before each loop, the source's
+  included; and without a kept copy: made in the background, or before the first byte for one
+  zstd frame), and the same warm epochs through a
   mount with ``--decoded-copies needed`` (decoded from restart points);
   the label mix per 100 records of what each loop got;
 * time from an epoch change to the first record (a new open, ``readline``);
@@ -40,13 +41,14 @@ from pathlib import Path
 import numpy as np
 
 from .docs import write_section
-from .proc import FuseDaemon, Sampler
+from .proc import FuseDaemon, Sampler, can_drop_caches, drop_caches
 
 REPO = Path(__file__).resolve().parents[2]
 START, END = "<!-- compressed-bench:start -->", "<!-- compressed-bench:end -->"
 LABELS = 10
 GZ, FRAMES, ONE = "corpus.jsonl.gz", "frames.jsonl.zst", "one.jsonl.zst"
 WARM_ROUNDS = 3
+COLD_ROUNDS = 3
 """Warm epochs read, each right after a loop over the source: other work on the machine moves a
 single pair's ratio by half of it (0.55-0.90 for the same gzip view in three runs)."""
 
@@ -217,6 +219,24 @@ def paired_rounds(pid: int, mnt: Path, name: str, source: Path, records: int, ep
     return rounds, source_mix
 
 
+def cold_rounds(cmd: list[str], mnt: Path, name: str, source: Path, records: int, env: dict, log: Path,
+                rounds: int = COLD_ROUNDS) -> list[tuple]:
+    """Rounds of: the page cache dropped, a loop over the source; a later mount (which takes the
+    copy the mount before kept), the page cache dropped, its first epoch's loop; as `paired_rounds`."""
+    got = []
+    for _ in range(rounds):
+        drop_caches()
+        n, t, _ = line_loop(source)
+        base = n / t
+        with FuseDaemon(cmd, mnt, log, env) as d:
+            drop_caches()
+            with Sampler(d.pid) as s:
+                n, t, lines = line_loop(mnt / name)
+        assert n == records, (name, n, records)
+        got.append((0, n / t, base, s.usage, *label_mix(lines)))
+    return got
+
+
 def round_rows(name: str, groups: tuple) -> list[str]:
     """Table rows of groups of rounds: the median round's rate and ratio (the range of the ratios),
     its daemon CPU, the peak memory of all of them."""
@@ -297,6 +317,11 @@ def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = 
         warm = f"view, warm (median of {WARM_ROUNDS}" + (f"; the copy made {wait:.0f} s after the first epoch)"
                                                         if wait is not None and wait >= 0.5 else ")")
         rows += round_rows(name, (("view, first epoch", rounds[:1]), (warm, rounds[1:])))
+        if name != "corpus.jsonl" and can_drop_caches():  # cold: the kept copy read from disk
+            rows += round_rows(name, ((f"view, first epoch of a later mount, cold (the page cache dropped before "
+                                       f"it and before the source loop it is paired with; the kept copy read from "
+                                       f"disk; median of {COLD_ROUNDS})",
+                                       cold_rounds(cmd, mnt, name, source, records, env, data / "daemon.log")),))
         if name != "corpus.jsonl":  # a later mount: the index cached, so no scan writes the copy
             with FuseDaemon(cmd, mnt, data / "daemon.log", env) as d:  # it takes the copy the last one kept
                 kept = paired_rounds(d.pid, mnt, name, source, records, range(1))[0]

@@ -1,0 +1,136 @@
+"""Level: mounted (real FUSE mounts, real readers).
+
+Parquet copies kept across mounts: at unmount a mount's whole decoded copies of Parquet files stay
+on the node-local disk (``kept-copies`` under the stage or cache directory, beside compressed
+files' copies), and a later mount of the same files takes them, so its first epoch is encoded from
+a copy instead of decoding every row group again.  A source changed in between, a kept copy
+changed on disk, or a copy only part filled is never read: the view is made as without one, and
+holds the same bytes either way."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pq = pytest.importorskip("pyarrow.parquet")
+
+import parquet_files as pf  # noqa: E402
+
+ARGS = ("--seed", "3", "--buffer", "2MiB")
+NAMES = ("types.parquet", "sorted.parquet")
+
+
+def kept(cache: Path) -> list[Path]:
+    return sorted((cache / "kept-copies").glob("*")) if (cache / "kept-copies").is_dir() else []
+
+
+def made(m) -> dict[str, dict]:
+    return {Path(p).name: c for p, c in m.stats().get("parquet_copies", {}).get("copies", {}).items()}
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    d = tmp_path / "pqsrc"
+    d.mkdir()
+    pf.write_pyarrow(d / NAMES[0])
+    pf.label_sorted(d / NAMES[1], n=20_000, group_rows=4_000)
+    return d
+
+
+def first_mount(mount, src: Path, *args: str):
+    """A mount that reads every view whole once (its copies filled), then unmounted."""
+    m = mount(None, *ARGS, *args, src=src)
+    got = {name: m.path(name).read_bytes() for name in NAMES}
+    m.stop()
+    assert m.returncode == 0, m.stderr()
+    return m, got
+
+
+def test_a_later_mount_encodes_its_views_from_the_copies_the_first_one_kept(mount, src: Path):
+    """Holds: SEMANTICS.md#views-parquet-copy, SEMANTICS.md#views-order"""
+    first, epoch0 = first_mount(mount, src)
+    assert len(kept(first.cache)) == len(NAMES)
+    later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="later")
+    fresh = mount(None, *ARGS, src=src, name="fresh")  # nothing cached, nothing kept
+    for name in NAMES:
+        assert later.path(name).read_bytes() == epoch0[name] == fresh.path(name).read_bytes()
+        assert pq.read_table(later.path(name)).num_rows == pq.read_table(src / name).num_rows
+        for m in (later, fresh):
+            m.set_epoch(1, name)
+        assert later.path(name).read_bytes() == fresh.path(name).read_bytes() != epoch0[name]
+    copies = made(later)
+    assert {n: (c["made"], c["copied"] == c["row_groups"], c["seconds"]) for n, c in copies.items()} == {
+        n: ("by an earlier mount", True, 0.0) for n in NAMES}, copies  # no row group decoded again
+    assert made(fresh)[NAMES[1]]["made"] == "by this mount"
+    out = subprocess.run([sys.executable, "-m", "shufflefs", "stat", str(later.path())], capture_output=True,
+                         text=True, timeout=60).stdout
+    assert "row groups decoded" in out and "by an earlier mount" in out, out
+    assert kept(first.cache) == []  # taken, not shared
+    later.stop()
+    assert later.returncode == 0 and len(kept(first.cache)) == len(NAMES)  # kept again for the next
+
+
+def test_a_changed_source_or_kept_copy_or_a_part_filled_copy_is_not_read(mount, src: Path):
+    """Holds: SEMANTICS.md#views-parquet-copy, SEMANTICS.md#changes-new-open"""
+    first, _ = first_mount(mount, src)
+    copies = {p.stat().st_size: p for p in kept(first.cache)}
+    assert len(copies) == 2
+    pf.label_sorted(src / NAMES[1], n=12_000, group_rows=3_000, seed=9)  # a new version of one file
+    fresh = mount(None, *ARGS, src=src, name="fresh")
+    fresh.path(NAMES[0]).read_bytes()
+    damaged = copies[made(fresh)[NAMES[0]]["bytes"]]  # the copy of the file that did not change
+    with open(damaged, "r+b") as f:  # damaged on disk, its size kept
+        f.seek(200)
+        f.write(b"\xff" * 32)
+    os.utime(damaged, ns=(damaged.stat().st_atime_ns, damaged.stat().st_mtime_ns + 1))
+    later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="later")
+    for name in NAMES:
+        assert later.path(name).read_bytes() == fresh.path(name).read_bytes()
+    assert {c["made"] for c in made(later).values()} == {"by this mount"}, made(later)
+    assert "changed since it was kept" in later.stderr()
+    assert pq.read_table(later.path(NAMES[1])).num_rows == 12_000
+    later.stop()
+    assert later.returncode == 0
+    after = kept(first.cache)
+    assert len(after) == 2 and not set(after) & {damaged}, after  # made again, and kept
+    # a copy only part filled (the first row group read in file order, no stage) is not kept
+    pf.label_sorted(src / "big.parquet", n=60_000, group_rows=2_000)
+    part = mount(None, *ARGS, "--strategy", "none", "--passthrough", "off", src=src, name="part")
+    f = pq.ParquetFile(part.path("big.parquet"))
+    assert f.read_row_group(0).num_rows > 0
+    del f
+    part.path(NAMES[0]).read_bytes()  # and one read whole
+    big = made(part)["big.parquet"]
+    assert 0 < big["copied"] < big["row_groups"], big
+    part.stop()
+    assert part.returncode == 0 and [p.stat().st_size for p in kept(part.cache)] == [made(fresh)[NAMES[0]]["bytes"]]
+
+
+def test_a_pool_of_shards_takes_its_kept_copy_until_a_member_changes(mount, tmp_path: Path):
+    """Holds: SEMANTICS.md#views-parquet-copy, SEMANTICS.md#ranks-pools"""
+    shards = [f"train-{i:05d}-of-00003.parquet" for i in range(3)]
+    d = tmp_path / "pool"
+    d.mkdir()
+    whole = pq.read_table(pf.label_sorted(tmp_path / "whole.parquet", n=15_000, group_rows=2_500))
+    for i, name in enumerate(shards):
+        pq.write_table(whole.slice(i * 5_000, 5_000), d / name, row_group_size=2_500)
+    first = mount(None, *ARGS, src=d)
+    epoch0 = {name: first.path(name).read_bytes() for name in shards}
+    first.stop()
+    assert first.returncode == 0 and len(kept(first.cache)) == 1  # the pool's one copy
+    later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=d, name="later")
+    assert {name: later.path(name).read_bytes() for name in shards} == epoch0
+    assert [c["made"] for c in made(later).values()] == ["by an earlier mount"]
+    later.stop()
+    assert later.returncode == 0 and len(kept(first.cache)) == 1
+    pq.write_table(whole.slice(5_000, 4_000), d / shards[1], row_group_size=2_500)  # one member rewritten
+    again = mount(None, *ARGS, "--cache-dir", str(first.cache), src=d, name="again")
+    fresh = mount(None, *ARGS, src=d, name="fresh")
+    got = {name: again.path(name).read_bytes() for name in shards}
+    assert got == {name: fresh.path(name).read_bytes() for name in shards}
+    assert sum(pq.read_table(again.path(name)).num_rows for name in shards) == 14_000
+    assert [c["made"] for c in made(again).values()] == ["by this mount"]
