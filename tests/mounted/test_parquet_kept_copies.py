@@ -10,6 +10,7 @@ holds the same bytes either way."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 pq = pytest.importorskip("pyarrow.parquet")
 
 import parquet_files as pf  # noqa: E402
+from conftest import REPO  # noqa: E402
 
 ARGS = ("--seed", "3", "--buffer", "2MiB")
 NAMES = ("types.parquet", "sorted.parquet")
@@ -134,3 +136,25 @@ def test_a_pool_of_shards_takes_its_kept_copy_until_a_member_changes(mount, tmp_
     assert got == {name: fresh.path(name).read_bytes() for name in shards}
     assert sum(pq.read_table(again.path(name)).num_rows for name in shards) == 14_000
     assert [c["made"] for c in made(again).values()] == ["by this mount"]
+
+
+def test_a_truncated_kept_copy_is_removed_and_a_killed_mount_loses_only_the_copy_it_took(mount, src: Path):
+    """Holds: SEMANTICS.md#views-parquet-copy"""
+    first, epoch0 = first_mount(mount, src)
+    copies = kept(first.cache)
+    assert len(copies) == 2
+    with open(copies[0], "r+b") as f:  # a copy cut short on disk
+        f.truncate(copies[0].stat().st_size // 2)
+    later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="later")
+    assert {name: later.path(name).read_bytes() for name in NAMES} == epoch0
+    assert sorted(c["made"] for c in made(later).values()) == ["by an earlier mount", "by this mount"]
+    assert "changed since it was kept" in later.stderr() and kept(first.cache) == []
+    os.kill(later.pid, signal.SIGKILL)  # its copies (the one it took among them) are lost with it
+    later.wait()
+    subprocess.run([sys.executable, "-m", "shufflefs", "umount", str(later.mnt)], capture_output=True, timeout=60,
+                   env=dict(os.environ, PYTHONPATH=str(REPO)))
+    again = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="again")
+    assert {name: again.path(name).read_bytes() for name in NAMES} == epoch0
+    assert {c["made"] for c in made(again).values()} == {"by this mount"}
+    left = [p.name for p in first.cache.iterdir() if p.name.startswith("parquet-")]
+    assert len(left) == 1, left  # the killed mount's directory removed; this mount's own
