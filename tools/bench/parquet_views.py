@@ -132,6 +132,7 @@ def without_copy(src: Path) -> str:
     from shufflefs.strategies import make_plan
     from shufflefs.strategies.base import ShuffleSpec
 
+    shutil.rmtree(work, ignore_errors=True)  # no copy an earlier run kept (`kept_copies`)
     index = scan_file(src, make_format("parquet"))
     plan = make_plan(index, ShuffleSpec(), 1, 0, 1)
     draws = [len(np.unique(index.sizes.group_of(np.asarray(plan.window(k), np.int64)))) for k in range(plan.n_windows)]
@@ -152,6 +153,7 @@ def encode_rate(src: Path, work: Path) -> tuple[float, float, int]:
     from shufflefs.strategies.base import ShuffleSpec
     from shufflefs.stages.parquet_view import ParquetLayout, ParquetView
 
+    shutil.rmtree(work, ignore_errors=True)  # no copy an earlier run kept (`kept_copies`)
     index = scan_file(src, make_format("parquet"))
     plan = make_plan(index, ShuffleSpec(), 1, 0, 1)
     layout = ParquetLayout(index, plan)
@@ -171,6 +173,7 @@ def encode_rate(src: Path, work: Path) -> tuple[float, float, int]:
     finally:
         view.close()
         copies.close()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str:
