@@ -17,6 +17,7 @@ GETs of whole row groups (`parquet_fetch`).  Blocking (worker threads), no FUSE.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import mmap
 import os
@@ -255,8 +256,8 @@ def _same(a: ParquetIndex, b: ParquetIndex) -> bool:
 
 
 COPY_FORMAT = 1
-"""The layout of a copy's file (`formats.parquet.streams`): part of a kept copy's version, so a
-copy kept by a mount of another layout is never read."""
+"""The format of a copy's streams (`formats.parquet.streams`): with where its streams lie, part of a
+kept copy's version, so a copy kept by a mount that lays copies out otherwise is never read."""
 
 
 def _kept_key(path: str, index: ParquetIndex) -> tuple[str, SourceStamp, str] | None:
@@ -265,7 +266,12 @@ def _kept_key(path: str, index: ParquetIndex) -> tuple[str, SourceStamp, str] | 
     stamps = getattr(index, "member_stamps", (index.stamp,))
     if not stamps or any(s is None for s in stamps):
         return None
-    layout = f"{COPY_FORMAT}\0{index.footer.digest}"
+    streams = StreamLayout(index.footer, index.sizes)
+    digest = hashlib.blake2b(digest_size=12)  # where every stream lies: a copy laid out otherwise never matches
+    for part in (streams.group_values, streams.group_entries, streams.values, streams.defs, streams.reps,
+                 streams.value_offsets, streams.entry_offsets):
+        digest.update(np.ascontiguousarray(part).tobytes())
+    layout = f"{COPY_FORMAT}\0{index.footer.digest}\0{streams.size}\0{digest.hexdigest()}"
     if hasattr(index, "member_stamps"):
         layout += "\0" + ";".join(f"{s.size},{s.mtime_ns},{s.ino},{s.ctime_ns}" for s in stamps)
         return f"parquet\0{path}", SourceStamp(sum(s.size for s in stamps), 0, 0, 0), layout
@@ -364,8 +370,13 @@ class RowCopies:
         size = StreamLayout(index.footer, index.sizes).size
         if key is None or self.disk.kept.take(key[0], key[1], size, into, layout=key[2]) is None:
             return None
+        try:
+            copy = RowCopy(path, index, into, taken=True)
+        except OSError as e:  # (removed meanwhile): made again instead
+            log.warning("%s: the decoded copy an earlier mount kept cannot be opened (%s): made again", path, e)
+            return None
         log.info("%s: read from the decoded copy an earlier mount kept, now %s", path, into)
-        return RowCopy(path, index, into, taken=True)
+        return copy
 
     def _keep(self, copy: RowCopy) -> bool:
         """At unmount: move a whole copy of a local file to the kept copies for the next mount."""

@@ -132,7 +132,6 @@ def without_copy(src: Path) -> str:
     from shufflefs.strategies import make_plan
     from shufflefs.strategies.base import ShuffleSpec
 
-    shutil.rmtree(work, ignore_errors=True)  # no copy an earlier run kept (`kept_copies`)
     index = scan_file(src, make_format("parquet"))
     plan = make_plan(index, ShuffleSpec(), 1, 0, 1)
     draws = [len(np.unique(index.sizes.group_of(np.asarray(plan.window(k), np.int64)))) for k in range(plan.n_windows)]
