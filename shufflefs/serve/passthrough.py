@@ -116,7 +116,7 @@ class Passthrough:
             return None
         files = self._files.get(directory)
         if files is None:
-            files = self._files[directory] = StageFiles(directory)
+            files = self._files[directory] = StageFiles(directory, self.disk.kept)
             heap.keep_top(heap.STAGE_TRIM_THRESHOLD)
         stage = write_stage(view, files, threads)  # others may help it (`stage`)
         try:
@@ -172,4 +172,5 @@ class Passthrough:
         files = sum(f.made - f.closed for f in self._files.values())
         return {"on": self.on, **({} if self.on else {"why_not": self.why_not()}),
                 "stages_built": self.stages_built, "opens": self.opens, "stage_files": files,
+                "stage_files_reused": sum(f.reused for f in self._files.values()),
                 **({"refused": self.refused} if self.refused else {})}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -28,6 +29,8 @@ FREE_KEPT = 0.10
 """Of the copies' filesystem, the part that background copies leave free (and at least
 `FREE_KEPT_BYTES`): a corpus larger than the disk is read from restart points, never fills it."""
 FREE_KEPT_BYTES = 1 << 30
+SPARE, SPARES = "spare", 3
+"""The name kept scratch files start with, and how many are kept (`KeptCopies.keep_spare`)."""
 
 
 class _Entry(NamedTuple):
@@ -123,6 +126,51 @@ class KeptCopies:
             return False
         return True
 
+    def keep_spare(self, fd: int, path: str | None = None) -> bool:
+        """Name the scratch file ``fd`` here (at ``path`` if it has a name; nameless otherwise)
+        for the next mount to write its stages into: its blocks and cached pages are reused (a
+        stage written into a new file cost 2.8 s, 0.40 into a used one).  At most `SPARES`."""
+        if len([e for e in self._entries() if e.name_key == SPARE]) >= SPARES:
+            return False
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            name = os.path.join(self.dir, f"{SPARE}-{time.time_ns()}.{os.fstat(fd).st_mtime_ns}.{time.time_ns()}")
+            if path is not None:
+                os.rename(path, name)
+                return True
+            fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:  # linkat(AT_SYMLINK_FOLLOW) names the nameless file itself, not its /proc link
+                os.link(str(fd), name, src_dir_fd=fds, follow_symlinks=True)
+            finally:
+                os.close(fds)
+        except OSError as e:
+            log.debug("a stage file is not left for the next mount: %s", e)
+            return False  # (no /proc, say): closed as before
+        return True
+
+    def take_spare(self, into: str) -> int | None:
+        """A spare scratch file an earlier mount left (`keep_spare`), moved to ``into`` (a
+        rename: one mount takes it) and open; None if there is none."""
+        for e in self._entries():
+            if e.name_key != SPARE:
+                continue
+            try:
+                os.rename(e.path, into)
+            except OSError:
+                continue  # taken by another mount
+            try:
+                fd = os.open(into, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                _unlink(into)
+                continue
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+                os.close(fd)  # not a file this daemon would make
+                _unlink(into)
+                continue
+            return fd
+        return None
+
     def trim(self, needed: int = 0) -> int:
         """Remove the least recently kept copies until ``needed`` bytes more leave the disk its
         free room; returns the bytes removed."""
@@ -141,9 +189,11 @@ class KeptCopies:
         return removed
 
     def describe(self) -> dict[str, int]:
-        """For ``shufflefs stat``: how many copies are kept, and their bytes."""
+        """For ``shufflefs stat``: how many copies are kept, and their bytes (spare files apart)."""
         sizes = []
         for e in self._entries():
+            if e.name_key == SPARE:
+                continue
             try:
                 sizes.append(os.stat(e.path).st_size)
             except OSError:

@@ -26,8 +26,10 @@ ARGS = ("--seed", "3", "--buffer", "2MiB")
 NAMES = ("types.parquet", "sorted.parquet")
 
 
-def kept(cache: Path) -> list[Path]:
-    return sorted((cache / "kept-copies").glob("*")) if (cache / "kept-copies").is_dir() else []
+def kept(cache: Path, spares: bool = False) -> list[Path]:
+    """The copies kept under ``cache`` (or, ``spares``, the stage files left for the next mount)."""
+    got = sorted((cache / "kept-copies").glob("*")) if (cache / "kept-copies").is_dir() else []
+    return [p for p in got if p.name.startswith("spare-") == spares]
 
 
 def made(m) -> dict[str, dict]:
@@ -158,3 +160,28 @@ def test_a_truncated_kept_copy_is_removed_and_a_killed_mount_loses_only_the_copy
     assert {c["made"] for c in made(again).values()} == {"by this mount"}
     left = [p.name for p in first.cache.iterdir() if p.name.startswith("parquet-")]
     assert len(left) == 1, left  # the killed mount's directory removed; this mount's own
+
+
+def test_stage_files_are_left_for_the_next_mount_and_hold_its_own_bytes(mount, src: Path, tmp_path: Path):
+    """Stage files (FUSE passthrough) are written into the files an earlier mount left, whose blocks
+    and cached pages are reused; their old bytes never show.  A spare that is not a plain file of
+    the daemon's is not opened.  Holds: SEMANTICS.md#views-parquet-passthrough"""
+    first, epoch0 = first_mount(mount, src)
+    if not kept(first.cache, spares=True):
+        pytest.skip("no FUSE passthrough here: no stage files")
+    fifo = first.cache / "kept-copies" / "spare-1.1.1"  # a name like the spares', not one of its files
+    os.mkfifo(fifo)
+    later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="later")
+    served = mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
+    for epoch in (0, 1):
+        for m in (later, served):
+            m.set_epoch(epoch)
+        for name in NAMES:
+            got = later.path(name).read_bytes()
+            assert got == served.path(name).read_bytes()
+            assert epoch or got == epoch0[name]
+    assert later.stats()["passthrough"]["stage_files_reused"] >= 1, later.stats()["passthrough"]
+    assert not fifo.exists()  # not opened (it would block), removed
+    later.stop()
+    assert later.returncode == 0
+    assert 1 <= len(kept(first.cache, spares=True)) <= 3

@@ -64,3 +64,32 @@ def test_a_copy_kept_in_one_layout_is_never_taken_for_another(tmp_path: Path):
     assert keeps.keep("parquet\0/src/a.parquet", stamp, str(f), layout="1\0digest")
     assert KeptCopies(str(tmp_path), lambda: None).take("parquet\0/src/a.parquet", stamp, 64, out,
                                                         layout="1\0digest") == out
+
+
+def test_spare_files_are_named_at_most_three_taken_once_and_only_plain_files(tmp_path: Path):
+    from shufflefs.stages.kept_copies import SPARES
+
+    keeps = KeptCopies(str(tmp_path / "root"), lambda: None)
+    fds = [os.open(tmp_path, os.O_TMPFILE | os.O_RDWR, 0o600) for _ in range(SPARES + 1)]
+    for fd in fds:
+        os.write(fd, b"old bytes")
+    assert [keeps.keep_spare(fd) for fd in fds] == [True] * SPARES + [False]  # at most three
+    for fd in fds:
+        os.close(fd)
+    assert keeps.describe() == {"files": 0, "bytes": 0}  # spares are no kept copies
+    named = tmp_path / "named"
+    named.write_bytes(b"x")
+    fd = os.open(named, os.O_RDWR)
+    os.unlink(list(Path(keeps.dir).iterdir())[0])
+    assert keeps.keep_spare(fd, str(named)) and not named.exists()  # a named one moves
+    os.close(fd)
+    (Path(keeps.dir) / "spare-1.1.1").symlink_to(tmp_path / "named")  # not the daemon's kind of file
+    os.mkfifo(Path(keeps.dir) / "spare-2.1.1")
+    taken = []
+    while (fd := keeps.take_spare(str(tmp_path / f"t{len(taken)}"))) is not None:
+        assert os.fstat(fd).st_nlink == 1 and os.path.isfile(tmp_path / f"t{len(taken)}")
+        taken.append(fd)
+    assert len(taken) == SPARES and list(Path(keeps.dir).iterdir()) == []  # the others removed, not opened
+    assert sorted(os.pread(fd, 9, 0) for fd in taken) == sorted([b"old bytes"] * (SPARES - 1) + [b"x"])
+    for fd in taken:
+        os.close(fd)
