@@ -11,8 +11,9 @@ like a stage directory (`scratch.held`: a killed mount's is removed by the next 
 are removed when no view reads them and a newer version replaced them.  At unmount a whole copy
 of a local file is kept for the next mount there (`kept_copies`, as compressed files' copies are:
 a rename, taken back by a mount that opens the same version, and given up for room first; a
-pool's copy by the versions of all its members), the others removed.  A local file is read by pyarrow's own preads; an object (no descriptor) by ranged
-GETs of whole row groups (`parquet_fetch`).  Blocking (worker threads), no FUSE.
+pool's copy by the versions of all its members), the others removed.  A local file is read by
+pyarrow's own preads; an object (no descriptor) by ranged GETs of whole row groups
+(`parquet_fetch`).  Blocking (worker threads), no FUSE.
 """
 
 from __future__ import annotations
@@ -56,9 +57,10 @@ class RowCopy:
     """One file version's rows on local disk (`streams`), filled as windows need them; or,
     ``taken``, the whole copy an earlier mount kept, already at ``file``."""
 
-    def __init__(self, path: str, index: ParquetIndex, file: str, taken: bool = False) -> None:
+    def __init__(self, path: str, index: ParquetIndex, file: str, taken: bool = False,
+                 layout: StreamLayout | None = None) -> None:
         self.path, self.index, self.file = path, index, file
-        self.layout = StreamLayout(index.footer, index.sizes)
+        self.layout = layout if layout is not None else StreamLayout(index.footer, index.sizes)
         self.present = np.full(len(index.footer.group_rows), taken, bool)
         self.users = 0
         self.seconds = 0.0
@@ -260,13 +262,12 @@ COPY_FORMAT = 1
 kept copy's version, so a copy kept by a mount that lays copies out otherwise is never read."""
 
 
-def _kept_key(path: str, index: ParquetIndex) -> tuple[str, SourceStamp, str] | None:
-    """(the name, version and layout a copy is kept under), or None if a file's version is not
-    known.  A pool's version is every member's (their stamps in its layout)."""
+def _kept_key(path: str, index: ParquetIndex, streams: StreamLayout) -> tuple[str, SourceStamp, str] | None:
+    """(the name, version and layout a copy laid out as ``streams`` is kept under), or None if a
+    file's version is not known.  A pool's version is every member's (their stamps in its layout)."""
     stamps = getattr(index, "member_stamps", (index.stamp,))
     if not stamps or any(s is None for s in stamps):
         return None
-    streams = StreamLayout(index.footer, index.sizes)
     digest = hashlib.blake2b(digest_size=12)  # where every stream lies: a copy laid out otherwise never matches
     for part in (streams.group_values, streams.group_entries, streams.values, streams.defs, streams.reps,
                  streams.value_offsets, streams.entry_offsets):
@@ -303,10 +304,11 @@ class RowCopies:
             self._made += 1
             stamp = index.stamp
             name = os.path.join(directory, f"{self._made}-{stamp.ino if stamp else 0}-{stamp.mtime_ns if stamp else 0}")
-            copy = self._take_kept(path, index, name)
+            streams = StreamLayout(index.footer, index.sizes)
+            copy = self._take_kept(path, index, streams, name)
             if copy is None:
-                self.disk.kept.trim(StreamLayout(index.footer, index.sizes).size)  # kept copies give way
-                copy = RowCopy(path, index, name)
+                self.disk.kept.trim(streams.size)  # kept copies give way
+                copy = RowCopy(path, index, name, layout=streams)
             if got is not None:
                 self._retire(got)
             self._copies[path] = copy
@@ -364,14 +366,13 @@ class RowCopies:
         if hold >= 0:
             os.close(hold)
 
-    def _take_kept(self, path: str, index: ParquetIndex, into: str) -> RowCopy | None:
+    def _take_kept(self, path: str, index: ParquetIndex, streams: StreamLayout, into: str) -> RowCopy | None:
         """The copy of this version an earlier mount kept (`kept_copies`), moved to ``into``."""
-        key = _kept_key(path, index)
-        size = StreamLayout(index.footer, index.sizes).size
-        if key is None or self.disk.kept.take(key[0], key[1], size, into, layout=key[2]) is None:
+        key = _kept_key(path, index, streams)
+        if key is None or self.disk.kept.take(key[0], key[1], streams.size, into, layout=key[2]) is None:
             return None
         try:
-            copy = RowCopy(path, index, into, taken=True)
+            copy = RowCopy(path, index, into, taken=True, layout=streams)
         except OSError as e:  # (removed meanwhile): made again instead
             log.warning("%s: the decoded copy an earlier mount kept cannot be opened (%s): made again", path, e)
             return None
@@ -380,6 +381,6 @@ class RowCopies:
 
     def _keep(self, copy: RowCopy) -> bool:
         """At unmount: move a whole copy of a local file to the kept copies for the next mount."""
-        key = _kept_key(copy.path, copy.index)
+        key = _kept_key(copy.path, copy.index, copy.layout)
         return (key is not None and copy.complete and not copy.remote
                 and self.disk.kept.keep(key[0], key[1], copy.file, layout=key[2]))
