@@ -35,7 +35,9 @@ def _add_format_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--record-size", metavar="SIZE", help="record size of fixed-size '.bin' files")
     g.add_argument("--header-bytes", metavar="SIZE", help="header bytes of fixed-size '.bin' files (default 0)")
-    g.add_argument("--cache-dir", metavar="DIR", help="where indexes are cached (default: %s)" % _default_cache_text())
+    g.add_argument("--cache-dir", metavar="DIR", help="where indexes are cached and, without --stage-dir, decoded copies "
+                   "and Parquet stages go, kept in part for the next mount (kept-copies; default: %s)"
+                   % _default_cache_text())
     g.add_argument("--index-dir", metavar="DIR", help="local sources: indexes published on a shared path "
                    "(shufflefs index SRC --publish --index-dir DIR), read when one matches a file's version, "
                    "never written by a mount; the same SRC path on every node (s3:// sources: --index-url)")
