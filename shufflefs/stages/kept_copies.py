@@ -8,8 +8,8 @@ again, so two mounts never share one) when it opens the same version, after chec
 copy is the file that was kept (its size, modification time and inode).  A source that changed
 in between never matches, and the copies of its older versions are removed then.  Kept copies
 never crowd out live ones: whenever a copy needs room, and at every unmount, the least recently
-kept are removed until the disk keeps the room the mount's copies leave free (`room`).  Blocking,
-no FUSE."""
+kept are removed until the disk keeps the room the mount's copies leave free (`room`).  Nothing
+is kept on a filesystem held in memory (`in_memory`).  Blocking, no FUSE."""
 
 from __future__ import annotations
 
@@ -114,6 +114,9 @@ class KeptCopies:
         """Move the finished copy ``copy`` of this version of ``source_path`` (in ``layout``)
         here (at unmount)."""
         name_key, version_key = keys_of(source_path, stamp, layout)
+        if in_memory(copy):
+            log.info("%s: its decoded copy is not kept for the next mount: %s is in memory", source_path, copy)
+            return False
         try:
             os.makedirs(self.dir, exist_ok=True)
             st = os.stat(copy)
@@ -130,7 +133,7 @@ class KeptCopies:
         """Name the scratch file ``fd`` here (at ``path`` if it has a name; nameless otherwise)
         for the next mount to write its stages into: its blocks and cached pages are reused (a
         stage written into a new file cost 2.8 s, 0.40 into a used one).  At most `SPARES`."""
-        if len([e for e in self._entries() if e.name_key == SPARE]) >= SPARES:
+        if len([e for e in self._entries() if e.name_key == SPARE]) >= SPARES or in_memory(self.dir):
             return False
         try:
             os.makedirs(self.dir, exist_ok=True)
@@ -199,6 +202,29 @@ class KeptCopies:
             except OSError:
                 pass
         return {"files": len(sizes), "bytes": sum(sizes)}
+
+
+MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+
+
+def in_memory(path: str) -> bool:
+    """Whether ``path`` (or its nearest existing parent) is on a filesystem held in memory, where
+    a file kept after the unmount would hold memory until the next mount: nothing is kept there."""
+    path = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if " - " not in line or len(fields) < 5:
+                    continue
+                point = fields[4].replace("\\040", " ")
+                inside = path == point or path.startswith(point.rstrip("/") + "/")
+                if inside and len(point) > len(best):
+                    best, kind = point, line.split(" - ", 1)[1].split()[0]
+    except OSError:
+        return False
+    return kind in MEMORY_FILESYSTEMS
 
 
 def _unlink(path: str) -> bool:

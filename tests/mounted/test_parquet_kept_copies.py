@@ -185,3 +185,26 @@ def test_stage_files_are_left_for_the_next_mount_and_hold_its_own_bytes(mount, s
     later.stop()
     assert later.returncode == 0
     assert 1 <= len(kept(first.cache, spares=True)) <= 3
+
+
+def test_nothing_is_kept_on_a_filesystem_in_memory(mount, src: Path, tmp_path: Path):
+    """A cache directory in memory (tmpfs) would hold what a mount keeps until the next one: the
+    copies and stage files go at unmount.  Holds: SEMANTICS.md#views-parquet-copy"""
+    from shufflefs.stages.kept_copies import in_memory
+
+    stage = tmp_path / "in-memory"
+    stage.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(stage)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        assert in_memory(str(stage / "kept-copies"))
+        m = mount(None, *ARGS, "-v", "--cache-dir", str(stage), src=src)
+        for name in NAMES:
+            m.path(name).read_bytes()
+        assert all(c["copied"] == c["row_groups"] for c in made(m).values())
+        m.stop()
+        assert m.returncode == 0
+        assert kept(stage) == [] and kept(stage, spares=True) == [] and "is in memory" in m.stderr()
+        assert [p for p in stage.rglob("*") if p.is_file() and p.suffix != ".npz"] == []  # indexes only
+    finally:
+        subprocess.run(["umount", str(stage)], capture_output=True)
