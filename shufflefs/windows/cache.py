@@ -27,7 +27,7 @@ One design for every strategy and reader:
   the order they asked (`WindowCache.room`): a handle lets go of its window before it asks for
   the next and then queues behind the reads already waiting, held windows unread for `HOLD_IDLE`
   give way, and readers take turns; the limit is exceeded only when the first read in line has
-  waited `ROOM_WAIT` seconds.
+  waited `ROOM_WAIT` seconds.  Buffers faulted in ahead count while they are (`_warm_buffers`).
 * Buffers are reused: an evicted window's buffer joins a free list and the next load writes
   into it.  On that VM the first writes to fresh memory cost more than building the window:
   scattering 64 MiB of 1 KiB records took 150 ms into fresh numpy memory (transparent huge
@@ -173,11 +173,7 @@ class WindowCache:
             for _ in range(count):
                 if size != max(self._largest.values(), default=0) or self.resident + self.pooled + size > self.limit:
                     return
-                # counted while it is faulted in: a load that starts meanwhile (the first one, in
-                # a buffer of its own) sees its room taken, where the two together went one window
-                # over the limit (a gzip view's daemon peaked at 299-306 MiB against 308 for 50-70
-                # ms at an epoch's first open, 243-247 otherwise)
-                self.resident += size
+                self.resident += size  # while faulted in (else the first loads took its room: a window over)
                 try:
                     buf = await trio.to_thread.run_sync(touched_buffer, size, limiter=self._warm_limiter,
                                                         abandon_on_cancel=True)
@@ -494,13 +490,6 @@ class WindowCache:
         self._scratch.clear()
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "windows": len(self._slots),
-            "window_bytes": self.resident,
-            "pooled_bytes": self.pooled,
-            "limit_bytes": self.limit,
-            "loads": self.loads,
-            "prefetched": self.prefetched,
-            "revoked": self.revoked,
-            "over_limit": self.over_limit,
-        }
+        return {"windows": len(self._slots), "window_bytes": self.resident, "pooled_bytes": self.pooled,
+                "limit_bytes": self.limit, "loads": self.loads, "prefetched": self.prefetched,
+                "revoked": self.revoked, "over_limit": self.over_limit}
