@@ -159,7 +159,6 @@ class StageFiles:
             free, self._free = self._free, []
         for file in free:
             if self.spares is not None:
-                file._unmap()
                 if self.spares.keep_spare(file.fd, file.path):
                     file.path = None  # its name is the spare's now
             file.close()

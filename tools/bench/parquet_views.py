@@ -296,14 +296,9 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
                      f"| - | - | - |")
         if can_drop_caches():  # steady epochs read cold, as data larger than memory is read
             cold = cold_epochs(d.pid, view, src, 200, LATER_ROUNDS + 1)[1:]  # the first: its stage made at its open
-            rates = [g[0] / g[1] for g in cold]
-            k = int(np.argsort(rates)[len(rates) // 2])
-            table.append(f"| view, cold: the epochs after one in a mount, the page cache dropped before each and "
-                         f"before the source read it is paired with (its stage, built while the epoch before was "
-                         f"read, read back from disk; median of {len(cold)}) | {cold[k][0]:,.0f} | {rates[k]:.2f} "
-                         f"({min(rates):.2f}-{max(rates):.2f}) | {cold[k][3]:.3f} ({uniform:.3f}) | "
-                         f"{cold[k][2].cpu_s:.1f} | {max(g[2].peak_own for g in cold) / 2**20:.0f} / "
-                         f"{max(g[2].peak_rss for g in cold) / 2**20:.0f} |")
+            table.append(median_row("view, cold: the epochs after one in a mount, the page cache dropped before each "
+                                    "and before the source read it is paired with (its stage, built while the epoch "
+                                    "before was read, read back from disk)", cold, uniform))
             later_cold = {"cold: the epochs after one in a mount": cold}
         else:
             later_cold = {}
@@ -311,14 +306,7 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
         info = json.loads(os.getxattr(view, "user.shufflefs.info"))
         stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
     later = later_rounds(cmd, mnt, view, src, data / "daemon.log", env, md.num_rows)
-    for what, got in later.items():
-        rates = [g[0] / g[1] for g in got]
-        k = int(np.argsort(rates)[len(rates) // 2])
-        rate, base, u, mix_l = got[k]
-        table.append(f"| view, first epoch of a later mount, {what} (median of {len(got)}) | {rate:,.0f} | "
-                     f"{rate / base:.2f} ({min(rates):.2f}-{max(rates):.2f}) | {mix_l:.3f} ({uniform:.3f}) | "
-                     f"{u.cpu_s:.1f} | {max(g[2].peak_own for g in got) / 2**20:.0f} / "
-                     f"{max(g[2].peak_rss for g in got) / 2**20:.0f} |")
+    table += [median_row(f"view, first epoch of a later mount, {what}", got, uniform) for what, got in later.items()]
     if peers:
         table += hf_datasets(src, 200_000)
         table += litdata_parquet(src, 50_000)
@@ -369,6 +357,17 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
             f"{'met' if warm_mix <= 2 * uniform else 'not met'} |"]
     out.append(f"\nLoad average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.")
     return "\n".join(out)
+
+
+def median_row(what: str, got: list[tuple], uniform: float) -> str:
+    """A table row of rounds (view rows/s, source rows/s, daemon usage, label mix): the median
+    round's rate and ratio (the range of the ratios), its daemon CPU, the peak memory of all."""
+    ratios = [g[0] / g[1] for g in got]
+    k = int(np.argsort(ratios)[len(ratios) // 2])
+    rate, _, usage, mix = got[k]
+    return (f"| {what} (median of {len(got)}) | {rate:,.0f} | {ratios[k]:.2f} ({min(ratios):.2f}-{max(ratios):.2f}) "
+            f"| {mix:.3f} ({uniform:.3f}) | {usage.cpu_s:.1f} | {max(g[2].peak_own for g in got) / 2**20:.0f} / "
+            f"{max(g[2].peak_rss for g in got) / 2**20:.0f} |")
 
 
 def cold_epochs(pid: int, view: Path, src: Path, first: int, epochs: int) -> list[tuple]:
