@@ -489,6 +489,7 @@ static PyMethodDef methods[] = {
     {"build_window", build_window, METH_VARARGS, "Read a window's records from a file into their view positions."},
     {"gather_mapped", sf_gather_mapped, METH_VARARGS, "Copy records in view order from mappings of their files."},
     {"check_window", check_window, METH_VARARGS, "Check the framing of every record of a window built elsewhere."},
+    {"gather_rows", sf_gather_rows, METH_VARARGS, "Copy the runs of rows page by page (_rows.c)."},
     {"check_pieces", sf_check_pieces, METH_VARARGS, "Check runs of tar samples and their edges in fetched ranges."},
     {"cached_pages", sf_cached_pages, METH_VARARGS, "Pages of a mapped file in the page cache (cachestat or mincore)."},
     {NULL, NULL, 0, NULL},

@@ -66,4 +66,7 @@ int sf_tar_run_edges_seen(sf_fd_reader *r, const sf_seen *seen, int64_t pred_id,
                           int64_t pred, int64_t start, const tar_sample *first, int64_t end, int64_t recend,
                           const tar_sample *last, int *side);
 PyObject *sf_check_pieces(PyObject *self, PyObject *args);
+
+/* _rows.c: a Parquet page's runs of rows from a copy's streams */
+PyObject *sf_gather_rows(PyObject *self, PyObject *args);
 #endif

@@ -245,3 +245,85 @@ def test_page_windows_tile_every_row_group(files):
             assert (np.repeat(np.arange(view.n_groups), np.diff(cp.first))[pages] == group[w]).all()
             seen[base[int(col[r])] + pages] = True
     assert pos == view.tail_start and seen.all()
+
+
+@pytest.mark.parametrize("name", list(WRITERS))
+def test_pages_encode_the_same_bytes_without_the_compiled_module(files, name, monkeypatch):
+    """The compiled page gather (`_rows.c`: runs of rows page after page, a list leaf's two
+    level streams in one pass) and the numpy way make the same bytes."""
+    from shufflefs.formats.parquet import streams as st
+
+    if st._gather is None:
+        pytest.skip("compiled gather not built")
+    path = files[name]
+    index = scan_file(path, make_format("parquet"))
+    copy = _copy(path, index, list(range(len(index.footer.group_rows))))
+    order = np.random.default_rng(5).permutation(index.n)
+    view = plan_view(index.footer, index.sizes, np.concatenate([order, order[:99]]), 1_100, page_bytes=16 << 10)
+    size = [view.group_range(g)[1] - view.group_range(g)[0] for g in range(view.n_groups)]
+    fast = [encode_rows(view, g, view.rows(g), copy, np.empty(size[g], np.uint8)).copy() for g in range(view.n_groups)]
+    monkeypatch.setattr(st, "_gather", None)
+    for g in range(view.n_groups):
+        assert np.array_equal(fast[g], encode_rows(view, g, view.rows(g), copy, np.empty(size[g], np.uint8))), g
+
+
+def test_the_page_gather_checks_every_run_before_copying():
+    from shufflefs.formats.parquet.encode import _gather
+
+    if _gather is None:
+        pytest.skip("compiled gather not built")
+    src = np.arange(100, dtype=np.uint8)
+    offsets = np.array([0, 10, 20, 90], np.int64)
+    sizes = np.array([3, 0, 5, 10], np.uint16)
+    ends = np.zeros(2, np.int64)
+
+    def gather(out, rows, bounds, dst=np.zeros(0, np.int64), offs=offsets, *also):
+        _gather.gather_rows(out, src, np.asarray(rows, np.int64), offs, sizes, 2, np.asarray(bounds, np.int64),
+                            dst, ends, *also)
+
+    out = np.zeros(30, np.uint8)
+    gather(out, [2, 0, 1, 3], [0, 2, 4], np.array([0, 12], np.int64))
+    assert out[:8].tolist() == [20, 21, 22, 23, 24, 0, 1, 2] and out[12:22].tolist() == list(range(90, 100))
+    assert ends.tolist() == [8, 22]
+    gather(out, [3, 0], [0, 1, 2])  # contiguous pages
+    assert ends.tolist() == [10, 13]
+    for rows, bounds, dst, offs, what in [
+            ([4], [0, 1, 1], None, offsets, "row 4 of 4"),  # a row the sizes do not have
+            ([-1], [0, 1, 1], None, offsets, "row -1"),
+            ([0, 1], [0, 3, 2], None, offsets, "page 0"),  # page bounds out of order
+            ([3], [0, 1, 1], None, np.array([0, 10, 20, 95], np.int64), "outside its buffers"),  # past src
+            ([0], [0, 1, 1], None, np.array([-1, 10, 20, 90], np.int64), "outside its buffers"),
+            ([3, 3, 3, 3], [0, 4, 4], None, offsets, "outside its buffers"),  # 40 bytes into 30
+            ([0], [0, 1, 1], np.array([31, 0], np.int64), offsets, "starts outside")]:
+        out = np.zeros(30, np.uint8)
+        with pytest.raises(IndexError, match=what):
+            gather(out, rows, bounds, np.zeros(0, np.int64) if dst is None else dst, offs)
+        if what != "outside its buffers" or rows[0] != 3 or len(rows) == 1:
+            assert not out.any(), what
+    with pytest.raises(ValueError, match="out2"):
+        gather(np.zeros(30, np.uint8), [0], [0, 1, 1], np.zeros(0, np.int64), offsets, np.zeros(29, np.uint8), src)
+    with pytest.raises(ValueError, match="wide"):
+        _gather.gather_rows(out, src, np.zeros(1, np.int64), offsets, sizes, 3, np.array([0, 1, 1], np.int64),
+                            np.zeros(0, np.int64), ends)
+
+
+def test_runs_that_are_not_the_layout_s_are_an_error_not_a_page(files):
+    """A view laid out for rows of other sizes than the copy's runs (an index that does not fit
+    the copy): every run stays inside its buffers, and the page that would end elsewhere than
+    the layout says is a FormatError naming the column, never a page of wrong bytes."""
+    from shufflefs.errors import FormatError
+
+    path = files["pyarrow"]
+    index = scan_file(path, make_format("parquet"))
+    copy = _copy(path, index, list(range(len(index.footer.group_rows))))
+    col = next(col for col in index.sizes.columns if isinstance(col.values, np.ndarray))
+    sizes = col.values
+    forged = sizes.astype(np.uint64)
+    forged[0] += 1  # the layout gives row 0 one value byte more than its run in the copy
+    object.__setattr__(col, "values", forged)
+    try:
+        view = plan_view(index.footer, index.sizes, np.arange(index.n), 1_000, page_bytes=16 << 10)
+    finally:
+        object.__setattr__(col, "values", sizes)
+    with pytest.raises(FormatError, match="the copy is not the index's"):
+        encode_rows(view, 0, view.rows(0), copy, np.empty(view.group_range(0)[1] - view.group_range(0)[0], np.uint8))

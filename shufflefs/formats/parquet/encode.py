@@ -78,19 +78,36 @@ class _Chunk:
         """``pages``: only these pages of the chunk (``rows`` are theirs, ``base`` where the first
         one starts); default: all of row group ``g``'s."""
         self.leaf, self.cp, self.boolean = leaf, cp, boolean
+        self.rows, self._entries, self._values = rows, entries, values
         self.pages = range(int(cp.first[g]), int(cp.first[g + 1])) if pages is None else pages
         self.rows0 = int(cp.row_start[self.pages.start])
-        self.E = _prefix(entries, rows)  # entry prefix over the group's rows
-        self.V = _prefix(values, rows)  # value bytes (booleans: values) prefix
         self.def_bits, self.rep_bits = bit_width(leaf.max_def), bit_width(leaf.max_rep)
-        total = int(self.E[-1])
+        p = np.arange(self.pages.start, self.pages.stop)
+        self.page_rows = np.append(cp.row_start[p], cp.row_end[p[-1]] if len(p) else self.rows0) - self.rows0
+        """Each page's first row in ``rows``, and the end of the last page's."""
+        self.page_entries = np.zeros(len(p) + 1, np.int64)
+        np.cumsum(cp.entries[p], out=self.page_entries[1:])
+        """Each page's first level entry in the chunk's, as the layout placed them."""
+        total = int(self.page_entries[-1])
         self.defs = np.zeros(total, np.uint8) if self.def_bits else None
         self.reps = np.zeros(total, np.uint8) if self.rep_bits else None
         self.bits = np.zeros(int(self.V[-1]), np.uint8) if boolean else None
-        p = np.arange(self.pages.start, self.pages.stop)
         self.val_start = (cp.offset[p] - base + cp.header[p] + levels_size(cp.entries[p], self.rep_bits)
                           + levels_size(cp.entries[p], self.def_bits))
         """Where each page's values start in the output."""
+
+    @functools.cached_property
+    def E(self) -> np.ndarray:
+        """Each row's first level entry in the chunk's (rows + 1): the rows' entries, summed."""
+        E = _prefix(self._entries, self.rows)
+        if not np.array_equal(E[self.page_rows], self.page_entries):
+            raise ValueError("the rows' level entries are not the layout's")
+        return E
+
+    @functools.cached_property
+    def V(self) -> np.ndarray:
+        """Each row's first value byte (booleans: value) in the chunk's (rows + 1)."""
+        return _prefix(self._values, self.rows)
 
     @functools.cached_property
     def value_dst(self) -> np.ndarray | None:
@@ -140,9 +157,9 @@ class _Chunk:
     def finish(self, out: np.ndarray, base: int, where: str, path: str) -> None:
         """Write every page's header, levels and (booleans) values; check each against the plan."""
         cp = self.cp
-        for p in self.pages:
+        for i, p in enumerate(self.pages):
             a, b = int(cp.row_start[p]) - self.rows0, int(cp.row_end[p]) - self.rows0
-            e0, e1 = int(self.E[a]), int(self.E[b])
+            e0, e1 = int(self.page_entries[i]), int(self.page_entries[i + 1])
             body = int(cp.body[p])
             parts = [header(body, e1 - e0)]
             if self.reps is not None:

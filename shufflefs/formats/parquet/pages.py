@@ -72,9 +72,16 @@ def encode_levels(levels: np.ndarray, width: int) -> bytes:
     else:
         padded = np.zeros(groups * 8, np.uint8)
         padded[:n] = levels
-        if width > 1:
-            padded = ((padded[:, None] >> np.arange(width, dtype=np.uint8)) & 1).reshape(-1)
-        packed = np.packbits(padded, bitorder="little").tobytes()
+        if width in (2, 4):  # 8 // width levels a byte, the first in the lowest bits
+            per = padded.reshape(-1, 8 // width)
+            packed_a = per[:, 0].copy()
+            for j in range(1, 8 // width):
+                packed_a |= per[:, j] << np.uint8(j * width)
+            packed = packed_a.tobytes()
+        else:
+            if width > 1:
+                padded = ((padded[:, None] >> np.arange(width, dtype=np.uint8)) & 1).reshape(-1)
+            packed = np.packbits(padded, bitorder="little").tobytes()
     w = Writer()
     w.varint(groups * 2 + 1)
     run = w.getvalue() + packed

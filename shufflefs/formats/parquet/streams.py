@@ -29,7 +29,7 @@ import numpy as np
 from ...errors import FormatError
 from ..base import FramingError
 from .decode import LeafData
-from .encode import _Chunk, copy_runs
+from .encode import _Chunk, _gather, copy_runs
 from .footer import BOOLEAN, BYTE_ARRAY, Leaf, SourceFooter
 from .layout import ViewLayout
 from .sizes import ColumnSizes, RowSizes
@@ -199,6 +199,11 @@ class RowStreams:
         self._voff = [int64s(int(at)) for at in layout.value_offsets]
         self._eoff = [int64s(int(at)) for at in layout.entry_offsets]
 
+    def runs(self, c: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Leaf c's run starts by source row: of its values (offsets in ``data``) and of its
+        entries (indexes in its level streams); None where every row's is alike."""
+        return self._voff[c], self._eoff[c]
+
     def offsets(self, c: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For source ``rows`` (any order), the offset in ``data`` of each one's value run of leaf
         c, and the index of its entry run in the leaf's level streams (int64 each)."""
@@ -233,15 +238,23 @@ def encode_pages(view: ViewLayout, g: int, c: int, rows: np.ndarray, streams: Ro
     rows = rows[int(cp.row_start[pages.start]) - first: int(cp.row_end[pages.stop - 1]) - first]
     sizes, lay, data = view.sizes, streams.layout, streams.data
     leaf, col = view.footer_src.leaves[c], sizes.columns[c]
+    rows = np.ascontiguousarray(rows, np.int64)
     chunk = _Chunk(leaf, cp, g, rows, base, col.values, col.entries, sizes.booleans[c], pages)
     w = uniform_width(leaf, col, sizes.booleans[c])
-    v_off, e_off = streams.offsets(c, rows) if not (w and col.entries is None) else (None, None)
-    for stage, at in ((chunk.defs, lay.defs[c]), (chunk.reps, lay.reps[c])):
-        if stage is None:
-            continue
+    where = f"column {leaf.dotted}, row group {g}"
+    v_runs, e_runs = streams.runs(c)
+    levels = [(stage, at) for stage, at in ((chunk.defs, lay.defs[c]), (chunk.reps, lay.reps[c])) if stage is not None]
+    if levels and e_runs is not None and _gather is not None:  # each row's run of entries, page after page
+        n = int(lay.group_entries[-1, c])
+        _gather_pages(levels[0][0], data[int(levels[0][1]): int(levels[0][1]) + n], rows, e_runs, col.entries,  # type: ignore[arg-type]
+                      chunk.page_rows, None, chunk.page_entries[1:], where, path,
+                      *((levels[1][0], data[int(levels[1][1]): int(levels[1][1]) + n]) if len(levels) > 1 else ()))
+        levels = []
+    for stage, at in levels:
         if col.entries is None:  # one level entry a row: the rows index the level stream
             np.take(data[int(at): int(at) + sizes.n_rows], rows, out=stage)
         else:
+            e_off = streams.offsets(c, rows)[1]
             copy_runs(stage, chunk.E[:-1], data, e_off + at, np.diff(chunk.E))
     if w:  # every row w bytes: each page's values are the rows' items of the value stream, in order
         item = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}.get(w, np.dtype((np.void, w)))
@@ -251,11 +264,35 @@ def encode_pages(view: ViewLayout, g: int, c: int, rows: np.ndarray, streams: Ro
             at = int(chunk.val_start[i])
             np.take(values, rows[a:b], out=out[at: at + w * (b - a)].view(item))
     elif chunk.boolean:
-        copy_runs(chunk.bits, chunk.V[:-1], data, v_off, np.diff(chunk.V))  # type: ignore[arg-type]
+        copy_runs(chunk.bits, chunk.V[:-1], data, streams.offsets(c, rows)[0], np.diff(chunk.V))  # type: ignore[arg-type]
+    elif v_runs is not None and _gather is not None:  # each row's run of values, page after page
+        page = np.arange(pages.start, pages.stop)
+        _gather_pages(out, data, rows, v_runs, col.values, chunk.page_rows, chunk.val_start,  # type: ignore[arg-type]
+                      chunk.val_start + cp.values[page], where, path)
     else:
-        copy_runs(out, chunk.value_dst, data, v_off, np.diff(chunk.V))  # type: ignore[arg-type]
-    chunk.finish(out, base, f"column {leaf.dotted}, row group {g}", path)
+        copy_runs(out, chunk.value_dst, data, streams.offsets(c, rows)[0], np.diff(chunk.V))  # type: ignore[arg-type]
+    chunk.finish(out, base, where, path)
     return out
+
+
+def _gather_pages(out: np.ndarray, src: np.ndarray, rows: np.ndarray, runs: np.ndarray, per_row: np.ndarray,
+                  page_rows: np.ndarray, dst: np.ndarray | None, ends: np.ndarray, where: str, path: str,
+                  *also: np.ndarray) -> None:
+    """Copy the runs of ``rows`` (starts ``runs``, lengths ``per_row``, by source row) page after
+    page into ``out``, each page from ``dst`` (None: where the one before ended), checking that
+    each page ends at ``ends`` (the layout's: else the copy is not the index's); ``also``: another
+    (out, src) pair with the same runs, copied in the same pass."""
+    got = np.empty(len(page_rows) - 1, np.int64)
+    per_row = np.ascontiguousarray(per_row)
+    if per_row.dtype.kind != "u":
+        per_row = per_row.astype(np.uint64)
+    none = np.zeros(0, np.int64)
+    _gather.gather_rows(out, src, rows, runs, per_row, per_row.itemsize, page_rows,
+                        none if dst is None else np.ascontiguousarray(dst, np.int64), got, *also)
+    if not np.array_equal(got, ends):
+        bad = int(np.argmax(got != ends))
+        raise FormatError(path, None, f"{where}: page {bad}'s runs end at {int(got[bad])}, the layout's at "
+                          f"{int(ends[bad])}: the copy is not the index's")
 
 
 def uniform_width(leaf: Leaf, col: ColumnSizes, boolean: bool) -> int:
