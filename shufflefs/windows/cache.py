@@ -27,7 +27,8 @@ One design for every strategy and reader:
   the order they asked (`WindowCache.room`): a handle lets go of its window before it asks for
   the next and then queues behind the reads already waiting, held windows unread for `HOLD_IDLE`
   give way, and readers take turns; the limit is exceeded only when the first read in line has
-  waited `ROOM_WAIT` seconds.  Buffers faulted in ahead count while they are (`_warm_buffers`).
+  waited `ROOM_WAIT` seconds.  Buffers faulted in ahead count while they are (`_warm_buffers`),
+  and a prefetch that finds no room but theirs waits for them (`_prefetch_warmed`).
 * Buffers are reused: an evicted window's buffer joins a free list and the next load writes
   into it.  On that VM the first writes to fresh memory cost more than building the window:
   scattering 64 MiB of 1 KiB records took 150 ms into fresh numpy memory (transparent huge
@@ -37,12 +38,9 @@ One design for every strategy and reader:
   buffers are plain numpy arrays (huge pages), kept while any view is open or idle.  When a view
   registers, the buffers of its next windows are faulted in ahead on a worker thread of their
   own (`touched_buffer`, within the limit) while its first window loads into a buffer of its own.
-  Measured (2 GiB of JSON lines, warm source, 64 MiB windows, 1 MiB reads of a fresh mount): in
+  Measured (2 GiB of JSON lines, warm, 64 MiB windows, 1 MiB reads of a fresh mount): in
   `tools/bench.py` the first pass of `none`/`corgipile`/`block` read 0.78/0.88/0.90x their later
-  passes, against 0.61/0.56/0.56x in the run before; reading epochs 0 and 1 of a fresh mount in
-  four alternating rounds each, epoch 0 / epoch 1 of `corgipile` was 0.81-1.06x without it and
-  0.81-1.01x with it (the first-touch cost varies with the huge pages the kernel has at hand).
-  The daemon's peak RSS is unchanged (VmHWM 188-194 MB either way over three epochs).
+  passes, against 0.61/0.56/0.56x before; the daemon's peak RSS unchanged (VmHWM 188-194 MB).
 
 Everything here except the loader callables runs in the trio thread.
 """
@@ -111,6 +109,7 @@ class WindowCache:
         self._queue: deque[trio.Event] = deque()  # reads waiting for room, in the order they asked
         self._changed = trio.Event()  # set (and replaced) whenever memory may have become free
         self._warming = False
+        self._warmed = trio.Event()  # set when the buffers being faulted in are (`_warm_buffers`)
         self._warm_limiter = trio.CapacityLimiter(1)
         self.recycled: Callable[[Slot], None] = lambda slot: None  # told before a buffer is reused or dropped
         self.touched: Callable[[], None] = lambda: None  # asked to bring reads' `Slot.used` up to date
@@ -165,7 +164,7 @@ class WindowCache:
         size = max(self._largest.values(), default=0)
         have = sum(b.nbytes >= size for b in self._free) + sum(s.nbytes >= size for s in self._slots.values())
         if size and have < self.windows - 1:  # the first load makes its own
-            self._warming = True
+            self._warming, self._warmed = True, trio.Event()
             self.nursery.start_soon(self._warm_buffers, size, self.windows - 1 - have)
 
     async def _warm_buffers(self, size: int, count: int) -> None:
@@ -186,6 +185,7 @@ class WindowCache:
                 self._notify()
         finally:
             self._warming = False
+            self._warmed.set()
 
     @property
     def pooled(self) -> int:
@@ -351,30 +351,35 @@ class WindowCache:
         if key in self._slots or self.nursery is None or key[0] not in self._largest or self._queue:
             return False  # (reads waiting for room come first)
         if not self._evict_for(max(nbytes, self._largest[key[0]]) + work, unread_too=False):
-            return False
+            if not self._warming:
+                return False
+            self.nursery.start_soon(self._prefetch_warmed, key, nbytes, loader, work, background)
+            return True  # the buffer being faulted in is for this load: tried again once it is
         slot = self._start(key, nbytes, loader, work)
         slot.unread, slot.background = True, background
         self.prefetched += 1
         return True
+
+    async def _prefetch_warmed(self, key: Hashable, nbytes: int, loader: Loader, work: int, background: bool) -> None:
+        """A prefetch whose room a buffer being faulted in holds (an epoch change's window 0),
+        tried again once it is free: dropped, the reader loaded that window itself."""
+        await self._warmed.wait()
+        self.prefetch(key, nbytes, loader, work, background)
 
     async def room(self, key: Hashable, nbytes: int, work: int = 0) -> None:
         """Before a read loads window ``key``: make room for it, waiting while it does not fit.
 
         Reads wait in line, first come first served: a read that finds others waiting queues
         behind them even if its window would fit now, and only the first in line takes memory
-        as it is let go.  Without the line, a handle that let go of its window took the memory
-        back at once for its next one, and a read that waited was overtaken again and again:
-        64 readers of four 8.5 MB files of a ``--direct-io`` mount (4 MiB buffer, the epoch moved
-        every 50 ms, 180 s on the loaded 2-core VM) got 100 reads ETIMEDOUT (blamed on the
-        source) beside 900 whole reads; in line, 0 beside 1,171.
+        as it is let go.  Without the line, a read that waited was overtaken again and again: 64
+        readers of four 8.5 MB files of a ``--direct-io`` mount (4 MiB buffer, the epoch moved
+        every 50 ms) got 100 reads ETIMEDOUT beside 900 whole reads; in line, 0 beside 1,171.
 
         Room comes from windows nobody holds, then from held windows unread for `HOLD_IDLE`
-        seconds; otherwise the first read waits for loads to land and handles to move on (a
-        handle lets go of its window before it asks for the next, so readers of more windows
-        than fit take turns).  Only if its turn has lasted `ROOM_WAIT` seconds does it load over
-        the limit.  Measured before (a read waited 2 s at most, then took the memory of windows
-        other handles were reading): 32 readers of 32 epochs of a `full` view loaded over the
-        limit, 1.4 times the memory bound, and read at 0.02 GB/s, nearly every read a reload."""
+        seconds; otherwise the first read waits for loads to land and handles to move on.  Only
+        if its turn has lasted `ROOM_WAIT` seconds does it load over the limit.  (When a read
+        waited 2 s at most, then took the memory of windows others read, 32 readers of 32 epochs
+        of a `full` view loaded at 1.4 times the memory bound, nearly every read a reload.)"""
         if key in self._slots:
             return
         size = max(nbytes, self._largest.get(key[0], nbytes)) + work
