@@ -99,17 +99,23 @@ class EpochPrep:
         return len(self._ahead_epoch)
 
     def ahead(self, node: Node) -> None:
-        """``node``'s view was just opened with a stage (`serve.passthrough`): build the stage of
-        the same file's next epoch while this one is read, so that an epoch change finds it
-        ready (one thread: the readers of this epoch have the other cores).  Not for resumed
-        views, nor while other files are read in this epoch (a pool's shards: their next epoch's
-        views would wait idle behind the shards read after them, and be dropped).  An epoch set
-        to another number closes it unread (`Views.close_stale`)."""
-        if self.cat.windows.nursery is None or node.key[5] or not self.cat.passthrough.alone(node):
+        """``node``'s view was just opened with a stage (`serve.passthrough`): build the stage
+        its reader will open next while this one is read (`Passthrough.next_after`: the same
+        file's next epoch, or the next shard's), so that it finds it ready (one thread: the
+        readers have the other cores).  Not for resumed views, nor for a file whose next one
+        is not known (shards in their first epoch: their next epoch's views would wait idle
+        behind the shards read after them, and be dropped).  An epoch set to another number
+        closes a next epoch's view unread (`Views.close_stale`).  Measured on 4 shards of 260 MiB
+        read in turn with ``iter_batches``: 0.40-0.43x the source's rows/s when each shard's open
+        waited for its stage."""
+        nxt = None if node.key[5] else self.cat.passthrough.next_after(node)
+        if self.cat.windows.nursery is None or nxt is None:
             return
-        self.cat.windows.nursery.start_soon(self._stage_ahead, node.relpath, (node.part, node.parts), node.epoch + 1)
+        made = "while the file before was read" if nxt[2] == node.epoch else "while the epoch before was read"
+        self.cat.windows.nursery.start_soon(self._stage_ahead, *nxt, made)
 
-    async def _stage_ahead(self, relpath: str, space: tuple[int, int], epoch: int) -> None:
+    async def _stage_ahead(self, relpath: str, space: tuple[int, int], epoch: int,
+                           made: str = "while the epoch before was read") -> None:
         """One build at a time per file; a request for another epoch made while one runs (an
         epoch set elsewhere, then this one opened) is built once the running one ends, not
         dropped."""
@@ -120,7 +126,7 @@ class EpochPrep:
             return
 
         async def stage(node: Node) -> None:
-            await self.cat.passthrough.stage(self.cat, node, threads=1, made="while the epoch before was read")
+            await self.cat.passthrough.stage(self.cat, node, threads=1, made=made)
             self.staged_ahead += 1
 
         try:

@@ -10,8 +10,9 @@ A Parquet view uses it: its bytes are encoded once, front to back, into a stage 
 (`stages.parquet_stage`) before its first handle is served, and every handle of the view (one
 inode per epoch, `serve.tree`) reads the stage.  The stage is built by the epoch change's
 preparation of the view (`epoch_prep`) when there is one, else by the first open, and goes with
-the view (its handles keep reading it); for a file read alone in its epoch, the next epoch's is
-built while this one is read (`EpochPrep.ahead`).  A view whose stage cannot be made (no room on the disk)
+the view (its handles keep reading it); while a view is read, the stage a reader will want next
+is built (`EpochPrep.ahead`): the same file's in the next epoch, or of shards read one after the
+other, the next shard's (`Passthrough.next_after`).  A view whose stage cannot be made (no room on the disk)
 is served by the daemon as without passthrough; a view whose source fails (changed, damaged)
 fails its open as it would fail its reads.  Every other view is served by the daemon.
 """
@@ -53,7 +54,9 @@ class Passthrough:
         self.disabled: str | None = None  # why passthrough is not used after all
         self._files: dict[str, StageFiles] = {}  # stage files for reuse, by directory
         self._registered: set[int] = set()  # handles whose stray reads the compiled replies answer
-        self._opened: dict[int, set[str]] = {}  # files opened with a stage, by epoch (the last few)
+        self._opened: dict[int, dict[tuple, None]] = {}
+        """Files (relpath, part, parts) opened with a stage, in the order of their first opens, by
+        epoch (the last few)."""
 
     def ask(self) -> None:
         """Before mounting: ask for passthrough at INIT if it may be used."""
@@ -140,7 +143,24 @@ class Passthrough:
 
     def alone(self, node: Node) -> bool:
         """Whether ``node``'s file is the only one opened with a stage in its epoch so far."""
-        return self._opened.get(node.epoch, set()) <= {node.relpath}
+        return set(self._opened.get(node.epoch, {})) <= {_file(node)}
+
+    def next_after(self, node: Node) -> tuple[str, tuple[int, int], int] | None:
+        """The file (relpath, (part, parts)) and epoch a reader of ``node`` will most likely open
+        next with a stage: the file first opened after ``node``'s in the last epoch before that
+        opened any (after its last one: its first, in the next epoch), as readers of a set of
+        shards open them in one order every epoch; with no epoch before, ``node``'s file in the
+        next epoch if it is read alone.  None when the epoch before did not open ``node``'s file."""
+        this = _file(node)
+        before = [e for e in self._opened if e < node.epoch]
+        if not before:
+            return (node.relpath, this[1:], node.epoch + 1) if self.alone(node) else None
+        order = list(self._opened[max(before)])
+        if this not in order:
+            return None
+        i = order.index(this)
+        nxt, epoch = (order[i + 1], node.epoch) if i + 1 < len(order) else (order[0], node.epoch + 1)
+        return nxt[0], nxt[1:], epoch
 
     def attach(self, fh: int, stage: ParquetStage, node: Node | None = None) -> None:
         """The open about to be answered with file handle ``fh`` reads ``stage``.  Reads of the
@@ -150,7 +170,7 @@ class Passthrough:
         self.lib.passthrough_open(fh, stage.backing_id)
         self.opens += 1
         if node is not None:
-            self._opened.setdefault(node.epoch, set()).add(node.relpath)
+            self._opened.setdefault(node.epoch, {})[_file(node)] = None
             while len(self._opened) > 4:
                 del self._opened[min(self._opened)]
         if stage.size and self.lib.register(fh, 0, stage.size, stage.data, 0, []):
@@ -174,3 +194,7 @@ class Passthrough:
                 "stages_built": self.stages_built, "opens": self.opens, "stage_files": files,
                 "stage_files_reused": sum(f.reused for f in self._files.values()),
                 **({"refused": self.refused} if self.refused else {})}
+
+
+def _file(node: Node) -> tuple:
+    return node.relpath, node.part, node.parts

@@ -88,7 +88,7 @@ class ParquetStage:
         self.fd, self.size = file.fd, len(data)
         self.backing_id = 0
         self.release_id: Any = None  # called with the id when the stage closes
-        self.made = ""  # when: at its first open, when its epoch was set, while the epoch before was read
+        self.made = ""  # when: at its first open, when its epoch was set, while the epoch (or file) before was read
 
     def pread(self, size: int, offset: int) -> bytes:
         return bytes(self.data[offset: offset + size])
