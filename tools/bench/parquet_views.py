@@ -41,6 +41,7 @@ import numpy as np
 
 from .docs import write_section
 from .parquet_peers import LABELS, hf_datasets, label_mix, litdata_parquet
+from .parquet_shards import EPOCHS as SHARD_EPOCHS, SHARDS, make_shards, shard_rounds
 from .proc import FuseDaemon, Sampler, can_drop_caches, drop_caches
 
 REPO = Path(__file__).resolve().parents[2]
@@ -307,6 +308,13 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
         stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
     later = later_rounds(cmd, mnt, view, src, data / "daemon.log", env, md.num_rows)
     table += [median_row(f"view, first epoch of a later mount, {what}", got, uniform) for what, got in later.items()]
+    shard_dir = data / "shards"
+    names = make_shards(src, shard_dir)
+    shard_cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(shard_dir), str(mnt), "--cache-dir", str(cache)]
+    shards = shard_rounds(shard_cmd, shard_dir, mnt, data / "daemon.log", env, names, rounds, iterate)
+    shard_what = (f"{SHARDS} shards of the file (`train-0000k-of-0000{SHARDS}.parquet`, pooled) read in turn, warm: "
+                  f"blocks of {SHARD_EPOCHS} epochs back to back against the same loop over the source shards")
+    table.append(median_row(f"view, {shard_what}", shards, uniform))
     if peers:
         table += hf_datasets(src, 200_000)
         table += litdata_parquet(src, 50_000)
@@ -342,7 +350,8 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
             ]
     ratio, first = statistics.median(ratios), statistics.median(firsts)
     others = []  # the same target, for the other cache states
-    for what, got in {**later_cold, **{f"first epoch of a later mount, {k}": v for k, v in later.items()}}.items():
+    for what, got in {**later_cold, **{f"first epoch of a later mount, {k}": v for k, v in later.items()},
+                      f"{SHARDS} shards read in turn": shards}.items():
         x = statistics.median(g[0] / g[1] for g in got)
         others.append(f"| the same, {what.split(' (')[0]} | {x:.2f}x | {'met' if x >= 0.7 else 'not met'} |")
     out += ["", "| target | measured | verdict |", "|---|---|---|",
