@@ -178,6 +178,40 @@ def test_shards_read_in_turn_find_the_next_ones_stage_built_while_one_is_read(bo
     assert made[63, NAMES[1]] != "while the file before was read", made  # not the file predicted
 
 
+def test_a_shard_rewritten_or_removed_after_its_stage_was_built_ahead_is_never_served_old(mount, tmp_path):
+    """A shard whose stage was built while the one before was read, then rewritten before its
+    open: the open shows the new version (the stage built ahead is of the old one and is never
+    read); a shard removed then is ENOENT, and the others read on.  Holds:
+    SEMANTICS.md#views-parquet-passthrough, SEMANTICS.md#changes-new-open"""
+    src = tmp_path / "shards"
+    src.mkdir()
+    names = [f"train-{k:05d}-of-00003.parquet" for k in range(3)]
+    for k, name in enumerate(names):
+        pf.label_sorted(src / name, n=6_000, group_rows=2_000, seed=40 + k)
+    staged = mount(None, *ARGS, src=src, name="staged")
+    if not staged.stats()["passthrough"]["on"]:
+        pytest.skip("no FUSE passthrough here")
+    for epoch in (0, 1):  # the second epoch learns nothing new: the order of the first is known
+        staged.set_epoch(epoch)
+        for name in names:
+            wait_ahead(staged, 0)
+            pq.read_table(staged.path(name))
+    staged.set_epoch(2)
+    wait_ahead(staged, 0)
+    pq.read_table(staged.path(names[0]))  # the stage of names[1] is built meanwhile
+    wait_ahead(staged, 0)
+    made = json.loads(staged.xattr("info", names[1]))["parquet"]["stage"]["made"]
+    assert made == "while the file before was read", made
+    pf.label_sorted(src / names[1], n=6_000, group_rows=2_000, seed=99)  # rewritten: the pool's version moves
+    served = mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
+    served.set_epoch(2)
+    for name in names[1:]:
+        assert staged.path(name).read_bytes() == served.path(name).read_bytes(), name
+    os.unlink(src / names[2])
+    with pytest.raises(FileNotFoundError):
+        staged.path(names[2]).read_bytes()
+
+
 def test_many_readers_at_once_read_the_same(both):
     """Holds: SEMANTICS.md#views-parquet-passthrough"""
     staged, served = both
