@@ -327,3 +327,41 @@ def test_runs_that_are_not_the_layout_s_are_an_error_not_a_page(files):
         object.__setattr__(col, "values", sizes)
     with pytest.raises(FormatError, match="the copy is not the index's"):
         encode_rows(view, 0, view.rows(0), copy, np.empty(view.group_range(0)[1] - view.group_range(0)[0], np.uint8))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
+def test_the_page_gather_copies_what_slicing_copies(dtype):
+    """Random rows (repeats, empty runs, empty pages), pages placed apart or one after the other,
+    one stream or two: every byte where slicing puts it, every page's end reported."""
+    from shufflefs.formats.parquet.encode import _gather
+
+    if _gather is None:
+        pytest.skip("compiled gather not built")
+    rng = np.random.default_rng(int(np.dtype(dtype).itemsize))
+    for _ in range(50):
+        n_src = int(rng.integers(1, 40))
+        sizes = rng.integers(0, 30, n_src).astype(dtype)
+        sizes[rng.random(n_src) < 0.2] = 0
+        offsets = np.zeros(n_src, np.int64)
+        np.cumsum(sizes[:-1], out=offsets[1:])
+        offsets = offsets[rng.permutation(n_src)]  # runs in any order in the source
+        src = rng.integers(0, 256, int(offsets.max()) + int(sizes.max()) + 5, dtype=np.uint8)
+        src2 = rng.integers(0, 256, len(src), dtype=np.uint8)
+        rows = rng.integers(0, n_src, int(rng.integers(0, 60)))
+        cuts = np.sort(rng.integers(0, len(rows) + 1, int(rng.integers(0, 5))))
+        bounds = np.concatenate([[0], cuts, [len(rows)]]).astype(np.int64)
+        pages = [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+        run = {x: (int(offsets[x]), int(offsets[x]) + int(sizes[x])) for x in range(n_src)}
+        want = [b"".join(src[slice(*run[x])].tobytes() for x in p.tolist()) for p in pages]
+        apart = bool(rng.integers(2))
+        dst = np.cumsum([0] + [len(w) + 7 for w in want[:-1]]).astype(np.int64) if apart else np.zeros(0, np.int64)
+        out = np.zeros(int(dst[-1]) + len(want[-1]) + 3 if apart else sum(map(len, want)) + 3, np.uint8)
+        out2 = np.zeros_like(out)
+        ends = np.full(len(pages), -1, np.int64)
+        _gather.gather_rows(out, src, rows.astype(np.int64), offsets, sizes, np.dtype(dtype).itemsize, bounds, dst,
+                            ends, out2, src2)
+        starts = dst if apart else np.concatenate([[0], ends[:-1]]).astype(np.int64)
+        for p, (w, a) in enumerate(zip(want, starts.tolist())):
+            assert out[a: a + len(w)].tobytes() == w and ends[p] == a + len(w)
+            w2 = b"".join(src2[slice(*run[x])].tobytes() for x in pages[p].tolist())
+            assert out2[a: a + len(w2)].tobytes() == w2
