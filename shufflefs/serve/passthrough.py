@@ -193,6 +193,7 @@ class Passthrough:
         return {"on": self.on, **({} if self.on else {"why_not": self.why_not()}),
                 "stages_built": self.stages_built, "opens": self.opens, "stage_files": files,
                 "stage_files_reused": sum(f.reused for f in self._files.values()),
+                "stage_files_made": sum(f.made for f in self._files.values()),
                 **({"refused": self.refused} if self.refused else {})}
 
 

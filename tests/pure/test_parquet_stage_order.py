@@ -65,3 +65,22 @@ def test_a_stage_from_the_layouts_order_is_the_view(tmp_path: Path, strategy: st
         loaded.close()
         files.close()
         copies.close()
+
+
+def test_as_many_stage_files_wait_for_reuse_as_were_in_use_at_once(tmp_path: Path) -> None:
+    """Shards read in turn hold more stages at once than `StageFiles.KEPT` (an epoch's views and
+    the next one's stage built ahead): every file given back waits for the next epoch's stages,
+    none is closed and made again (a new file's pages cost several times the writes)."""
+    files = StageFiles(str(tmp_path))
+    for _ in range(3):  # epochs: five stages in use at once, then all given back
+        taken = [files.take() for _ in range(5)]
+        for f in taken:
+            files.give_back(f)
+    assert files.made == 5 and files.closed == 0
+    small = StageFiles(str(tmp_path))  # a file read alone: at most KEPT wait
+    taken = [small.take() for _ in range(2)]
+    for f in taken:
+        small.give_back(f)
+    assert small.made == 2 and small.closed == 0 and len(small._free) == 2
+    files.close()
+    small.close()
