@@ -153,10 +153,22 @@ class KeptCopies:
 
     def take_spare(self, into: str) -> int | None:
         """A spare scratch file an earlier mount left (`keep_spare`), moved to ``into`` (a
-        rename: one mount takes it) and open; None if there is none."""
+        rename: one mount takes it) and open; None if there is none.  Every entry named like a
+        spare that is not a plain file of this daemon's user (by ``lstat``: a FIFO would block
+        an open) is removed first, whichever one is taken."""
+        spares = []
         for e in self._entries():
             if e.name_key != SPARE:
                 continue
+            try:
+                st = os.lstat(e.path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+                _unlink(e.path)
+            else:
+                spares.append(e)
+        for e in sorted(spares, key=lambda e: -e.kept_ns):  # the newest: its pages the likeliest cached
             try:
                 os.rename(e.path, into)
             except OSError:

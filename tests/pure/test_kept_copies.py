@@ -85,7 +85,9 @@ def test_spare_files_are_named_at_most_three_taken_once_and_only_plain_files(tmp
     os.close(fd)
     (Path(keeps.dir) / "spare-1.1.1").symlink_to(tmp_path / "named")  # not the daemon's kind of file
     os.mkfifo(Path(keeps.dir) / "spare-2.1.1")
-    taken = []
+    first = keeps.take_spare(str(tmp_path / "first"))  # the newest spare; the symlink and FIFO go at once
+    assert first is not None and sorted(p.name for p in Path(keeps.dir).iterdir() if p.name.endswith(".1.1")) == []
+    taken = [first]
     while (fd := keeps.take_spare(str(tmp_path / f"t{len(taken)}"))) is not None:
         assert os.fstat(fd).st_nlink == 1 and os.path.isfile(tmp_path / f"t{len(taken)}")
         taken.append(fd)
