@@ -164,10 +164,10 @@ class KeptCopies:
                 st = os.lstat(e.path)
             except OSError:
                 continue
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
-                _unlink(e.path)
-            else:
+            if _ours(st):
                 spares.append(e)
+            else:
+                _unlink(e.path)
         for e in sorted(spares, key=lambda e: -e.kept_ns):  # the newest: its pages the likeliest cached
             try:
                 os.rename(e.path, into)
@@ -178,9 +178,8 @@ class KeptCopies:
             except OSError:
                 _unlink(into)
                 continue
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
-                os.close(fd)  # not a file this daemon would make
+            if not _ours(os.fstat(fd)):
+                os.close(fd)  # not a file this daemon would make (replaced since the lstat)
                 _unlink(into)
                 continue
             return fd
@@ -237,6 +236,11 @@ def in_memory(path: str) -> bool:
     except OSError:
         return False
     return kind in MEMORY_FILESYSTEMS
+
+
+def _ours(st: os.stat_result) -> bool:
+    """Whether a spare is a file this daemon would leave: plain, of its user, of one name."""
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and st.st_nlink == 1
 
 
 def _unlink(path: str) -> bool:
