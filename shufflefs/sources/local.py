@@ -27,6 +27,12 @@ try:
 except ImportError:  # pragma: no cover - depends on the build
     _Mapping = None
 
+_shared: dict[tuple[str, int, int, int, int], list[Any]] = {}
+"""One mapping per version of a file, as [mapping, users], held by every `SourceFile` of that
+version that asked for one: views of several epochs then fault its pages in once, and the
+daemon's resident size counts them once."""
+_shared_lock = threading.Lock()
+
 
 class SourceFile:
     """An open source file pinned to the stamp of its index."""
@@ -38,6 +44,7 @@ class SourceFile:
         self.stamp = stamp
         self._map: object | None = None
         self._map_lock = threading.Lock()
+        self._key = (path, stamp.ino, stamp.size, stamp.mtime_ns, stamp.ctime_ns)
         try:
             self.fd = resolve.open_path(path)
         except FileNotFoundError:
@@ -143,14 +150,20 @@ class SourceFile:
         descriptor), made on first use and held until `close`, for windows of short runs
         (`view.MAP_RUN`); None for an empty or closed file, or without the compiled module.  The
         compiled gather guards its copies from it against SIGBUS (a file that shrank), and every
-        window is verified against the stamp afterwards, as with preads."""
+        window is verified against the stamp afterwards, as with preads.  Files open at the same
+        version share one mapping (`_shared`)."""
         with self._map_lock:
             if self._map is None and self.fd >= 0 and self.stamp.size > 0 and _Mapping is not None:
                 self.verify_read(None)  # still the indexed version (a shorter file would fault)
-                try:
-                    self._map = _Mapping(self.fd, self.stamp.size)
-                except OSError:  # not mappable (a filesystem without mmap, too many mappings)
-                    return None
+                with _shared_lock:
+                    held = _shared.get(self._key)
+                    if held is None:
+                        try:
+                            held = _shared[self._key] = [_Mapping(self.fd, self.stamp.size), 0]
+                        except OSError:  # not mappable (a filesystem without mmap, too many mappings)
+                            return None
+                    held[1] += 1
+                    self._map = held[0]
             return self._map
 
     def mapped_members(self) -> Members | None:
@@ -163,6 +176,12 @@ class SourceFile:
 
     def close(self) -> None:
         with self._map_lock:
+            if self._map is not None:
+                with _shared_lock:
+                    held = _shared[self._key]
+                    held[1] -= 1
+                    if held[1] == 0:
+                        del _shared[self._key]
             self._map = None  # unmapped when the last user (a window load's buffer) lets go
         if self.fd >= 0:
             close_fd(self.fd)  # never waits on a hung source in the event loop

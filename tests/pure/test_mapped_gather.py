@@ -130,6 +130,31 @@ def test_a_mapping_in_use_outlives_the_close_of_its_source(source):
     assert f.mapping() is None  # closed: no new mapping
 
 
+def test_views_of_one_version_share_its_mapping_and_a_new_version_gets_its_own(source):
+    """Views of several epochs open the file each: one mapping serves them all (its pages fault
+    in once and count once in the daemon's resident size), until the last of them closes."""
+    path, index, data = source
+    first, second = SourceFile(path, index.stamp), SourceFile(path, index.stamp)
+    shared = first.mapping()
+    assert second.mapping() is shared
+    first.close()
+    assert second.mapping() is shared  # still held by the second
+    second.close()
+    third = SourceFile(path, index.stamp)
+    mapped = third.mapping()
+    assert mapped is not shared  # the last user closed: a new one is made
+    new = data[::-1].copy()
+    with open(path, "r+b") as f:  # a new version in place: same inode and size, new ctime
+        f.write(new.tobytes())
+    stamp = SourceStamp.of(os.stat(path))
+    assert stamp != index.stamp
+    fresh = SourceFile(path, stamp)
+    assert fresh.mapping() is not mapped  # another version is never served from the old one's
+    assert bytes(memoryview(fresh.mapping())[:SIZE]) == new[:SIZE].tobytes()
+    third.close()
+    fresh.close()
+
+
 def test_an_empty_or_already_shorter_file_has_no_mapping(tmp_path):
     empty = tmp_path / "empty"
     empty.write_bytes(b"")

@@ -7,10 +7,10 @@ opened with), no read fails, and the daemon's own memory (anonymous + shared, sa
 millisecond) stays within the documented bound: 16 bytes per record + 3 windows + 100 MiB (a
 window build's working memory counts as the spare window, or beyond it if it takes more than a
 window); its VmHWM, which also counts the source pages record-level views map, within the bound
-plus the source file.  pls is soaked as whole-file and rank shares, unstaged and staged
-(``--stage-dir``: stage builds run beside the plans and windows).  And 64 readers of a
-``--direct-io`` mount wanting far more windows than fit: they wait for memory in line, none
-times out.  ``--stress`` runs longer and more strategies."""
+plus the source file (one mapping, however many epochs are read at once).  pls is soaked as
+whole-file and rank shares, unstaged and staged (``--stage-dir``: stage builds run beside the
+plans and windows).  And 64 readers of a ``--direct-io`` mount wanting far more windows than fit:
+they wait for memory in line, none times out.  ``--stress`` runs longer and more strategies."""
 
 from __future__ import annotations
 
@@ -178,9 +178,7 @@ def test_readers_during_epoch_flips_get_whole_epochs_within_the_memory_bound(mou
     own[0] = max(own[0], own_memory(m.pid))
     what = f"{strategy} (readers {stagger_ms} ms apart, rank {rank} of {world}{', staged' if staged else ''})"
     assert own[0] <= bound, f"{what}: {own[0] >> 20} MiB over the bound {bound >> 20} MiB"
-    peak = vm_hwm(m.pid)
-    if world > 1:  # views of several epochs map the file at once, and VmHWM counts every mapping's
-        return     # pages (a rank's short views come and go faster): only its own memory is bounded
+    peak = vm_hwm(m.pid)  # views of every epoch share one mapping of the file (`SourceFile.mapping`)
     assert peak <= bound + len(DATA), \
         f"{what}: VmHWM {peak >> 20} MiB over the bound and the file (own memory at most {own[0] >> 20} MiB, " \
         f"file pages now {file_pages(m.pid) >> 20} MiB)"
