@@ -12,8 +12,8 @@ inode per epoch, `serve.tree`) reads the stage.  The stage is built by the epoch
 preparation of the view (`epoch_prep`) when there is one, else by the first open, and goes with
 the view (its handles keep reading it); while a view is read, the stage a reader will want next
 is built (`EpochPrep.ahead`): the same file's in the next epoch, or of shards read one after the
-other, the next shard's (`Passthrough.next_after`).  A view whose stage cannot be made (no room on the disk)
-is served by the daemon as without passthrough; a view whose source fails (changed, damaged)
+other, the next two shards' (`Passthrough.next_of`).  A view whose stage cannot be made (no room
+on the disk) is served by the daemon as without passthrough; a view whose source fails (changed, damaged)
 fails its open as it would fail its reads.  Every other view is served by the daemon.
 """
 
@@ -141,25 +141,22 @@ class Passthrough:
                   stage.seconds)
         return stage
 
-    def alone(self, node: Node) -> bool:
-        """Whether ``node``'s file is the only one opened with a stage in its epoch so far."""
-        return set(self._opened.get(node.epoch, {})) <= {_file(node)}
-
-    def next_after(self, node: Node) -> tuple[str, tuple[int, int], int] | None:
-        """The file (relpath, (part, parts)) and epoch a reader of ``node`` will most likely open
-        next with a stage: the file first opened after ``node``'s in the last epoch before that
-        opened any (after its last one: its first, in the next epoch), as readers of a set of
-        shards open them in one order every epoch; with no epoch before, ``node``'s file in the
-        next epoch if it is read alone.  None when the epoch before did not open ``node``'s file."""
-        this = _file(node)
-        before = [e for e in self._opened if e < node.epoch]
+    def next_of(self, this: tuple, epoch: int, known: int | None = None) -> tuple[str, tuple[int, int], int] | None:
+        """The file (relpath, (part, parts)) and epoch a reader will most likely open next with a
+        stage after the file ``this`` (relpath, part, parts) at ``epoch``: the file first opened
+        after it in the last epoch before ``known`` (default: ``epoch``) that opened any (after
+        its last one: its first, in the next epoch), as readers of a set of shards open them in
+        one order every epoch; with no epoch before, ``this`` in the next epoch if it is read
+        alone.  None when that epoch did not open ``this``."""
+        before = [e for e in self._opened if e < (epoch if known is None else known)]
         if not before:
-            return (node.relpath, this[1:], node.epoch + 1) if self.alone(node) else None
+            alone = set(self._opened.get(epoch, {})) <= {this}
+            return (this[0], this[1:], epoch + 1) if alone else None
         order = list(self._opened[max(before)])
         if this not in order:
             return None
         i = order.index(this)
-        nxt, epoch = (order[i + 1], node.epoch) if i + 1 < len(order) else (order[0], node.epoch + 1)
+        nxt, epoch = (order[i + 1], epoch) if i + 1 < len(order) else (order[0], epoch + 1)
         return nxt[0], nxt[1:], epoch
 
     def attach(self, fh: int, stage: ParquetStage, node: Node | None = None) -> None:

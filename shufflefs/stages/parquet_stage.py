@@ -125,12 +125,14 @@ class StageFiles:
     0.15-0.22 CPU-s against 0.03."""
 
     KEPT = 3
+    BUFFERS = 2
 
     def __init__(self, directory: str, spares: Any = None) -> None:
         """``spares``: where files are left for the next mount at `close`, and taken from when
         none is free (a `kept_copies.KeptCopies`; None: never)."""
         self.directory, self.spares = directory, spares
         self._free: list[StageFile] = []
+        self._buffers: list[np.ndarray] = []  # `borrow`
         self._lock = threading.Lock()
         self.made = self.closed = self.reused = 0
         self.most_used = 0  # the most files in use at once: as many wait for reuse (at least `KEPT`)
@@ -149,6 +151,20 @@ class StageFiles:
                     self.reused += 1
                 return StageFile(self.directory, fd, path)
         return StageFile(self.directory)
+
+    def borrow(self) -> np.ndarray | None:
+        """A buffer a stage build encoded its windows in before (None: the first build's own).
+        Arrays from 1 MiB on are mapped afresh at each allocation (`heap.MMAP_THRESHOLD`): a new
+        buffer for each build faulted in and zeroed a window's worth of pages, 2,048 faults a
+        build; shards read in turn build four stages an epoch, often on two threads each."""
+        with self._lock:
+            return self._buffers.pop() if self._buffers else None
+
+    def lend_back(self, buffer: np.ndarray | None) -> None:
+        """Keep ``buffer`` for the next build: at most `BUFFERS` (one per thread of a build)."""
+        with self._lock:
+            if buffer is not None and len(self._buffers) < self.BUFFERS:
+                self._buffers.append(buffer)
 
     def give_back(self, file: StageFile) -> None:
         with self._lock:
@@ -213,21 +229,23 @@ class StageWriter:
         with self._cond:
             self._active += 1
         starts = view.layout.window_starts
-        buf = None
+        buf = self.files.borrow()
         try:
             while True:
                 with self._cond:
                     if self.failed or self._next >= n:
                         return
                     k, self._next = self._next, self._next + 1
+                size = view.layout.window_size(k)
+                if buf is None or len(buf) < size:  # with room for the next views' windows
+                    buf = np.empty(size + size // 8, np.uint8)
                 data, _ = view.load_window(k, out=buf)
-                if buf is None or len(data) > len(buf):
-                    buf = data.base if isinstance(data.base, np.ndarray) else data
                 pwrite_all(self.file.fd, memoryview(data), int(starts[k]))
         except BaseException as e:  # noqa: BLE001 - raised by `finish`
             with self._cond:
                 self.failed.append(e)
         finally:
+            self.files.lend_back(buf)
             with self._cond:
                 self._active -= 1
                 self._cond.notify_all()

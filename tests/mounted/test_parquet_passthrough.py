@@ -179,7 +179,7 @@ def test_shards_read_in_turn_find_the_next_ones_stage_built_while_one_is_read(bo
 
 
 def test_a_shard_rewritten_or_removed_after_its_stage_was_built_ahead_is_never_served_old(mount, tmp_path):
-    """A shard whose stage was built while the one before was read, then rewritten before its
+    """A shard whose stage was built ahead (while the shards before it were read), then rewritten before its
     open: the open shows the new version (the stage built ahead is of the old one and is never
     read); a shard removed then is ENOENT, and the others read on.  Holds:
     SEMANTICS.md#views-parquet-passthrough, SEMANTICS.md#changes-new-open"""
@@ -198,10 +198,10 @@ def test_a_shard_rewritten_or_removed_after_its_stage_was_built_ahead_is_never_s
             pq.read_table(staged.path(name))
     staged.set_epoch(2)
     wait_ahead(staged, 0)
-    pq.read_table(staged.path(names[0]))  # the stage of names[1] is built meanwhile
+    pq.read_table(staged.path(names[0]))  # the stage of names[2] is built meanwhile
     wait_ahead(staged, 0)
     made = json.loads(staged.xattr("info", names[1]))["parquet"]["stage"]["made"]
-    assert made == "while the file before was read", made
+    assert made == "while the epoch before was read", made  # two ahead of the last shard of epoch 1
     pf.label_sorted(src / names[1], n=6_000, group_rows=2_000, seed=99)  # rewritten: the pool's version moves
     served = mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
     served.set_epoch(2)

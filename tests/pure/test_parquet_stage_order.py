@@ -84,3 +84,43 @@ def test_as_many_stage_files_wait_for_reuse_as_were_in_use_at_once(tmp_path: Pat
     assert small.made == 2 and small.closed == 0 and len(small._free) == 2
     files.close()
     small.close()
+
+
+def test_stage_builds_encode_in_the_buffer_the_build_before_used(tmp_path: Path) -> None:
+    """A new buffer for every build was mapped and zeroed afresh (arrays from 1 MiB on are their
+    own mappings): four shards' builds an epoch faulted in a window's worth of pages each.  The
+    next build takes the buffer back, and its stage is still the view's bytes."""
+    src = pf.label_sorted(tmp_path / "s.parquet", n=20_000, group_rows=3_000)
+    index = scan_file(src, make_format("parquet"))
+    copies = RowCopies(tmp_path / "copies")
+    files = StageFiles(str(tmp_path))
+    views: list[ParquetView] = []
+
+    def view(epoch: int) -> ParquetView:
+        plan = make_plan(index, ShuffleSpec(strategy="stratified", buffer=1 << 20), epoch, 0, 1)
+        copy = copies.acquire(str(src), index)
+        views.append(ParquetView(str(src), index, plan, ParquetLayout(index, plan), SourceFile(str(src), index.stamp),
+                                 copy, lambda: copies.release(copy)))
+        return views[-1]
+
+    try:
+        first = write_stage(view(1), files, threads=1)
+        assert len(files._buffers) == 1
+        kept = files._buffers[0]
+        second = write_stage(view(2), files, threads=1)
+        assert len(files._buffers) == 1 and files._buffers[0] is kept  # borrowed, written in, lent back
+        loaded = view(2)
+        lay = loaded.layout
+        want = b"".join([bytes(loaded.header)] + [bytes(loaded.load_window(k)[0]) for k in range(lay.n_windows)]
+                        + [bytes(loaded.trailer)])
+        assert bytes(second.data) == want and bytes(first.data) != want
+        for extra in range(3):
+            files.lend_back(np.empty(1 << 20, np.uint8))
+        assert len(files._buffers) == StageFiles.BUFFERS  # one a thread of a build, no more
+        first.close()
+        second.close()
+    finally:
+        for v in views:
+            v.close()
+        files.close()
+        copies.close()

@@ -2,8 +2,8 @@
 
 Datasets on the Hugging Face Hub ship as ``train-0000k-of-0000n.parquet``: a mount pools such a
 set (one order over all its rows, each shard showing its part) and a reader opens the shards in
-turn.  Each shard's stage is then built while the shard before is read (`EpochPrep.ahead`), not
-at its open.  Measured in blocks of epochs back to back against the same loop over the source
+turn.  Each shard's stage is then built while the shards before it are read (`EpochPrep.ahead`),
+not at its open.  Measured in blocks of epochs back to back against the same loop over the source
 shards, the order of the two alternating.
 """
 
