@@ -44,6 +44,7 @@ class StageFile:
         self.fd = fd if fd >= 0 else _anonymous_file(directory)
         self.path = path
         self.capacity = 0
+        self.size = os.fstat(self.fd).st_size if fd >= 0 else 0  # the last stage's (`StageFiles.take`)
         self.map: mmap.mmap | None = None
 
     def resize(self, size: int) -> np.ndarray:
@@ -56,6 +57,7 @@ class StageFile:
             self.map = mmap.mmap(self.fd, capacity, mmap.MAP_SHARED, mmap.PROT_READ)
             self.capacity = capacity
         os.ftruncate(self.fd, size)
+        self.size = size
         return np.frombuffer(self.map, np.uint8, count=size) if size else np.zeros(0, np.uint8)  # type: ignore[arg-type]
 
     def close(self) -> None:
@@ -137,15 +139,19 @@ class StageFiles:
         self.made = self.closed = self.reused = 0
         self.most_used = 0  # the most files in use at once: as many wait for reuse (at least `KEPT`)
 
-    def take(self) -> StageFile:
+    def take(self, size: int = 0) -> StageFile:
+        """A file for a stage of ``size`` bytes: of the free ones at least that large the one
+        given back last, else the largest (`KeptCopies.take_spare`, the same rule)."""
         with self._lock:
             self.most_used = max(self.most_used, self.made - self.closed - len(self._free) + 1)
             if self._free:
-                return self._free.pop()
+                pick = max(range(len(self._free)), key=lambda i: (self._free[i].size >= size,
+                                                                  i if self._free[i].size >= size else self._free[i].size))
+                return self._free.pop(pick)
             self.made += 1
         if self.spares is not None:
             path = os.path.join(self.directory, f"spare-{self.made}")
-            fd = self.spares.take_spare(path)
+            fd = self.spares.take_spare(path, size)
             if fd is not None:
                 with self._lock:
                     self.reused += 1
@@ -177,8 +183,8 @@ class StageFiles:
     def close(self) -> None:
         """At unmount: the free files left for the next mount (`spares`), else closed."""
         with self._lock:
-            free, self._free = self._free, []
-        for file in free:
+            free, self._free = sorted(self._free, key=lambda f: -f.size), []
+        for file in free:  # the largest first: a spare serves any stage up to its size
             if self.spares is not None:
                 if self.spares.keep_spare(file.fd, file.path):
                     file.path = None  # its name is the spare's now
@@ -210,7 +216,7 @@ class StageWriter:
                 len(starts) and starts[-1] != lay.trailer_offset):
             raise FramingError(view.path, None, "its windows do not cover the view between header and footer")
         self.view, self.files, self.t0 = view, files, time.monotonic()
-        self.file = files.take()
+        self.file = files.take(lay.size)
         self._next, self._active = 0, 0
         self.failed: list[BaseException] = []
         self._cond = threading.Condition()

@@ -108,8 +108,8 @@ class WindowCache:
         self._in_flight = 0  # loads running
         self._queue: deque[trio.Event] = deque()  # reads waiting for room, in the order they asked
         self._changed = trio.Event()  # set (and replaced) whenever memory may have become free
-        self._warming = False
-        self._warmed = trio.Event()  # set when the buffers being faulted in are (`_warm_buffers`)
+        self._warmed = trio.Event()  # unset while buffers are being faulted in (`_warm_buffers`)
+        self._warmed.set()
         self._warm_limiter = trio.CapacityLimiter(1)
         self.recycled: Callable[[Slot], None] = lambda slot: None  # told before a buffer is reused or dropped
         self.touched: Callable[[], None] = lambda: None  # asked to bring reads' `Slot.used` up to date
@@ -159,12 +159,12 @@ class WindowCache:
         """Fault in the buffers the next windows will need while the first one loads, on a
         worker thread of its own: a daemon's first windows otherwise pay for touching fresh
         memory (see the module docstring) in the reader's wait."""
-        if self.nursery is None or self._warming:
+        if self.nursery is None or not self._warmed.is_set():
             return
         size = max(self._largest.values(), default=0)
         have = sum(b.nbytes >= size for b in self._free) + sum(s.nbytes >= size for s in self._slots.values())
         if size and have < self.windows - 1:  # the first load makes its own
-            self._warming, self._warmed = True, trio.Event()
+            self._warmed = trio.Event()
             self.nursery.start_soon(self._warm_buffers, size, self.windows - 1 - have)
 
     async def _warm_buffers(self, size: int, count: int) -> None:
@@ -184,7 +184,6 @@ class WindowCache:
                 del buf  # a buffer the free list lets go of must not live on here
                 self._notify()
         finally:
-            self._warming = False
             self._warmed.set()
 
     @property
@@ -351,7 +350,7 @@ class WindowCache:
         if key in self._slots or self.nursery is None or key[0] not in self._largest or self._queue:
             return False  # (reads waiting for room come first)
         if not self._evict_for(max(nbytes, self._largest[key[0]]) + work, unread_too=False):
-            if not self._warming:
+            if self._warmed.is_set():
                 return False
             self.nursery.start_soon(self._prefetch_warmed, key, nbytes, loader, work, background)
             return True  # the buffer being faulted in is for this load: tried again once it is

@@ -6,6 +6,7 @@ room, a copy is taken whole by one taker, and another version of its source is n
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from shufflefs.index.table import SourceStamp
@@ -95,3 +96,52 @@ def test_spare_files_are_named_at_most_three_taken_once_and_only_plain_files(tmp
     assert sorted(os.pread(fd, 9, 0) for fd in taken) == sorted([b"old bytes"] * (SPARES - 1) + [b"x"])
     for fd in taken:
         os.close(fd)
+
+
+def test_a_spare_large_enough_for_the_stage_is_taken_before_a_newer_smaller_one(tmp_path: Path):
+    """A stage grown past its spare's old end allocates every new page: a mount of one large
+    file after a mount of shards took a shard's spare for its whole-file stage.  A larger file
+    takes the place of the smallest spare once three are kept."""
+    from shufflefs.stages.kept_copies import SPARES
+
+    keeps = KeptCopies(str(tmp_path / "root"), lambda: None)
+
+    def keep(size: int) -> bool:
+        fd = os.open(tmp_path, os.O_TMPFILE | os.O_RDWR, 0o600)
+        os.write(fd, b"s" * size)
+        try:
+            return keeps.keep_spare(fd)
+        finally:
+            os.close(fd)
+            time.sleep(0.01)  # kept in order
+
+    assert SPARES == 3 and [keep(size) for size in (1000, 5000, 3000)] == [True] * 3
+    assert keep(2000) and not keep(500)  # the 1000-byte one makes room for the larger; not for the smaller
+    assert sorted(p.stat().st_size for p in Path(keeps.dir).iterdir()) == [2000, 3000, 5000]
+
+    def taken(size: int) -> int:
+        fd = keeps.take_spare(str(tmp_path / f"t{size}"), size)
+        assert fd is not None
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+
+    assert taken(4000) == 5000  # the only one large enough
+    assert taken(0) == 2000  # the newest of those large enough
+    assert taken(8000) == 3000  # none is: the largest left
+
+
+def test_stage_files_are_taken_large_enough_first(tmp_path: Path):
+    from shufflefs.stages.parquet_stage import StageFiles
+
+    files = StageFiles(str(tmp_path))
+    got = [files.take() for _ in range(3)]
+    for f, size in zip(got, (100, 900, 500)):
+        f.resize(size)
+    for f in got:
+        files.give_back(f)
+    assert files.take(600).size == 900
+    assert files.take(0).size == 500  # the one given back last of those large enough
+    assert files.take(10_000).size == 100
+    files.close()
