@@ -159,11 +159,12 @@ class KeptCopies:
 
     def take_spare(self, into: str, size: int = 0) -> int | None:
         """A spare scratch file an earlier mount left (`keep_spare`), moved to ``into`` (a
-        rename: one mount takes it) and open; None if there is none.  Of the spares of at least
-        ``size`` bytes the newest (its pages the likeliest cached), else the largest: a stage
-        grown past its file's old end allocates every new page (a 1.1 GiB stage written into a
-        shard's 270 MiB spare took the first epoch of a later mount from 1.4 to 2.5 daemon
-        CPU-s).  Every entry named like a spare that is not a plain file of this daemon's user
+        rename: one mount takes it) and open; None if there is none.  Of the spares about
+        ``size`` bytes or more (`near`) the newest (its pages the likeliest cached), else the
+        largest: a stage grown past its file's old end allocates every new page, as does one
+        written into a spare whose pages left the cache (views of two epochs differ by a few
+        bytes: taking the largest instead of the newest took a later mount's first epoch from
+        1.4 to 1.6-2.5 daemon CPU-s).  Every entry named like a spare that is not a plain file of this daemon's user
         (by ``lstat``: a FIFO would block an open) is removed first, whichever one is taken."""
         spares = []
         for e in self._entries():
@@ -177,7 +178,7 @@ class KeptCopies:
                 spares.append((e, st.st_size))
             else:
                 _unlink(e.path)
-        spares.sort(key=lambda x: (x[1] < size, -x[0].kept_ns if x[1] >= size else -x[1]))
+        spares.sort(key=lambda x: (not near(x[1], size), -x[0].kept_ns if near(x[1], size) else -x[1]))
         for e, _ in spares:
             try:
                 os.rename(e.path, into)
@@ -246,6 +247,12 @@ def in_memory(path: str) -> bool:
     except OSError:
         return False
     return kind in MEMORY_FILESYSTEMS
+
+
+def near(have: int, size: int) -> bool:
+    """Whether a scratch file of ``have`` bytes suits a stage of ``size``: at most an eighth
+    of its pages new (stages of one file differ by a few bytes from epoch to epoch)."""
+    return have >= size - size // 8
 
 
 def _size(path: str) -> int:

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..formats.base import FramingError
 from ..scratch import pwrite_all
+from .kept_copies import near
 
 __all__ = ["write_stage", "ParquetStage", "StageFiles", "StageWriter"]
 
@@ -140,13 +141,13 @@ class StageFiles:
         self.most_used = 0  # the most files in use at once: as many wait for reuse (at least `KEPT`)
 
     def take(self, size: int = 0) -> StageFile:
-        """A file for a stage of ``size`` bytes: of the free ones at least that large the one
-        given back last, else the largest (`KeptCopies.take_spare`, the same rule)."""
+        """A file for a stage of ``size`` bytes: of the free ones about that large or larger
+        the one given back last, else the largest (`KeptCopies.take_spare`, the same rule)."""
         with self._lock:
             self.most_used = max(self.most_used, self.made - self.closed - len(self._free) + 1)
             if self._free:
-                pick = max(range(len(self._free)), key=lambda i: (self._free[i].size >= size,
-                                                                  i if self._free[i].size >= size else self._free[i].size))
+                fits = [near(f.size, size) for f in self._free]
+                pick = max(range(len(self._free)), key=lambda i: (fits[i], i if fits[i] else self._free[i].size))
                 return self._free.pop(pick)
             self.made += 1
         if self.spares is not None:

@@ -145,3 +145,11 @@ def test_stage_files_are_taken_large_enough_first(tmp_path: Path):
     assert files.take(0).size == 500  # the one given back last of those large enough
     assert files.take(10_000).size == 100
     files.close()
+    files = StageFiles(str(tmp_path))  # the views of two epochs of a file differ by a few bytes
+    older, newer = files.take(), files.take()
+    older.resize(1000)
+    newer.resize(990)
+    files.give_back(older)
+    files.give_back(newer)
+    assert files.take(1000) is newer  # given back last: its pages the likeliest cached
+    files.close()
