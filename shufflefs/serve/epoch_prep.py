@@ -127,9 +127,9 @@ class EpochPrep:
                 break
             wanted.append(nxt)
             this, epoch = (nxt[0], *nxt[1]), nxt[2]
-        for relpath, space, want in wanted:
-            made = "while the epoch before was read" if want != node.epoch else \
-                "while the file before was read" if (relpath, space) == wanted[0][:2] else "while a file before was read"
+        for i, (relpath, space, want) in enumerate(wanted):
+            made = ("while the epoch before was read" if want != node.epoch
+                    else "while a file before was read" if i else "while the file before was read")
             key = (relpath, *space)
             if self._building == (key, want):
                 continue

@@ -13,8 +13,9 @@ preparation of the view (`epoch_prep`) when there is one, else by the first open
 the view (its handles keep reading it); while a view is read, the stage a reader will want next
 is built (`EpochPrep.ahead`): the same file's in the next epoch, or of shards read one after the
 other, the next two shards' (`Passthrough.next_of`).  A view whose stage cannot be made (no room
-on the disk) is served by the daemon as without passthrough; a view whose source fails (changed, damaged)
-fails its open as it would fail its reads.  Every other view is served by the daemon.
+on the disk) is served by the daemon as without passthrough; a view whose source fails
+(changed, damaged) fails its open as it would fail its reads.  Every other view is served by
+the daemon.
 """
 
 from __future__ import annotations

@@ -161,11 +161,10 @@ class KeptCopies:
         """A spare scratch file an earlier mount left (`keep_spare`), moved to ``into`` (a
         rename: one mount takes it) and open; None if there is none.  Of the spares about
         ``size`` bytes or more (`near`) the newest (its pages the likeliest cached), else the
-        largest: a stage grown past its file's old end allocates every new page, as does one
-        written into a spare whose pages left the cache (views of two epochs differ by a few
-        bytes: taking the largest instead of the newest took a later mount's first epoch from
-        1.4 to 1.6-2.5 daemon CPU-s).  Every entry named like a spare that is not a plain file of this daemon's user
-        (by ``lstat``: a FIFO would block an open) is removed first, whichever one is taken."""
+        largest: a stage grown past its file's old end allocates every new page (a whole-file
+        stage written into a shard's spare).  Every entry named like a spare that is not a plain
+        file of this daemon's user (by ``lstat``: a FIFO would block an open) is removed first,
+        whichever one is taken."""
         spares = []
         for e in self._entries():
             if e.name_key != SPARE:

@@ -84,7 +84,8 @@ def test_shards_read_in_turn_get_the_next_two_built_one_at_a_time_nearest_first(
             assert built[1:] == [("s2", 5, "while the file before was read"), ("s3", 5, "while a file before was read")]
             prep.ahead(opened("s3", 5))  # the last shard: the next epoch's first two
             await trio.testing.wait_all_tasks_blocked()
-            assert built[3:] == [("s0", 6, "while the epoch before was read"), ("s1", 6, "while the epoch before was read")]
+            epoch_before = "while the epoch before was read"
+            assert built[3:] == [("s0", 6, epoch_before), ("s1", 6, epoch_before)]
         assert prep.building_ahead == 0
 
     trio.run(main)
