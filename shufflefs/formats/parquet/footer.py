@@ -242,15 +242,24 @@ def parse_footer(tail: bytes, file_size: int, path: str) -> SourceFooter:
     if num_rows != sum(rows):  # type: ignore[arg-type]
         raise FormatError(path, start, f"the footer says {num_rows} rows, its row groups {sum(rows)}")
 
-    def span(fid: int) -> bytes | None:
+    def span(fid: int, what: str, fields: tuple[int, ...] = ()) -> bytes | None:
+        """A field views copy as the source's bytes: a list of structs whose first of ``fields``
+        is binary, and the others binary where present; else a `FormatError` (a damaged footer
+        can shift its fields, and a view must not carry what readers cannot parse)."""
         if fid not in meta.raw:
             return None
+        got = meta.get(fid)
+        if not isinstance(got, list) or not all(
+                isinstance(x, Struct) and all(isinstance(x.get(f), bytes) for f in fields if f in x or f == fields[0])
+                for x in got):
+            raise FormatError(path, start + meta.raw[fid][0], f"the footer's {what} is not a list of its structs")
         a, b = meta.raw[fid]
         return bytes(buf[a:b])
 
     version = _int(meta, 1, path, "version", 1, -(1 << 31), 1 << 31)
     return SourceFooter(version, num_rows, tuple(rows), tuple(offsets), top, _leaves(top),  # type: ignore[arg-type]
-                        span(2) or b"", span(5), span(7), hashlib.sha256(buf).hexdigest(), tuple(spans))
+                        span(2, "schema") or b"", span(5, "key-value metadata", (1, 2)), span(7, "column orders"),
+                        hashlib.sha256(buf).hexdigest(), tuple(spans))
 
 
 PAD = 100
