@@ -136,14 +136,15 @@ class KeptCopies:
         larger file takes the place of the smallest (`take_spare` prefers one large enough)."""
         if in_memory(self.dir):
             return False
+        st = os.fstat(fd)
         spares = [e for e in self._entries() if e.name_key == SPARE]
         if len(spares) >= SPARES:
             smallest = min((_size(e.path), e.path) for e in spares)
-            if len(spares) > SPARES or smallest[0] >= os.fstat(fd).st_size or not _unlink(smallest[1]):
+            if len(spares) > SPARES or smallest[0] >= st.st_size or not _unlink(smallest[1]):
                 return False
         try:
             os.makedirs(self.dir, exist_ok=True)
-            name = os.path.join(self.dir, f"{SPARE}-{time.time_ns()}.{os.fstat(fd).st_mtime_ns}.{time.time_ns()}")
+            name = os.path.join(self.dir, f"{SPARE}-{time.time_ns()}.{st.st_mtime_ns}.{time.time_ns()}")
             if path is not None:
                 os.rename(path, name)
                 return True
@@ -160,7 +161,7 @@ class KeptCopies:
     def take_spare(self, into: str, size: int = 0) -> int | None:
         """A spare scratch file an earlier mount left (`keep_spare`), moved to ``into`` (a
         rename: one mount takes it) and open; None if there is none.  Of the spares about
-        ``size`` bytes or more (`near`) the newest (its pages the likeliest cached), else the
+        ``size`` bytes or more (`fit`) the newest (its pages the likeliest cached), else the
         largest: a stage grown past its file's old end allocates every new page (a whole-file
         stage written into a shard's spare).  Every entry named like a spare that is not a plain
         file of this daemon's user (by ``lstat``: a FIFO would block an open) is removed first,
@@ -177,7 +178,7 @@ class KeptCopies:
                 spares.append((e, st.st_size))
             else:
                 _unlink(e.path)
-        spares.sort(key=lambda x: (not near(x[1], size), -x[0].kept_ns if near(x[1], size) else -x[1]))
+        spares.sort(key=lambda x: fit(x[1], size, x[0].kept_ns), reverse=True)
         for e, _ in spares:
             try:
                 os.rename(e.path, into)
@@ -248,10 +249,13 @@ def in_memory(path: str) -> bool:
     return kind in MEMORY_FILESYSTEMS
 
 
-def near(have: int, size: int) -> bool:
-    """Whether a scratch file of ``have`` bytes suits a stage of ``size``: at most an eighth
-    of its pages new (stages of one file differ by a few bytes from epoch to epoch)."""
-    return have >= size - size // 8
+def fit(have: int, size: int, recency: int) -> tuple[bool, int]:
+    """How well a scratch file of ``have`` bytes, used ``recency`` (larger: later), suits a
+    stage of ``size`` (larger: better): one at most an eighth short (stages of one file differ
+    by a few bytes from epoch to epoch), the latest first (its pages the likeliest cached);
+    else the largest (a stage grown past a file's end allocates every page it adds)."""
+    near = have >= size - size // 8
+    return near, recency if near else have
 
 
 def _size(path: str) -> int:

@@ -27,7 +27,7 @@ import numpy as np
 
 from ..formats.base import FramingError
 from ..scratch import pwrite_all
-from .kept_copies import near
+from .kept_copies import fit
 
 __all__ = ["write_stage", "ParquetStage", "StageFiles", "StageWriter"]
 
@@ -142,12 +142,11 @@ class StageFiles:
 
     def take(self, size: int = 0) -> StageFile:
         """A file for a stage of ``size`` bytes: of the free ones about that large or larger
-        the one given back last, else the largest (`KeptCopies.take_spare`, the same rule)."""
+        the one given back last, else the largest (`kept_copies.fit`, as for spares)."""
         with self._lock:
             self.most_used = max(self.most_used, self.made - self.closed - len(self._free) + 1)
             if self._free:
-                fits = [near(f.size, size) for f in self._free]
-                pick = max(range(len(self._free)), key=lambda i: (fits[i], i if fits[i] else self._free[i].size))
+                pick = max(range(len(self._free)), key=lambda i: fit(self._free[i].size, size, i))
                 return self._free.pop(pick)
             self.made += 1
         if self.spares is not None:
