@@ -39,6 +39,7 @@ class PlanNotes:
         self.few_blocks: dict[str, int] = {}  # files with fewer than FEW_BLOCKS of a size the user set
         self.small_buffers: dict[str, dict] = {}  # files whose buffer holds fewer than BUFFER_BLOCKS blocks
         self.effective: dict[str, tuple[int | None, int]] = {}  # file -> (block size, buffer bytes) of its order
+        self._buffers_checked: set[tuple[str, int, int]] = set()  # (file, bytes, parts) whose buffer was checked
 
     def note(self, name: str, index: RecordIndex, parts: int = 1) -> None:
         self._few_blocks(name, index)
@@ -76,8 +77,12 @@ class PlanNotes:
     def _small_buffer(self, name: str, index: RecordIndex, parts: int) -> None:
         """A file (or pool) whose buffer holds fewer than `BUFFER_BLOCKS` of its blocks, so that
         block and corgipile mix few runs of one label: warn once, with the expected label mix."""
-        if self.spec.strategy not in BLOCK_STRATEGIES or index.data_bytes <= 0 or name in self.small_buffers:
+        key = (name, index.data_bytes, parts)
+        if self.spec.strategy not in BLOCK_STRATEGIES or index.data_bytes <= 0 or name in self.small_buffers or (
+                key in self._buffers_checked):
             return
+        if len(self._buffers_checked) < EFFECTIVE_NAMES:  # every plan of a file asks: 3-6 ms each on 2 M rows
+            self._buffers_checked.add(key)
         blocks, mix = buffer_label_mix(floored(self.spec, index), index.data_bytes, parts)
         if blocks >= BUFFER_BLOCKS or mix == 0.0:
             return

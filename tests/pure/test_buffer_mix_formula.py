@@ -77,3 +77,32 @@ def test_stat_names_a_file_whose_buffer_holds_few_blocks():
     line = next(x for x in out.splitlines() if x.startswith("small buffer"))
     assert "a.jsonl: 16 blocks per buffer, expected label mix 0.309" in line
     assert MIX_ASSUMPTION in line and "--block-size smaller or --buffer larger" in line
+
+
+def test_a_files_buffer_is_checked_once_not_at_every_plan(monkeypatch, caplog):
+    """Every plan of a file (each epoch, each shard of a pool) notes it: the expected mix was
+    computed each time (3-6 ms for a pool of 2 M rows) though the answer cannot change."""
+    from shufflefs.index.table import RecordIndex
+    from shufflefs.serve import plan_notes
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return buffer_label_mix(*args, **kwargs)
+
+    monkeypatch.setattr(plan_notes, "buffer_label_mix", counted)
+    index = RecordIndex(64 * MiB, np.arange(0, 64 * MiB + 1, 64, dtype=np.int64))
+    wide = plan_notes.PlanNotes(ShuffleSpec(strategy="corgipile", block_size=4 * KiB, buffer=MiB))
+    for _ in range(3):  # 256 blocks per buffer: nothing to say, asked once
+        wide.note("a.jsonl", index)
+    assert len(calls) == 1 and wide.small_buffers == {}
+    wide.note("a.jsonl", index, parts=16)  # the buffer split 16 ways: 16 blocks each, asked again
+    assert len(calls) == 2 and wide.small_buffers["a.jsonl"]["blocks_per_buffer"] == 16
+    narrow = plan_notes.PlanNotes(ShuffleSpec(strategy="corgipile", block_size=64 * KiB, buffer=MiB))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="shufflefs"):
+        for _ in range(3):
+            narrow.note("a.jsonl", index)
+    assert len(calls) == 3 and narrow.small_buffers["a.jsonl"]["blocks_per_buffer"] == 16
+    assert sum("a buffer holds 16 blocks" in r.getMessage() for r in caplog.records) == 1

@@ -37,9 +37,8 @@ def rows_per_page(col: ColumnSizes, n_rows: int, boolean: bool, def_bits: int, r
     """Rows per page of a column: ``page_bytes`` over its average row bytes (values and levels)."""
     if n_rows == 0:
         return 1
-    values = col.total(col.values, n_rows)
+    values, entries = col.totals(n_rows)
     values = values / 8 if boolean else values
-    entries = col.total(col.entries, n_rows)
     per_row = (values + entries * (def_bits + rep_bits) / 8) / n_rows
     return int(min(max(page_bytes // max(per_row, 1e-9), 1), MAX_PAGE_ROWS))
 

@@ -16,6 +16,7 @@ group of a row is found from ``group_starts`` (8 bytes per row group, none per r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Sequence
 
 import numpy as np
@@ -55,10 +56,16 @@ class ColumnSizes:
             return 1
         return self.entries if isinstance(self.entries, int) else self.entries[rows]
 
-    def total(self, what: np.ndarray | int | None, n: int) -> int:
-        if what is None:
-            return n
-        return what * n if isinstance(what, int) else int(what.sum(dtype=np.int64))
+    def totals(self, n: int) -> tuple[int, int]:
+        """The value bytes and level entries of the column's ``n`` rows: every layout of every
+        epoch (and every shard of a pool) asks, so the arrays are summed once."""
+        return tuple(n if what is None else what * n if isinstance(what, int) else got  # type: ignore[return-value]
+                     for what, got in zip((self.values, self.entries), self._sums))
+
+    @cached_property
+    def _sums(self) -> tuple[int, int]:
+        return tuple(int(x.sum(dtype=np.int64)) if isinstance(x, np.ndarray) else 0  # type: ignore[return-value]
+                     for x in (self.values, self.entries))
 
     @property
     def nbytes(self) -> int:
