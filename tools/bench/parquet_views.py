@@ -311,10 +311,15 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
     shard_dir = data / "shards"
     names = make_shards(src, shard_dir)
     shard_cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(shard_dir), str(mnt), "--cache-dir", str(cache)]
-    shards = shard_rounds(shard_cmd, shard_dir, mnt, data / "daemon.log", env, names, rounds, iterate)
+    shards, shard_firsts = shard_rounds(shard_cmd, shard_dir, mnt, data / "daemon.log", env, names, rounds, iterate)
     shard_what = (f"{SHARDS} shards of the file (`train-0000k-of-0000{SHARDS}.parquet`, pooled) read in turn, warm: "
-                  f"blocks of {SHARD_EPOCHS} epochs back to back against the same loop over the source shards")
+                  f"epochs 2-{SHARD_EPOCHS + 1} of blocks of {SHARD_EPOCHS + 1} back to back against "
+                  f"{SHARD_EPOCHS} epochs of the same loop over the source shards")
     table.append(median_row(f"view, {shard_what}", shards, uniform))
+    shard_src = statistics.median(g[1] for g in shards)
+    table.append(f"| view, {SHARDS} shards, warm: the first epoch of each block (an epoch jump: its first stages made "
+                 f"at the shards' opens) | {statistics.median(shard_firsts):,.0f} | "
+                 f"{statistics.median(shard_firsts) / shard_src:.2f} | - | - | - |")
     if peers:
         table += hf_datasets(src, 200_000)
         table += litdata_parquet(src, 50_000)
