@@ -120,14 +120,16 @@ class ParquetLayout(Layout):
                  trailer_size: int | None = None, path: str = "") -> None:
         """``header_size``/``trailer_size`` are the format's own (taken for `Layout`'s signature)."""
         self.index, self.plan = index, plan
-        ids = [np.asarray(plan.window(k), np.int64) for k in range(plan.n_windows)]
+        ids = [plan.window(k) for k in range(plan.n_windows)]  # ids as the plan keeps them: one int64 copy below
         window_rows = np.array([len(w) for w in ids], np.int64)
         window_bytes = np.asarray(plan.window_sizes, np.int64)
         self.max_window_rows = int(window_rows.max(initial=0))
         rows = group_rows(window_rows, window_bytes)
         per_window = np.where(window_rows > 0, np.maximum(np.maximum(-(-window_bytes // ROW_GROUP_BYTES),
                                                                      -(-window_rows // ROW_GROUP_ROWS)), 1), 0)
-        order = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        order = np.empty(int(window_rows.sum()), np.int64)
+        if ids:
+            np.concatenate(ids, out=order, casting="safe")
         del ids
         self.view: ViewLayout = plan_view(index.footer, index.sizes, order, rows, path)
         self.view.order = np.zeros(0, np.int64)  # a row group's rows come from the plan when it loads

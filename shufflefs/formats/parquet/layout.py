@@ -6,7 +6,7 @@ Readers read the footer first, so a view's size and offsets must be known when i
 Each leaf column gets a fixed number of rows per page for every view of a source (chosen from
 its average row bytes, for pages of about `PAGE_BYTES`); a page's values are the sum of its
 rows' PLAIN bytes and its levels a function of its entry count (`pages`).  So the whole layout
-is a gather of the index by the order, prefix sums and a few vectorised size formulas per
+is a gather of the index by the order, sums per page and a few vectorised size formulas per
 column (about 0.1 s for 1.5 M rows x 6 columns), then the footer: one `ColumnChunk` per
 row group and column, written in Python.
 
@@ -134,19 +134,16 @@ def _bounds(n: int, rows_per_group: int | Sequence[int] | np.ndarray) -> np.ndar
     return b
 
 
-def _prefix(per_row: np.ndarray | int, order: np.ndarray) -> np.ndarray | int:
-    """Prefix sums (int64, len + 1) of ``per_row`` in view order; an int stays an int."""
+def _page_sums(per_row: np.ndarray | int, order: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """The sums of ``per_row`` in view order over the pages' rows ``[start, end)`` (int64), which
+    tile the order front to back; an int per row is that int times the rows.  Summed page by
+    page: prefix sums of every row were an int64 array of the order's length, mapped afresh and
+    faulted in at every layout (measured on 4 shards of 2 M rows: 19,500 faults an epoch)."""
     if isinstance(per_row, int):
-        return per_row
-    cs = np.zeros(len(order) + 1, np.int64)
-    np.cumsum(per_row[order], out=cs[1:], dtype=np.int64)
-    return cs
-
-
-def _span(cs: np.ndarray | int, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    if isinstance(cs, int):
-        return (end - start) * cs
-    return cs[end] - cs[start]
+        return (end - start) * per_row
+    if not len(start):
+        return np.zeros(0, np.int64)
+    return np.add.reduceat(per_row[order], start, dtype=np.int64)
 
 
 def _column_pages(col: ColumnSizes, boolean: bool, def_bits: int, rep_bits: int, rpp: int,
@@ -158,10 +155,10 @@ def _column_pages(col: ColumnSizes, boolean: bool, def_bits: int, rep_bits: int,
     page_group = np.repeat(np.arange(len(npages), dtype=np.int64), npages)
     start = bounds[page_group] + (np.arange(int(first[-1]), dtype=np.int64) - first[page_group]) * rpp
     end = np.minimum(start + rpp, bounds[page_group + 1])
-    values = _span(_prefix(col.values, order), start, end)
+    values = _page_sums(col.values, order, start, end)
     if boolean:
         values = (values + 7) // 8
-    entries = end - start if col.entries is None else _span(_prefix(col.entries, order), start, end)
+    entries = end - start if col.entries is None else _page_sums(col.entries, order, start, end)
     body = values + levels_size(entries, rep_bits) + levels_size(entries, def_bits)
     header = header_size(body, entries)
     return ColumnPages(rpp, first, start, end, entries, values, body, header, np.zeros(0, np.int64))
