@@ -453,13 +453,16 @@ class Planner:
                     self._lengths(index.n, shards, entry.shard, index.torn))
 
             plan = await self.workers.run(resumed, limiter=self.workers.plan)
-        else:
-            plan = shard_of(await self._stream(node, index, version, costs_key))
+        else:  # on a worker thread, as the layout: a shard's stretch shuffles its edge windows
+            plan = await self.workers.run(shard_of, await self._stream(node, index, version, costs_key),
+                                          limiter=self.workers.plan)
         own = 0 if entry.mix is not None else entry.shard  # a mixture's shards are framed as its first file
         frame = await self.workers.run(self._frame, node, index.member_frames[own],
                                        int(np.asarray(plan.window_records).sum()), limiter=self.workers.index)
         node.frame = frame
-        return plan, layout_of(node.fmt, index, plan, len(frame[0]), len(frame[1]))
+        # a Parquet shard's layout took 15-50 ms of the event loop, where every request waited
+        return plan, await self.workers.run(layout_of, node.fmt, index, plan, len(frame[0]), len(frame[1]),
+                                            limiter=self.workers.index)
 
     async def _stream(self, node: Node, index: PooledIndex, version: tuple, costs_key: tuple) -> Plan:
         """The pool's stream that a shard cuts (the rank's, or its part's), built once for all
