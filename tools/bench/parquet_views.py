@@ -48,9 +48,12 @@ REPO = Path(__file__).resolve().parents[2]
 START, END = "<!-- parquet-bench:start -->", "<!-- parquet-bench:end -->"
 NAME = "sorted.parquet"
 BLOCK = 4
-LATER_ROUNDS = 3
-"""First epochs of later mounts measured per cache state (`later_rounds`)."""
 """Epochs a paired round reads of each, back to back."""
+LATER_ROUNDS = 7
+"""First epochs of later mounts measured per cache state (`later_rounds`), and cold epochs after
+one in a mount (`cold_epochs`).  Single cold epochs scatter widely on the 2-core VM of these runs
+(0.29-1.00x of the source in alternated runs of one code): with 3 a row's median moved between
+0.48x and 1.00x from one run to the next."""
 
 
 def make_data(path: Path, rows: int, group_rows: int, seed: int = 0) -> None:
