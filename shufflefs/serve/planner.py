@@ -453,14 +453,11 @@ class Planner:
                     self._lengths(index.n, shards, entry.shard, index.torn))
 
             plan = await self.workers.run(resumed, limiter=self.workers.plan)
-        else:  # on a worker thread, as the layout: a shard's stretch shuffles its edge windows
-            plan = await self.workers.run(shard_of, await self._stream(node, index, version, costs_key),
-                                          limiter=self.workers.plan)
+        else:  # the shard's stretch and layout (O(its rows)) on worker threads, off the event loop
+            plan = await self.workers.run(shard_of, await self._stream(node, index, version, costs_key), limiter=self.workers.plan)
         own = 0 if entry.mix is not None else entry.shard  # a mixture's shards are framed as its first file
-        frame = await self.workers.run(self._frame, node, index.member_frames[own],
-                                       int(np.asarray(plan.window_records).sum()), limiter=self.workers.index)
-        node.frame = frame
-        # a Parquet shard's layout took 15-50 ms of the event loop, where every request waited
+        node.frame = frame = await self.workers.run(self._frame, node, index.member_frames[own],
+                                                    int(np.asarray(plan.window_records).sum()), limiter=self.workers.index)
         return plan, await self.workers.run(layout_of, node.fmt, index, plan, len(frame[0]), len(frame[1]),
                                             limiter=self.workers.index)
 
