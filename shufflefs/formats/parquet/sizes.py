@@ -59,13 +59,18 @@ class ColumnSizes:
     def totals(self, n: int) -> tuple[int, int]:
         """The value bytes and level entries of the column's ``n`` rows: every layout of every
         epoch (and every shard of a pool) asks, so the arrays are summed once."""
-        return tuple(n if what is None else what * n if isinstance(what, int) else got  # type: ignore[return-value]
-                     for what, got in zip((self.values, self.entries), self._sums))
+        values = self.values * n if isinstance(self.values, int) else self._value_sum
+        if self.entries is None:
+            return values, n
+        return values, self.entries * n if isinstance(self.entries, int) else self._entry_sum
 
     @cached_property
-    def _sums(self) -> tuple[int, int]:
-        return tuple(int(x.sum(dtype=np.int64)) if isinstance(x, np.ndarray) else 0  # type: ignore[return-value]
-                     for x in (self.values, self.entries))
+    def _value_sum(self) -> int:
+        return int(np.asarray(self.values).sum(dtype=np.int64))
+
+    @cached_property
+    def _entry_sum(self) -> int:
+        return int(np.asarray(self.entries).sum(dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
