@@ -107,9 +107,13 @@ class Replies:
             return
         _, last_end, last_ns = taken
         h.noted(last_end)
-        if h.offered is not None:  # monotonic ns -> trio's clock
-            used = trio.current_time() - (time.monotonic_ns() - last_ns) / 1e9
-            h.offered.used = max(h.offered.used, used)
+        if h.offered is None:
+            return
+        try:
+            now = trio.current_time()
+        except RuntimeError:  # released at shutdown, after the loop ended: no window is reused now
+            return
+        h.offered.used = max(h.offered.used, now - (time.monotonic_ns() - last_ns) / 1e9)  # -> trio's clock
 
     def describe(self) -> dict[str, Any]:
         if replies.compiled is None:

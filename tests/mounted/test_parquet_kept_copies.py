@@ -140,6 +140,26 @@ def test_a_pool_of_shards_takes_its_kept_copy_until_a_member_changes(mount, tmp_
     assert [c["made"] for c in made(again).values()] == ["by this mount"]
 
 
+@pytest.mark.parametrize("passthrough", ["auto", "off"])
+def test_a_mount_stopped_while_readers_hold_its_views_keeps_its_copies(mount, src: Path, passthrough: str):
+    """Unmounted by SIGTERM (a busy mount: ``fusermount3 -u`` fails) with every view still open in
+    a reader: the shutdown releases the handles and keeps the copies as a plain unmount does.
+    Holds: SEMANTICS.md#views-parquet-copy"""
+    first = mount(None, "-v", *ARGS, "--passthrough", passthrough, src=src)
+    held = [pq.ParquetFile(first.path(name)) for name in NAMES]
+    rows = [sum(b.num_rows for b in f.iter_batches()) for f in held]
+    assert rows == [pq.ParquetFile(src / name).metadata.num_rows for name in NAMES]
+    first.stop()
+    log = first.stderr()
+    assert first.returncode == 0 and "Traceback" not in log and f"unmounted {first.mnt}" in log, log
+    assert len(kept(first.cache)) == len(NAMES)
+    later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="later")
+    for name in NAMES:
+        assert pq.read_table(later.path(name)).num_rows == pq.read_table(src / name).num_rows
+    assert {c["made"] for c in made(later).values()} == {"by an earlier mount"}
+    del held
+
+
 def test_a_truncated_kept_copy_is_removed_and_a_killed_mount_loses_only_the_copy_it_took(mount, src: Path):
     """Holds: SEMANTICS.md#views-parquet-copy"""
     first, epoch0 = first_mount(mount, src)

@@ -6,6 +6,7 @@ temporary directory, no semaphores for multiprocessing's resource tracker to rep
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 from conftest import process_gone, wait_for
 from test_indexer import _children, _cmdline, _workers
 
-from shufflefs.fs.daemon import EXIT_GRACE
+from shufflefs.fs.daemon import EXIT_GRACE, is_mounted
 
 LINES = 100_000_000
 """8-byte lines: an 800 MB file whose scan takes seconds (and whose index 800 MB)."""
@@ -58,3 +59,28 @@ def test_sigterm_during_an_index_build_exits_at_once_and_leaves_nothing(mount, t
             reader.kill()
             reader.wait()
         big.unlink()
+
+
+def test_sigterm_while_a_reader_holds_a_served_handle_unmounts_cleanly(mount, tmp_path):
+    """A handle whose reads the compiled replies answered is released at shutdown outside the
+    event loop: the release must not need the loop (it raised there, the shutdown stopped half
+    way, and the daemon exited 1 without unmounting or keeping its copies)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.jsonl").write_bytes(b"".join(b'{"i": %d, "pad": "%s"}\n' % (i, b"x" * (i % 50))
+                                           for i in range(20_000)))
+    m = mount(None, "-v", "--block-size", "64KiB", "--buffer", "1MiB", src=src)
+    fd = os.open(m.path("a.jsonl"), os.O_RDONLY)
+    try:
+        for _ in range(8):  # sequential reads, answered in C once the window is offered
+            assert os.read(fd, 4096)
+        assert m.stats()["compiled_replies"]["replies"] > 0
+        os.kill(m.pid, signal.SIGTERM)
+        code = m.wait(timeout=30)
+        log = m.stderr()
+        assert code == 0 and "Traceback" not in log, log
+        assert f"unmounted {m.mnt}" in log, log
+        assert not is_mounted(m.mnt)
+    finally:
+        with contextlib.suppress(OSError):  # ENOTCONN: no daemon answers its flush
+            os.close(fd)
