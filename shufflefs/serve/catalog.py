@@ -91,9 +91,11 @@ class Catalog:
             self.views.stages.nursery = nursery
 
     def stopping(self) -> None:
-        """The FUSE loop ended: background stage builds stop at their next chunk."""
+        """The FUSE loop ended: background stage builds and Parquet copies being filled stop at
+        their next chunk."""
         if self.views.stages is not None:
             self.views.stages.stop.set()
+        self.views.parquet.copies.stop.set()
 
     def shutdown(self) -> None:
         """Close every source file and remove the stages; called once the FUSE loop has ended

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import scratch
-from ..errors import FormatError, StaleSourceError
+from ..errors import FormatError, StaleSourceError, StageError
 from ..formats.parquet.decode import decode_top_batches
 from ..formats.parquet.footer import SourceFooter, read_footer
 from ..formats.parquet.index import ParquetIndex
@@ -68,6 +68,7 @@ class RowCopy:
         """Whether the copy is filled from object storage (by whole row groups, `parquet_fetch`)."""
         self.made = "by an earlier mount" if taken else "by this mount"
         self.fetched = Fetched()
+        self.stop = threading.Event()  # the mount's (`RowCopies.stop`): a fill ends at its next batch
         self._complete = taken or not len(self.present)
         self._fill = threading.Lock()
         self._fd = os.open(file, os.O_RDWR | os.O_CLOEXEC | (0 if taken else os.O_CREAT | os.O_EXCL), 0o600)
@@ -190,6 +191,8 @@ class RowCopy:
                 leaves = [leaf for leaf in footer.leaves if leaf.top == top]
                 batch = max(1024, BATCH_BYTES * rows // max(1, self.layout.top_bytes(g, top)))
                 for first, datas in decode_top_batches(pf, footer, own, top, path, batch):
+                    if self.stop.is_set():
+                        raise StageError(self.path, None, "the mount is stopping: its decoded copy was left unfilled")
                     for offset, data in group_pieces(self.layout, g, leaves, datas, path, first):
                         scratch.pwrite_all(self._fd, data, offset)
                     del datas
@@ -291,6 +294,9 @@ class RowCopies:
         self._hold = -1
         self._made = 0
         self.disk = CopyDisk(self.root)
+        self.stop = threading.Event()
+        """Set when the mount stops: copies being filled end at their next batch (`RowCopy.stop`),
+        so that a stop does not wait for a whole file to be decoded (a part filled copy is not kept)."""
 
     def acquire(self, path: str, index: ParquetIndex) -> RowCopy:
         """The copy of ``path`` at ``index``'s version (made now, empty, if there is none), with
@@ -309,6 +315,7 @@ class RowCopies:
             if copy is None:
                 self.disk.kept.trim(streams.size)  # kept copies give way
                 copy = RowCopy(path, index, name, layout=streams)
+            copy.stop = self.stop
             if got is not None:
                 self._retire(got)
             self._copies[path] = copy
