@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import StageError
 from ..formats.base import FramingError
 from ..scratch import pwrite_all
 from .kept_copies import fit
@@ -242,6 +243,8 @@ class StageWriter:
                     if self.failed or self._next >= n:
                         return
                     k, self._next = self._next, self._next + 1
+                if view.copy.stop.is_set():  # the mount is stopping (`RowCopies.stop`)
+                    raise StageError(view.path, None, "the mount is stopping: its stage was left unwritten")
                 size = view.layout.window_size(k)
                 if buf is None or len(buf) < size:  # with room for the next views' windows
                     buf = np.empty(size + size // 8, np.uint8)

@@ -156,3 +156,25 @@ def test_a_copy_being_filled_stops_when_the_mount_stops_and_is_not_kept(tmp_path
     finally:
         again.release(copy)
         again.close()
+
+
+def test_a_stage_being_written_stops_when_the_mount_stops(tmp_path: Path) -> None:
+    from shufflefs.errors import StageError
+
+    src = pf.label_sorted(tmp_path / "s.parquet", n=20_000, group_rows=2_000)
+    index = scan_file(src, make_format("parquet"))
+    copies = RowCopies(tmp_path / "copies")
+    files = StageFiles(str(tmp_path))
+    plan = make_plan(index, ShuffleSpec(buffer=1 << 20), 0, 0, 1)
+    copy = copies.acquire(str(src), index)
+    view = ParquetView(str(src), index, plan, ParquetLayout(index, plan), SourceFile(str(src), index.stamp),
+                       copy, lambda: copies.release(copy))
+    try:
+        copies.stop.set()
+        with pytest.raises(StageError, match="stopping"):
+            write_stage(view, files)
+        assert view.writer is None and len(files._free) == 1  # its file went back
+    finally:
+        view.close()
+        files.close()
+        copies.close()
