@@ -14,6 +14,8 @@ from typing import Callable, Sequence
 STANDALONE: dict[str, tuple[str, str]] = {
     "parquet": ("parquet_views", "Parquet views against pyarrow on the source, HF datasets, litdata "
                 "(docs/benchmark.md)"),
+    "parquet-cold": ("parquet_cold", "the Parquet view's cold epochs with the machine's free page reporting as it "
+                     "is and held back (docs/benchmark.md)"),
     "compressed": ("compressed", "gzip and zstd JSON lines views against line loops over the compressed files (docs/benchmark.md)"),
     "peers": ("peers", "shufflefs against the loaders people use, label-sorted data (docs/benchmark.md, "
               "README.md)"),

@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Cold epochs of the default Parquet view, with the machine's free page reporting as it is and held back.
+
+    python tools/bench.py --only parquet-cold --data DIR [--rows 2000000] [--rounds 6] [--update-docs]
+
+A virtual machine that reports its free memory to the host (virtio-balloon free page reporting,
+``/sys/module/page_reporting``) gives back the pages that dropping the page cache frees, within
+seconds; each such page costs a fault in the host and its zeroing when the guest uses it again.
+A cold epoch of a Parquet view needs about twice the new pages of the source's read (its stage
+read back from disk, the next epoch's stage written), so how long it takes depends on whether the
+host took those pages back meanwhile.
+
+This section reads what `parquet` reads in its cold row (epochs after one in a mount, the page
+cache dropped before each and before the source read it is paired with) in alternated rounds,
+with reporting as the machine has it and held back: freed pages are not reported for ten
+minutes (``min_free_ms``, where the kernel has it).  Before that, the cost of 1 GiB of new page-cache
+pages written 6 s after dropping the caches, under each setting.  The setting is restored in a
+``finally`` (and on SIGTERM).  Needs root; without the knob, only the first setting is run.
+
+Prints a markdown section; ``--update-docs`` puts it in docs/benchmark.md between its markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+from .docs import write_section
+from .parquet_views import NAME, REPO, cold_epochs, iterate, make_data
+from .proc import FuseDaemon, can_drop_caches, drop_caches
+
+START, END = "<!-- parquet-cold:start -->", "<!-- parquet-cold:end -->"
+KNOBS = Path("/sys/module/page_reporting/parameters")
+EPOCHS = 2
+"""Cold epochs read per round and setting."""
+TARGET = 0.7
+
+
+def knob() -> tuple[Path, str] | None:
+    """The setting that holds free page reporting back, and the value that does, if this kernel
+    has one this process may write."""
+    path = KNOBS / "min_free_ms"  # (`page_reporting_order` only moves the smallest block reported)
+    return (path, "600000") if path.exists() and os.access(path, os.W_OK) else None
+
+
+@contextlib.contextmanager
+def setting(path: Path | None, value: str | None) -> Iterator[None]:
+    """``path`` set to ``value`` (None: left as it is) for the block, then restored."""
+    if path is None or value is None:
+        yield
+        return
+    old = path.read_text().strip()
+    path.write_text(value)
+    try:
+        yield
+    finally:
+        path.write_text(old)
+
+
+def new_pages(directory: Path, pause: float = 6.0) -> float:
+    """Seconds to write 1 GiB into a new file ``pause`` s after dropping the page cache."""
+    block = os.urandom(4 << 20)
+    fd = os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
+    try:
+        drop_caches()
+        time.sleep(pause)
+        t0 = time.perf_counter()
+        for offset in range(0, 1 << 30, len(block)):
+            os.pwrite(fd, block, offset)
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
+def run(data: Path, rows: int, rounds: int, group_rows: int) -> str:
+    import pyarrow.parquet as pq
+
+    if not can_drop_caches():
+        raise SystemExit("parquet-cold: dropping the page cache needs root")
+    src_dir = data / "src"
+    src_dir.mkdir(parents=True, exist_ok=True)
+    src = src_dir / NAME
+    if not src.exists() or pq.ParquetFile(src).metadata.num_rows != rows:
+        make_data(src, rows, group_rows)
+    found = knob()
+    settings = [("as the machine has it", None)]
+    if found is not None:
+        settings.append((f"held back (`{found[0].name}` = {found[1]})", found[1]))
+    path = found[0] if found is not None else None
+    before = path.read_text().strip() if path is not None else None
+    costs = {what: [] for what, _ in settings}
+    for _ in range(2):
+        for what, value in settings:
+            with setting(path, value):
+                costs[what].append(new_pages(data))
+    mnt, cache = data / "mnt", data / "cache"
+    mnt.mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(src_dir), str(mnt), "--cache-dir", str(cache)]
+    view = mnt / NAME
+    got: dict[str, list[float]] = {what: [] for what, _ in settings}
+    with FuseDaemon(cmd, mnt, data / "daemon.log", env) as d:
+        for epoch in (0, 1):  # the copy filled, the next stage built
+            os.setxattr(view, "user.shufflefs.epoch", str(epoch).encode())
+            iterate(view)
+        epoch = 2
+        for r in range(rounds):
+            for what, value in settings[:: 1 if r % 2 == 0 else -1]:
+                with setting(path, value):
+                    for v, s, *_ in cold_epochs(d.pid, view, src, epoch, EPOCHS):
+                        got[what].append(v / s)
+                epoch += EPOCHS
+    if path is not None:
+        assert path.read_text().strip() == before, "the setting was not restored"
+    out = [f"Source: {src.stat().st_size / 2**30:.2f} GiB, {rows:,} rows sorted by label. Machine: {os.cpu_count()} "
+           f"CPUs, kernel {os.uname().release}. Free page reporting: "
+           + (f"{KNOBS} (`{found[0].name}` {before} as the machine has it)." if found is not None
+              else "no setting this process may write: one setting run."), "",
+           "| free page reporting | 1 GiB of new page-cache pages, 6 s after dropping the cache | cold epochs, "
+           "view / source: median (range) | epochs under 0.7x |", "|---|---|---|---|"]
+    for what, _ in settings:
+        x = sorted(got[what])
+        out.append(f"| {what} | {' s, '.join(f'{c:.2f}' for c in costs[what])} s | {statistics.median(x):.2f}x "
+                   f"({x[0]:.2f}-{x[-1]:.2f}) | {sum(v < TARGET for v in x)} of {len(x)} |")
+    out += ["", f"Each cold epoch as in the `parquet` section's cold row: the page cache dropped before the source "
+            f"read and again before the view's epoch; {rounds} rounds of {EPOCHS} epochs per setting, the settings "
+            "alternated, one mount."]
+    return "\n".join(out)
+
+
+def update_docs(text: str, stamp: str) -> Path:
+    return write_section(REPO / "docs" / "benchmark.md", START, END, "Parquet cold epochs and free page reporting",
+                         stamp, text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="where the file, the cache and the mount go "
+                    "(the `parquet` section's directory serves)")
+    ap.add_argument("--rows", type=int, default=2_000_000, help="rows of the file (2,000,000: about 1.05 GiB)")
+    ap.add_argument("--group-rows", type=int, default=100_000)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--update-docs", action="store_true", help="write the section into docs/benchmark.md")
+    args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the setting is restored on the way out
+    text = run(args.data, args.rows, args.rounds, args.group_rows)
+    print(text)
+    if args.update_docs:
+        stamp = (f"python tools/bench.py --only parquet-cold --data {args.data} --rows {args.rows} "
+                 f"--rounds {args.rounds} --update-docs ({time.strftime('%Y-%m-%d %H:%M')})")
+        print("wrote", update_docs(text, stamp))
+
+
+if __name__ == "__main__":
+    main()
