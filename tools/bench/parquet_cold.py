@@ -12,8 +12,8 @@ host took those pages back meanwhile.
 
 This section reads what `parquet` reads in its cold row (epochs after one in a mount, the page
 cache dropped before each and before the source read it is paired with) in alternated rounds,
-with reporting as the machine has it and held back: freed pages are not reported for ten
-minutes (``min_free_ms``, where the kernel has it).  Before that, the cost of 1 GiB of new page-cache
+with reporting as the machine has it and held back: a freed page is not reported until it has
+been free for a minute (``min_free_ms``, the longest the kernel takes, where it has it).  Before that, the cost of 1 GiB of new page-cache
 pages written 6 s after dropping the caches, under each setting.  The setting is restored in a
 ``finally`` (and on SIGTERM).  Needs root; without the knob, only the first setting is run.
 
@@ -47,7 +47,7 @@ def knob() -> tuple[Path, str] | None:
     """The setting that holds free page reporting back, and the value that does, if this kernel
     has one this process may write."""
     path = KNOBS / "min_free_ms"  # (`page_reporting_order` only moves the smallest block reported)
-    return (path, "600000") if path.exists() and os.access(path, os.W_OK) else None
+    return (path, "60000") if path.exists() and os.access(path, os.W_OK) else None
 
 
 @contextlib.contextmanager
