@@ -144,7 +144,7 @@ def test_a_pool_of_shards_takes_its_kept_copy_until_a_member_changes(mount, tmp_
 def test_a_mount_stopped_while_readers_hold_its_views_keeps_its_copies(mount, src: Path, passthrough: str):
     """Unmounted by SIGTERM (a busy mount: ``fusermount3 -u`` fails) with every view still open in
     a reader: the shutdown releases the handles and keeps the copies as a plain unmount does.
-    Holds: SEMANTICS.md#views-parquet-copy"""
+    Holds: SEMANTICS.md#views-parquet-copy, SEMANTICS.md#umount-signals"""
     first = mount(None, "-v", *ARGS, "--passthrough", passthrough, src=src)
     held = [pq.ParquetFile(first.path(name)) for name in NAMES]
     rows = [sum(b.num_rows for b in f.iter_batches()) for f in held]

@@ -64,7 +64,8 @@ def test_sigterm_during_an_index_build_exits_at_once_and_leaves_nothing(mount, t
 def test_sigterm_while_a_reader_holds_a_served_handle_unmounts_cleanly(mount, tmp_path):
     """A handle whose reads the compiled replies answered is released at shutdown outside the
     event loop: the release must not need the loop (it raised there, the shutdown stopped half
-    way, and the daemon exited 1 without unmounting or keeping its copies)."""
+    way, and the daemon exited 1 without unmounting or keeping its copies).
+    Holds: SEMANTICS.md#umount-signals"""
     src = tmp_path / "src"
     src.mkdir()
     (src / "a.jsonl").write_bytes(b"".join(b'{"i": %d, "pad": "%s"}\n' % (i, b"x" * (i % 50))

@@ -129,7 +129,8 @@ def test_stage_builds_encode_in_the_buffer_the_build_before_used(tmp_path: Path)
 def test_a_copy_being_filled_stops_when_the_mount_stops_and_is_not_kept(tmp_path: Path) -> None:
     """A stop (SIGTERM) ends a copy's fill at its next batch, not after the whole file is decoded
     (a 1 GiB file took 4.5 s, near the grace after which the daemon is detached, not unmounted);
-    the part filled copy is neither served nor kept, and the next fill starts it again."""
+    the part filled copy is neither served nor kept, and the next fill starts it again.
+    Holds: SEMANTICS.md#umount-signals"""
     from shufflefs.errors import StageError
 
     src = pf.label_sorted(tmp_path / "s.parquet", n=20_000, group_rows=2_000)
@@ -159,6 +160,7 @@ def test_a_copy_being_filled_stops_when_the_mount_stops_and_is_not_kept(tmp_path
 
 
 def test_a_stage_being_written_stops_when_the_mount_stops(tmp_path: Path) -> None:
+    """Holds: SEMANTICS.md#umount-signals"""
     from shufflefs.errors import StageError
 
     src = pf.label_sorted(tmp_path / "s.parquet", n=20_000, group_rows=2_000)
