@@ -35,11 +35,25 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 LEVELS = {0: logging.WARNING, 1: logging.INFO}
 
 
+_CONTROLS = {c: f"\\x{c:02x}" for c in [*range(32), 127] if c != 9} | {10: "\\n", 13: "\\r"}
+
+
+class LineFormatter(logging.Formatter):
+    """One message, one line: a message that names a file holding a newline or a terminal escape
+    (any byte may be in a name) would otherwise start a line that reads as a record of its own, or
+    drive the terminal it is read on.  Control characters in the message are written escaped;
+    a traceback after it keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = record.message.translate(_CONTROLS)
+        return super().formatMessage(record)
+
+
 def setup_logging(log_file: str | os.PathLike | None, verbosity: int) -> logging.Handler:
     """Send the ``shufflefs`` (and ``pyfuse3``) loggers to ``log_file`` or stderr."""
     handler: logging.Handler
     handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"))
+    handler.setFormatter(LineFormatter("%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s"))
     level = LEVELS.get(verbosity, logging.DEBUG)
     for name, lvl in (("shufflefs", level), ("pyfuse3", max(level, logging.INFO))):
         logger = logging.getLogger(name)

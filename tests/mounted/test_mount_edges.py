@@ -196,6 +196,20 @@ def test_odd_names_links_and_special_entries(mount):
     assert read(m.path("hard.jsonl")) == read(m.path("a.jsonl")) == reference(m.src, "a.jsonl")
 
 
+def test_a_name_with_a_newline_or_an_escape_is_one_line_of_the_log(mount):
+    """A name may hold any byte but ``/``: the log writes its control characters escaped, so a
+    name cannot forge a record of its own or drive the terminal the log is read on.
+    Holds: SEMANTICS.md#tree-mirror"""
+    forged = "x\n2026-01-01 00:00:00,000 ERROR shufflefs[1]: forged\x1b[2J.jsonl"
+    m = mount({forged: jsonl(300, 1)}, "-v", *ARGS)
+    assert read(m.path(forged)) == reference(m.src, forged)
+    m.stop()
+    lines = m.stderr().splitlines()
+    assert all(re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ ", line) for line in lines), lines
+    assert not any(line.startswith("2026-01-01 00:00:00,000") for line in lines), lines
+    assert any("x\\n2026-01-01 00:00:00,000 ERROR shufflefs[1]: forged\\x1b[2J.jsonl" in line for line in lines), lines
+
+
 # --------------------------------------------------------------------------- strategies x formats
 
 
