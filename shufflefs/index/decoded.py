@@ -71,7 +71,7 @@ class DecodedIndex(RecordIndex):
         object.__setattr__(self, "restarts", restarts)
         floor = 0
         if restarts.usable:
-            floor = 1 << max(0, int(np.round(np.log2(RESTART_BLOCKS * restarts.spacing))))
+            floor = 1 << max(0, int(np.round(np.log2(max(1.0, RESTART_BLOCKS * restarts.spacing)))))  # (empty: 0)
         object.__setattr__(self, "block_floor", floor)
 
     @property
