@@ -145,7 +145,7 @@ def _gzip_all(read: Read, size: int, path: str, progress: Callable[[int], None] 
                     n = f.readinto(buf)
                 except (ValueError, RuntimeError, OSError) as e:
                     raise FormatError(path, raw.tell(), f"corrupt gzip stream (its first {done} decoded bytes were "
-                                      f"whole): {e}") from None
+                                      f"whole): {e}{_padding(read, size)}") from None
                 if not n:
                     break
                 done += n
@@ -160,6 +160,18 @@ def _gzip_all(read: Read, size: int, path: str, progress: Callable[[int], None] 
         got.append(Restarts(GZIP, plain, none, none, np.frombuffer(out.getvalue(), np.uint8)))
 
     return steps(), lambda: got[0]
+
+
+def _padding(read: Read, size: int) -> str:
+    """What to add to a gzip stream's error when the file ends in zero bytes: padding after the
+    last member (written by tools that fill a block), which gzip and Python's gzip skip, but whose
+    end the decoders here cannot tell from a damaged member's."""
+    tail = np.frombuffer(bytes(read(max(0, size - 65536), size)), np.uint8)
+    zeros = len(tail) - (int(np.flatnonzero(tail)[-1]) + 1 if tail.any() else 0)
+    if zeros < 8:  # a member's trailer ends in up to 8 zero bytes (CRC-32 and length of an empty one)
+        return ""
+    return (f"; the file ends in {zeros}{'+' if zeros == len(tail) else ''} zero bytes, padding after its last "
+            "member that shufflefs does not serve: rewrite it without them (gzip -dc FILE | gzip > NEW)")
 
 
 def _zstd_all(read: Read, size: int, path: str, progress: Callable[[int], None] | None

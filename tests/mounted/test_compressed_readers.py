@@ -169,3 +169,19 @@ def test_a_single_frame_is_read_from_a_decoded_copy_and_stat_says_so(mnt):
     assert "decoded copy" in out and "one.jsonl.zst" in out
     copies = Path(stats["decoded"]["dir"])
     assert copies.is_dir() and any(copies.iterdir())
+
+
+def test_empty_compressed_files_are_empty_views(mount):
+    """A gzip or zstd stream of no bytes (an empty shard a pipeline wrote) is an empty view that
+    every reader reads as the source: no record, no error.
+    Holds: SEMANTICS.md#views-compressed"""
+    files = {"e.jsonl.gz": gzip.compress(b""), "e.jsonl.zst": zstandard.ZstdCompressor().compress(b""),
+             "e.csv.gz": gzip.compress(b""), "a.jsonl.gz": cf.gz(cf.jsonl())}
+    m = mount(files)
+    for name in ("e.jsonl.gz", "e.csv.gz"):
+        with gzip.open(m.path(name)) as f:
+            assert f.read() == b""
+    with open(m.path("e.jsonl.zst"), "rb") as f:
+        assert zstandard.ZstdDecompressor().stream_reader(f).read() == b""
+    assert line_loop(m.path("a.jsonl.gz"))  # its neighbour is served as ever
+    assert m.stats()["errors"] == 0

@@ -462,3 +462,25 @@ def test_a_kept_decoder_reads_through_the_source_that_took_it(tmp_path: Path, ki
         second.close()
     finally:
         decoded.close_kept()
+
+
+@pytest.mark.parametrize("name", ["e.jsonl.gz", "e.jsonl.zst", "e.csv.gz"])
+def test_an_empty_stream_is_an_index_of_no_records(tmp_path: Path, name: str) -> None:
+    """Holds: SEMANTICS.md#views-compressed"""
+    raw = gzip.compress(b"") if name.endswith(".gz") else zstandard.ZstdCompressor().compress(b"")
+    index = scan_file(write(tmp_path, name, raw), resolve_format(name, ()))
+    assert isinstance(index, DecodedIndex) and index.n == 0 and index.size == 0
+
+
+def test_a_gzip_file_padded_with_zeros_is_refused_with_the_padding_named(tmp_path: Path) -> None:
+    """gzip and Python's gzip skip zero bytes after the last member; the decoders here cannot tell
+    where the last member ended, so the file is refused with what to do, never served short.
+    Holds: SEMANTICS.md#views-compressed"""
+    src = write(tmp_path, "p.jsonl.gz", gzip.compress(jsonl(200)) + bytes(1024))
+    with pytest.raises(FormatError, match=r"ends in 10\d\d zero bytes, padding .*gzip -dc FILE \| gzip > NEW"):
+        scan_file(src, resolve_format(src.name, ()))
+    damaged = bytearray(gzip.compress(jsonl(200)))
+    damaged[len(damaged) // 2] ^= 0x55
+    with pytest.raises(FormatError) as e:  # not padded: no word of padding
+        scan_file(write(tmp_path, "d.jsonl.gz", bytes(damaged)), resolve_format("d.jsonl.gz", ()))
+    assert "padding" not in str(e.value)
