@@ -137,6 +137,9 @@ def _gzip_all(read: Read, size: int, path: str, progress: Callable[[int], None] 
     got: list[Restarts] = []
 
     def steps() -> Iterator[memoryview]:
+        magic = bytes(read(0, min(2, size)))
+        if size and magic != b"\x1f\x8b":  # (rapidgzip decoded such a file to no bytes, without a word)
+            raise FormatError(path, 0, f"not a gzip stream: it starts with {magic!r}, not the gzip magic b'\\x1f\\x8b'")
         raw = RangeFile(read, size, progress)
         with rapidgzip.RapidgzipFile(raw, parallelization=1, chunk_size=GZIP_SPACING) as f:
             buf, done = bytearray(DECODE_STEP), 0

@@ -484,3 +484,12 @@ def test_a_gzip_file_padded_with_zeros_is_refused_with_the_padding_named(tmp_pat
     with pytest.raises(FormatError) as e:  # not padded: no word of padding
         scan_file(write(tmp_path, "d.jsonl.gz", bytes(damaged)), resolve_format("d.jsonl.gz", ()))
     assert "padding" not in str(e.value)
+
+
+def test_a_file_named_gz_that_is_not_gzip_is_refused_not_served_empty(tmp_path: Path) -> None:
+    """Plain lines under a ``.gz`` name decoded to no bytes, and were served as an empty view
+    without a word.  Holds: SEMANTICS.md#views-compressed"""
+    for name, data in (("plain.jsonl.gz", jsonl(50)), ("one-byte.jsonl.gz", b"\x1f")):
+        with pytest.raises(FormatError, match="not a gzip stream"):
+            scan_file(write(tmp_path, name, data), resolve_format(name, ()))
+    assert scan_file(write(tmp_path, "zero.jsonl.gz", b""), resolve_format("zero.jsonl.gz", ())).n == 0
