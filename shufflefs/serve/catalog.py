@@ -91,8 +91,8 @@ class Catalog:
             self.views.stages.nursery = nursery
 
     def stopping(self) -> None:
-        """The FUSE loop ended: background stage builds and Parquet copies being filled stop at
-        their next chunk."""
+        """The mount is stopping (a signal, or the FUSE loop ended): background stage builds and
+        Parquet copies being filled stop at their next chunk."""
         if self.views.stages is not None:
             self.views.stages.stop.set()
         self.views.parquet.copies.stop.set()
