@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import FormatError, ShuffleError
 from ..index.decoded import Restarts
+from .gzip_edges import check_magic, padding_note
 from .zstd_walk import zstd_frames
 
 GZIP, ZSTD = "gzip", "zstd"
@@ -137,9 +138,7 @@ def _gzip_all(read: Read, size: int, path: str, progress: Callable[[int], None] 
     got: list[Restarts] = []
 
     def steps() -> Iterator[memoryview]:
-        magic = bytes(read(0, min(2, size)))
-        if size and magic != b"\x1f\x8b":  # (rapidgzip decoded such a file to no bytes, without a word)
-            raise FormatError(path, 0, f"not a gzip stream: it starts with {magic!r}, not the gzip magic b'\\x1f\\x8b'")
+        check_magic(read, size, path)
         raw = RangeFile(read, size, progress)
         with rapidgzip.RapidgzipFile(raw, parallelization=1, chunk_size=GZIP_SPACING) as f:
             buf, done = bytearray(DECODE_STEP), 0
@@ -148,7 +147,7 @@ def _gzip_all(read: Read, size: int, path: str, progress: Callable[[int], None] 
                     n = f.readinto(buf)
                 except (ValueError, RuntimeError, OSError) as e:
                     raise FormatError(path, raw.tell(), f"corrupt gzip stream (its first {done} decoded bytes were "
-                                      f"whole): {e}{_padding(read, size)}") from None
+                                      f"whole): {e}{padding_note(read, size)}") from None
                 if not n:
                     break
                 done += n
@@ -163,18 +162,6 @@ def _gzip_all(read: Read, size: int, path: str, progress: Callable[[int], None] 
         got.append(Restarts(GZIP, plain, none, none, np.frombuffer(out.getvalue(), np.uint8)))
 
     return steps(), lambda: got[0]
-
-
-def _padding(read: Read, size: int) -> str:
-    """What to add to a gzip stream's error when the file ends in zero bytes: padding after the
-    last member (written by tools that fill a block), which gzip and Python's gzip skip, but whose
-    end the decoders here cannot tell from a damaged member's."""
-    tail = np.frombuffer(bytes(read(max(0, size - 65536), size)), np.uint8)
-    zeros = len(tail) - (int(np.flatnonzero(tail)[-1]) + 1 if tail.any() else 0)
-    if zeros < 8:  # a member's trailer ends in up to 8 zero bytes (CRC-32 and length of an empty one)
-        return ""
-    return (f"; the file ends in {zeros}{'+' if zeros == len(tail) else ''} zero bytes, padding after its last "
-            "member that shufflefs does not serve: rewrite it without them (gzip -dc FILE | gzip > NEW)")
 
 
 def _zstd_all(read: Read, size: int, path: str, progress: Callable[[int], None] | None
