@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, Hashable
+from typing import Any, Awaitable, Callable, Hashable, Iterable
 
 import trio
+
+
+async def each(fns: Iterable[Callable[[], Awaitable[Any]]]) -> None:
+    """Run ``fns`` at once; the first to fail ends the others, and its error is raised as it is.
+    A nursery raises an `ExceptionGroup`, which the FUSE operations' handlers took for an internal
+    error: a pool member that was not a Parquet file logged a traceback instead of its reason."""
+    try:
+        async with trio.open_nursery() as nursery:
+            for fn in fns:
+                nursery.start_soon(fn)
+    except BaseExceptionGroup as group:
+        raise _first(group) from None
+
+
+def _first(group: BaseExceptionGroup) -> BaseException:
+    """The first failure in ``group`` (nested groups looked into), a cancellation only if alone."""
+    flat: list[BaseException] = []
+    todo: list[BaseException] = [group]
+    while todo:
+        e = todo.pop(0)
+        if isinstance(e, BaseExceptionGroup):
+            todo[:0] = list(e.exceptions)
+        else:
+            flat.append(e)
+    return next((e for e in flat if not isinstance(e, trio.Cancelled)), flat[0])
 
 
 class SharedTasks:

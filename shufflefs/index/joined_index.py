@@ -17,6 +17,7 @@ file, each at a shift of its own; mixtures' epochs are segment indexes too (`mix
 from __future__ import annotations
 
 import functools
+from typing import Sequence
 
 import numpy as np
 
@@ -135,9 +136,9 @@ class PooledIndex(RecordIndex):
         return split_runs(self.member_firsts, first, count)
 
 
-def joined(members: list[RecordIndex]) -> PooledIndex:
+def joined(members: list[RecordIndex], names: Sequence[str] = ()) -> PooledIndex:
     """The pool of ``members`` with its `PooledIndex.torn_last` made (O(records), so a worker
-    thread's work, not the first view's)."""
+    thread's work, not the first view's); ``names``, the members' paths, as `joined_parquet` takes."""
     index = PooledIndex(members)
     index.torn_last()
     return index

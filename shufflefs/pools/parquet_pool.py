@@ -48,13 +48,15 @@ class PooledParquetIndex(PooledIndex):
     group_member: np.ndarray
     group_first: np.ndarray
 
-    def __init__(self, members: Sequence[ParquetIndex], path: str = "") -> None:
+    def __init__(self, members: Sequence[ParquetIndex], path: str = "", names: Sequence[str] = ()) -> None:
+        """``names``: the members' paths, for an error to name them."""
         super().__init__(list(members))
         first = members[0].footer
         for m, idx in enumerate(members):
             if idx.footer.schema_raw != first.schema_raw:
-                raise FormatError(path, None, f"pool member {m} has another schema than member 0: "
-                                  "Parquet shards pooled as one must share their schema")
+                other = f" ({names[0]})" if names else ""
+                raise FormatError(names[m] if names else path, None, f"pool member {m} has another schema than "
+                                  f"member 0{other}: Parquet shards pooled as one must share their schema")
         footers = tuple(idx.footer for idx in members)
         digest = hashlib.sha256("".join(f.digest for f in footers).encode()).hexdigest()
         footer = replace(first, num_rows=sum(f.num_rows for f in footers),
@@ -83,11 +85,11 @@ class PooledParquetIndex(PooledIndex):
         return m, group - int(self.group_first[m])
 
 
-def joined_parquet(members: list[ParquetIndex]) -> PooledParquetIndex:
-    """The pool of Parquet ``members`` (a worker thread's work: O(rows))."""
+def joined_parquet(members: list[ParquetIndex], names: Sequence[str] = ()) -> PooledParquetIndex:
+    """The pool of Parquet ``members`` (a worker thread's work: O(rows)); ``names``: their paths."""
     if not all(isinstance(m, ParquetIndex) for m in members):
         raise FormatError("", None, "a pool of Parquet files whose index is not a Parquet index")
-    return PooledParquetIndex(members)
+    return PooledParquetIndex(members, names=names)
 
 
 class PoolRowsPlan:

@@ -23,7 +23,7 @@ from ..index.joined_index import PooledIndex, SegmentIndex
 from ..pools.lookup import PoolEntry
 from ..pools.mix_index import MixIndex, describe_epoch, epoch_index
 from ..pools.mixes import MixError
-from ..shared_tasks import SharedTasks
+from ..shared_tasks import SharedTasks, each
 from ..sources.base import Store
 from ..strategies import Plan, make_plan
 from ..strategies.costs import record_costs
@@ -146,14 +146,13 @@ class Planner:
             async def one(i: int) -> None:
                 members[i] = await self.file_index(pool.members[i], entry.stamps[i], fmt)
 
-            async with trio.open_nursery() as nursery:
-                for i in range(len(pool.members)):
-                    nursery.start_soon(one, i)
+            await each([lambda i=i: one(i) for i in range(len(pool.members))])  # a member's error as it is
             if fmt.name == "npy":
                 await self.workers.run(check_npy_pool, self.store, pool)
             elif entry.mix is not None:
                 await self.workers.run(check_headers, self.store, pool, members)
-            index = await self.workers.run(joiner(fmt), members, limiter=self.workers.index)
+            names = [self.store.path(p) for p in pool.members]
+            index = await self.workers.run(joiner(fmt), members, names, limiter=self.workers.index)
             log.info("pool %s: %d shards, %d records", pool.key, len(pool.members), index.n)
             self._memo(key, index)
             return index

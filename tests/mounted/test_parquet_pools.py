@@ -105,3 +105,23 @@ def test_members_of_another_schema_are_eio_with_the_reason(mount, src, tmp_path)
     assert e.value.errno == errno.EIO
     line = m.xattr("error", NAMES[0])
     assert "pool member 2 has another schema" in line, line
+    assert str(d / NAMES[2]) in line and str(d / NAMES[0]) in line, line  # both files named
+
+
+def test_a_member_that_is_not_parquet_is_eio_naming_it_not_an_internal_error(mount, src, tmp_path):
+    """A member's own error, raised among the members' indexes built at once, reaches the reader
+    and the log as itself (it was logged as an internal error with a traceback).
+    Holds: SEMANTICS.md#errors-eio"""
+    d = tmp_path / "src"
+    d.mkdir()
+    for name in NAMES[:2]:
+        (d / name).write_bytes((src / name).read_bytes())
+    (d / NAMES[2]).write_text("id,tags\n1,a\n")
+    m = mount(None, *ARGS, src=d)
+    for name in NAMES:
+        with pytest.raises(OSError) as e:
+            pq.read_table(m.path(name))
+        assert e.value.errno == errno.EIO
+    line = m.xattr("error", NAMES[0])
+    assert str(d / NAMES[2]) in line and "Parquet" in line, line
+    assert "internal error" not in m.stderr() and "Traceback" not in m.stderr(), m.stderr()
