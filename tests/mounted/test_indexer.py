@@ -177,7 +177,7 @@ def test_a_crash_fails_only_the_file_that_caused_it(builder, tmp_path) -> None:
     started, release = tmp_path / "started", tmp_path / "release"
     t, result = in_background(builder.build, good, GatedFormat(str(started), str(release)), tmp_path / "cache")
     try:
-        wait_for(started.exists, "the first scan to start")
+        wait_for(lambda: started.exists() and started.read_text().endswith("\n"), "the first scan to start")
         with pytest.raises(StaleSourceError):
             builder.build(bad, SigbusFormat(), tmp_path / "cache")
     finally:
@@ -195,7 +195,7 @@ def test_shutdown_stops_a_running_scan_and_a_later_build_starts_afresh(tmp_path)
     started = tmp_path / "started"
     t, result = in_background(b.build, p, GatedFormat(str(started), str(tmp_path / "never")), tmp_path / "cache")
     try:
-        wait_for(started.exists, "the scan to start")
+        wait_for(lambda: started.exists() and started.read_text().endswith("\n"), "the scan to start")  # its pid written
         b.shutdown()
         t.join(WAIT)
         assert len(result) == 1 and isinstance(result[0], StaleSourceError) and result[0].message == STOPPED
