@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .docs import write_section
-from .parquet_views import NAME, REPO, cold_epochs, iterate, make_data
+from .parquet_views import NAME, REPO, cold_epochs, file_options, iterate, make_data, stamp_of
 from .proc import FuseDaemon, can_drop_caches, drop_caches
 
 START, END = "<!-- parquet-cold:start -->", "<!-- parquet-cold:end -->"
@@ -142,20 +142,13 @@ def update_docs(text: str, stamp: str) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, required=True, help="where the file, the cache and the mount go "
-                    "(the `parquet` section's directory serves)")
-    ap.add_argument("--rows", type=int, default=2_000_000, help="rows of the file (2,000,000: about 1.05 GiB)")
-    ap.add_argument("--group-rows", type=int, default=100_000)
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--update-docs", action="store_true", help="write the section into docs/benchmark.md")
+    file_options(ap, rounds=6)  # --data: the `parquet` section's directory serves
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the setting is restored on the way out
     text = run(args.data, args.rows, args.rounds, args.group_rows)
     print(text)
     if args.update_docs:
-        stamp = (f"python tools/bench.py --only parquet-cold --data {args.data} --rows {args.rows} "
-                 f"--rounds {args.rounds} --update-docs ({time.strftime('%Y-%m-%d %H:%M')})")
-        print("wrote", update_docs(text, stamp))
+        print("wrote", update_docs(text, stamp_of("parquet-cold", args)))
 
 
 if __name__ == "__main__":

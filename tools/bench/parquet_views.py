@@ -450,21 +450,30 @@ def update_docs(text: str, stamp: str) -> Path:
     return write_section(REPO / "docs" / "benchmark.md", START, END, "Parquet views", stamp, text)
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def file_options(ap: argparse.ArgumentParser, rounds: int) -> None:
+    """The options of the sections that read the label-sorted file (this one, `parquet_cold`)."""
     ap.add_argument("--data", type=Path, required=True, help="where the file, the cache and the mount go")
     ap.add_argument("--rows", type=int, default=2_000_000, help="rows of the file (2,000,000: about 1.05 GiB)")
     ap.add_argument("--group-rows", type=int, default=100_000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--no-peers", action="store_true", help="leave out HF datasets")
+    ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--update-docs", action="store_true", help="write the section into docs/benchmark.md")
+
+
+def stamp_of(section: str, args: argparse.Namespace) -> str:
+    """The command and time a docs section names as its source."""
+    return (f"python tools/bench.py --only {section} --data {args.data} --rows {args.rows} --rounds {args.rounds} "
+            f"--update-docs ({time.strftime('%Y-%m-%d %H:%M')})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    file_options(ap, rounds=3)
+    ap.add_argument("--no-peers", action="store_true", help="leave out HF datasets")
     args = ap.parse_args(argv)
     text = run(args.data, args.rows, args.rounds, args.group_rows, not args.no_peers)
     print(text)
     if args.update_docs:
-        stamp = (f"python tools/bench.py --only parquet --data {args.data} --rows {args.rows} --rounds {args.rounds} "
-                 f"--update-docs ({time.strftime('%Y-%m-%d %H:%M')})")
-        print("wrote", update_docs(text, stamp))
+        print("wrote", update_docs(text, stamp_of("parquet", args)))
 
 
 if __name__ == "__main__":
