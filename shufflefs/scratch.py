@@ -23,6 +23,7 @@ import re
 import shutil
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
 from .config import cache_unwritable
@@ -42,6 +43,37 @@ def pwrite_all(fd: int, data: object, offset: int) -> None:
         if n <= 0:
             raise OSError(errno.EIO, f"short write at byte {offset}")
         view, offset = view[n:], offset + n
+
+
+READ_AHEAD = 4 << 20
+"""Bytes asked into the page cache at a time (`read_ahead`): the kernel reads at most its
+read-ahead size of a larger request.  Measured on a 1.13 GiB decoded copy, the page cache
+dropped, rows gathered in random order: 0.47-0.58 s with it, 0.86-0.96 s without, 0.90-1.03 s
+with one request for the whole file."""
+
+
+def read_ahead(fd: int, size: int, tail: int = 0) -> None:
+    """Ask the kernel for the first ``size`` bytes of ``fd``, front to back, `READ_AHEAD` at a time
+    (a thread of its own: each request waits while its reads are submitted; pages already
+    cached cost about 17 ms per GiB), after its last ``tail`` bytes (a Parquet file's footer,
+    which its readers read first: behind the rest, they waited for it); closes ``fd``, its own
+    descriptor."""
+    try:
+        if tail:
+            os.posix_fadvise(fd, max(0, os.fstat(fd).st_size - tail), tail, os.POSIX_FADV_WILLNEED)
+        for offset in range(0, size, READ_AHEAD):
+            os.posix_fadvise(fd, offset, READ_AHEAD, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass  # a hint only
+    finally:
+        os.close(fd)
+
+
+def read_ahead_in_thread(fd: int, size: int, name: str, tail: int = 0) -> threading.Thread:
+    """`read_ahead` of a duplicate of ``fd`` in a new daemon thread (started; ``fd`` stays the caller's)."""
+    thread = threading.Thread(target=read_ahead, args=(os.dup(fd), size, tail), name=name, daemon=True)
+    thread.start()
+    return thread
 
 
 def _alive(pid: int) -> bool:

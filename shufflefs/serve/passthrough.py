@@ -166,6 +166,7 @@ class Passthrough:
         (``POSIX_FADV_WILLNEED``, which pyarrow gives for every column chunk): the compiled
         replies answer those from the stage's mapping, the catalog (`ParquetStage.pread`) otherwise."""
         self.lib.passthrough_open(fh, stage.backing_id)
+        stage.read_ahead()
         self.opens += 1
         if node is not None:
             self._opened.setdefault(node.epoch, {})[_file(node)] = None

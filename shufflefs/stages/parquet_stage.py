@@ -27,10 +27,12 @@ import numpy as np
 
 from ..errors import StageError
 from ..formats.base import FramingError
-from ..scratch import pwrite_all
+from ..scratch import pwrite_all, read_ahead_in_thread
 from .kept_copies import fit
 
 __all__ = ["write_stage", "ParquetStage", "StageFiles", "StageWriter"]
+
+AHEAD_MEMORY = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class StageFile:
@@ -87,12 +89,30 @@ class ParquetStage:
     back to its `StageFiles` for the next stage (no handle reads it any more: the view closes
     only then)."""
 
-    def __init__(self, file: StageFile, data: np.ndarray, seconds: float, files: "StageFiles | None" = None) -> None:
-        self.file, self.data, self.seconds, self.files = file, data, seconds, files
+    def __init__(self, file: StageFile, data: np.ndarray, seconds: float, files: "StageFiles | None" = None,
+                 tail: int = 0) -> None:
+        """``tail``: the bytes of its footer (read first by readers, and so read ahead first)."""
+        self.file, self.data, self.seconds, self.files, self.tail = file, data, seconds, files, tail
         self.fd, self.size = file.fd, len(data)
         self.backing_id = 0
         self.release_id: Any = None  # called with the id when the stage closes
         self.made = ""  # when: at its first open, when its epoch was set, while the epoch (or file) before was read
+        self._ahead: threading.Thread | None = None
+
+    def read_ahead(self) -> None:
+        """Ask the kernel for the stage's pages front to back, in a thread (one at a time), as a
+        handle of it opens: the kernel reads a stage for its readers with its own read-ahead,
+        which pyarrow's reads from several threads keep small.  A 1.06 GiB view read cold by
+        ``iter_batches`` took 0.49-1.10 s with it, 0.70-2.00 without (alternated, as a regular
+        file); pages already cached cost 17 ms per GiB.  At most a quarter of the machine's
+        memory ahead: the rest comes as the reader gets there."""
+        if self.fd < 0 or (self._ahead is not None and self._ahead.is_alive()):
+            return
+        try:
+            self._ahead = read_ahead_in_thread(self.fd, min(self.size, AHEAD_MEMORY // 4), "stage-ahead",
+                                               tail=self.tail)
+        except OSError:
+            pass  # a hint only
 
     def pread(self, size: int, offset: int) -> bytes:
         return bytes(self.data[offset: offset + size])
@@ -278,7 +298,7 @@ class StageWriter:
         except BaseException:
             self.files.give_back(self.file)
             raise
-        return ParquetStage(self.file, data, time.monotonic() - self.t0, self.files)
+        return ParquetStage(self.file, data, time.monotonic() - self.t0, self.files, len(self.view.trailer))
 
 
 def write_stage(view: Any, files: StageFiles, threads: int = 2) -> ParquetStage:

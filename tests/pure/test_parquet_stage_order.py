@@ -3,11 +3,14 @@
 A Parquet view encoded whole into its stage reads each plan window's rows from the order its
 layout worked out (`ParquetLayout.order`) instead of shuffling the window again: the stage holds
 the bytes a view without that order loads, and the order is let go once the stage is written, or
-as soon as the view is loaded for a reader."""
+as soon as the view is loaded for a reader.  Each open of a stage asks the kernel for its pages
+ahead of the reader, its footer first (`ParquetStage.read_ahead`)."""
 
 from __future__ import annotations
 
 import io
+import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,7 @@ import pytest
 pq = pytest.importorskip("pyarrow.parquet")
 
 import parquet_files as pf  # noqa: E402
+from shufflefs import scratch  # noqa: E402
 from shufflefs.formats import make_format, scan_file  # noqa: E402
 from shufflefs.sources.local import SourceFile  # noqa: E402
 from shufflefs.stages.parquet_rows import RowCopies  # noqa: E402
@@ -177,6 +181,60 @@ def test_a_stage_being_written_stops_when_the_mount_stops(tmp_path: Path) -> Non
             write_stage(view, files)
         assert view.writer is None and len(files._free) == 1  # its file went back
     finally:
+        view.close()
+        files.close()
+        copies.close()
+
+
+def test_read_ahead_asks_for_the_tail_first_then_front_to_back_and_closes_its_descriptor(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * (3 * scratch.READ_AHEAD + 100))
+    asked: list[tuple[int, int]] = []
+    real = os.posix_fadvise
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, advice: (asked.append((off, n)), real(fd, off, n, advice)))
+    fd = os.open(path, os.O_RDONLY)
+    scratch.read_ahead(fd, path.stat().st_size, tail=100)
+    with pytest.raises(OSError):
+        os.fstat(fd)  # closed: it was the read-ahead's own
+    size = path.stat().st_size
+    assert asked == [(size - 100, 100)] + [(k * scratch.READ_AHEAD, scratch.READ_AHEAD) for k in range(4)]
+
+
+def test_a_stage_is_read_ahead_by_one_thread_at_a_time_and_not_once_closed(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    src = pf.label_sorted(tmp_path / "s.parquet", n=20_000, group_rows=3_000)
+    index = scan_file(src, make_format("parquet"))
+    copies = RowCopies(tmp_path / "copies")
+    files = StageFiles(str(tmp_path))
+    gate = threading.Event()
+    started: list[tuple[int, int]] = []
+
+    def held(fd: int, size: int, tail: int = 0) -> None:
+        started.append((size, tail))
+        gate.wait(10)
+        os.close(fd)
+
+    monkeypatch.setattr(scratch, "read_ahead", held)
+    plan = make_plan(index, ShuffleSpec(buffer=1 << 20), 3, 0, 1)
+    copy = copies.acquire(str(src), index)
+    view = ParquetView(str(src), index, plan, ParquetLayout(index, plan), SourceFile(str(src), index.stamp),
+                       copy, lambda: copies.release(copy))
+    try:
+        stage = write_stage(view, files)
+        stage.read_ahead()
+        stage.read_ahead()  # the first still runs: no second
+        assert started == [(stage.size, len(view.trailer))] and stage.tail == len(view.trailer) > 0
+        gate.set()
+        stage._ahead.join(10)
+        stage.read_ahead()  # the next open: again
+        stage._ahead.join(10)
+        assert len(started) == 2
+        stage.close()
+        stage.read_ahead()  # closed: nothing, no error
+        assert len(started) == 2
+    finally:
+        gate.set()
         view.close()
         files.close()
         copies.close()

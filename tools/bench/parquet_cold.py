@@ -10,8 +10,8 @@ A cold epoch of a Parquet view needs about twice the new pages of the source's r
 read back from disk, the next epoch's stage written), so how long it takes depends on whether the
 host took those pages back meanwhile.
 
-This section reads what `parquet` reads in its cold row (epochs after one in a mount, the page
-cache dropped before each and before the source read it is paired with) in alternated rounds,
+This section reads what `parquet` reads in its cold row (blocks of epochs after one in a mount,
+the page cache dropped before each, against as many reads of the source) in alternated rounds,
 with reporting as the machine has it and held back: a freed page is not reported until it has
 been free for a minute (``min_free_ms``, the longest the kernel takes, where it has it).  Before that, the cost of 1 GiB of new page-cache
 pages written 6 s after dropping the caches, under each setting.  The setting is restored in a
@@ -33,13 +33,14 @@ from pathlib import Path
 from typing import Iterator
 
 from .docs import write_section
-from .parquet_views import NAME, REPO, cold_epochs, file_options, iterate, make_data, stamp_of
+from .parquet_data import ensure_data
+from .parquet_views import NAME, REPO, cold_epochs, file_options, iterate, stamp_of
 from .proc import FuseDaemon, can_drop_caches, drop_caches
 
 START, END = "<!-- parquet-cold:start -->", "<!-- parquet-cold:end -->"
 KNOBS = Path("/sys/module/page_reporting/parameters")
-EPOCHS = 2
-"""Cold epochs read per round and setting."""
+EPOCHS = 3
+"""Cold epochs read per round and setting, back to back (one block of `parquet_views.cold_epochs`)."""
 TARGET = 0.7
 
 
@@ -79,16 +80,13 @@ def new_pages(directory: Path, pause: float = 6.0) -> float:
         os.close(fd)
 
 
-def run(data: Path, rows: int, rounds: int, group_rows: int) -> str:
-    import pyarrow.parquet as pq
-
+def run(data: Path, rows: int, rounds: int, group_rows: int, text: str = "letters") -> str:
     if not can_drop_caches():
         raise SystemExit("parquet-cold: dropping the page cache needs root")
     src_dir = data / "src"
     src_dir.mkdir(parents=True, exist_ok=True)
     src = src_dir / NAME
-    if not src.exists() or pq.ParquetFile(src).metadata.num_rows != rows:
-        make_data(src, rows, group_rows)
+    ensure_data(src, rows, group_rows, text)
     found = knob()
     settings = [("as the machine has it", None)]
     if found is not None:
@@ -114,24 +112,24 @@ def run(data: Path, rows: int, rounds: int, group_rows: int) -> str:
         for r in range(rounds):
             for what, value in settings[:: 1 if r % 2 == 0 else -1]:
                 with setting(path, value):
-                    for v, s, *_ in cold_epochs(d.pid, view, src, epoch, EPOCHS):
+                    for v, s, *_ in cold_epochs(d.pid, view, src, epoch, 1, EPOCHS):
                         got[what].append(v / s)
                 epoch += EPOCHS
     if path is not None:
         assert path.read_text().strip() == before, "the setting was not restored"
-    out = [f"Source: {src.stat().st_size / 2**30:.2f} GiB, {rows:,} rows sorted by label. Machine: {os.cpu_count()} "
+    out = [f"Source: {src.stat().st_size / 2**30:.2f} GiB, {rows:,} rows sorted by label, text of {text}. Machine: {os.cpu_count()} "
            f"CPUs, kernel {os.uname().release}. Free page reporting: "
            + (f"{KNOBS} (`{found[0].name}` {before} as the machine has it)." if found is not None
               else "no setting this process may write: one setting run."), "",
-           "| free page reporting | 1 GiB of new page-cache pages, 6 s after dropping the cache | cold epochs, "
-           "view / source: median (range) | epochs under 0.7x |", "|---|---|---|---|"]
+           "| free page reporting | 1 GiB of new page-cache pages, 6 s after dropping the cache | blocks of cold "
+           "epochs, view / source: median (range) | blocks under 0.7x |", "|---|---|---|---|"]
     for what, _ in settings:
         x = sorted(got[what])
         out.append(f"| {what} | {' s, '.join(f'{c:.2f}' for c in costs[what])} s | {statistics.median(x):.2f}x "
                    f"({x[0]:.2f}-{x[-1]:.2f}) | {sum(v < TARGET for v in x)} of {len(x)} |")
-    out += ["", f"Each cold epoch as in the `parquet` section's cold row: the page cache dropped before the source "
-            f"read and again before the view's epoch; {rounds} rounds of {EPOCHS} epochs per setting, the settings "
-            "alternated, one mount."]
+    out += ["", f"Each block as in the `parquet` section's cold row: {EPOCHS} epochs back to back, the page cache "
+            "dropped before each, against as many reads of the source read so; one block per round and setting, "
+            f"{rounds} rounds, the settings alternated, one mount."]
     return "\n".join(out)
 
 
@@ -145,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     file_options(ap, rounds=6)  # --data: the `parquet` section's directory serves
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the setting is restored on the way out
-    text = run(args.data, args.rows, args.rounds, args.group_rows)
+    text = run(args.data, args.rows, args.rounds, args.group_rows, args.text)
     print(text)
     if args.update_docs:
         print("wrote", update_docs(text, stamp_of("parquet-cold", args)))

@@ -40,6 +40,7 @@ import numpy as np
 
 
 from .docs import write_section
+from .parquet_data import TEXTS, ensure_data
 from .parquet_peers import LABELS, hf_datasets, label_mix, litdata_parquet
 from .parquet_shards import EPOCHS as SHARD_EPOCHS, SHARDS, make_shards, shard_rounds
 from .proc import FuseDaemon, Sampler, can_drop_caches, drop_caches
@@ -50,33 +51,16 @@ NAME = "sorted.parquet"
 BLOCK = 4
 """Epochs a paired round reads of each, back to back."""
 LATER_ROUNDS = 7
-"""First epochs of later mounts measured per cache state (`later_rounds`), and cold epochs after
-one in a mount (`cold_epochs`).  Single cold epochs scatter widely on the 2-core VM of these runs
-(0.29-1.00x of the source in alternated runs of one code): with 3 a row's median moved between
-0.48x and 1.00x from one run to the next."""
-
-
-def make_data(path: Path, rows: int, group_rows: int, seed: int = 0) -> None:
-    """The label-sorted file (see the module docstring)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rng = np.random.default_rng(seed)
-    label = np.sort(rng.integers(0, LABELS, rows))
-    lens = rng.integers(50, 1000, rows)
-    raw = rng.integers(97, 123, int(lens.sum()), dtype=np.uint8)
-    raw[rng.random(len(raw)) < 0.15] = 32
-    offsets = np.zeros(rows + 1, np.int64)
-    np.cumsum(lens, out=offsets[1:])
-    text = pa.LargeStringArray.from_buffers(rows, pa.py_buffer(offsets), pa.py_buffer(raw)).cast(pa.string())
-    words = np.array(["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "theta", "iota", "kappa"])
-    tags = pa.ListArray.from_arrays(np.concatenate([[0], np.cumsum(label % 4)]).astype(np.int32),
-                                    pa.array(np.ones(int((label % 4).sum()), np.int32)))
-    table = pa.table({"id": np.arange(rows), "label": label, "text": text, "score": rng.random(rows), "tags": tags,
-                      "lang": pa.array(words[label]).dictionary_encode()})
-    tmp = path.with_suffix(".tmp")
-    pq.write_table(table, tmp, row_group_size=group_rows)
-    os.replace(tmp, path)
+"""First epochs of later mounts measured per cache state (`later_rounds`), and blocks of cold
+epochs after one in a mount (`cold_epochs`).  Single cold epochs scatter widely on the 2-core VM
+of these runs (0.29-1.00x of the source in alternated runs of one code): with 3 a row's median
+moved between 0.48x and 1.00x from one run to the next."""
+COLD_BLOCK = 3
+"""Cold epochs read back to back per block (`cold_epochs`).  One cold epoch paired with one source
+read measured neither alone: the stage of the view's next epoch, built while it is read, went on
+into the source read after it when the view's read ended first, and on this VM the first read of
+a pair after a drop was often the slower one, whichever it was (a view epoch copied to a regular
+file against the source: 1.39-1.61x first, 0.72x second)."""
 
 
 def iterate(path: Path) -> tuple[int, float, np.ndarray]:
@@ -179,18 +163,18 @@ def encode_rate(src: Path, work: Path) -> tuple[float, float, int]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str:
+def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool, text: str = "letters") -> str:
     import pyarrow.parquet as pq
 
     data.mkdir(parents=True, exist_ok=True)
     src_dir = data / "src"
     src_dir.mkdir(exist_ok=True)
     src = src_dir / NAME
-    if not src.exists() or pq.ParquetFile(src).metadata.num_rows != rows:
-        make_data(src, rows, group_rows)
+    ensure_data(src, rows, group_rows, text)
     md = pq.ParquetFile(src).metadata
     out = [f"Source: {src.stat().st_size / 2**30:.2f} GiB, {md.num_rows:,} rows sorted by label (10 labels), "
-           f"{md.num_row_groups} row groups of {group_rows:,} rows, snappy (pyarrow's defaults). Machine: "
+           f"{md.num_row_groups} row groups of {group_rows:,} rows, text of {text} (`parquet_data`), snappy (pyarrow's "
+           f"defaults). Machine: "
            f"{os.cpu_count()} CPUs. Load average at the start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}.", ""]
     mnt, cache = data / "mnt", data / "cache"
     mnt.mkdir(exist_ok=True)
@@ -299,10 +283,13 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool) -> str
                      f"{statistics.median(file_rates):,.0f} | {statistics.median(file_rates) / statistics.median(src_rates):.2f} "
                      f"| - | - | - |")
         if can_drop_caches():  # steady epochs read cold, as data larger than memory is read
-            cold = cold_epochs(d.pid, view, src, 200, LATER_ROUNDS + 1)[1:]  # the first: its stage made at its open
-            table.append(median_row("view, cold: the epochs after one in a mount, the page cache dropped before each "
-                                    "and before the source read it is paired with (its stage, built while the epoch "
-                                    "before was read, read back from disk)", cold, uniform))
+            os.setxattr(view, "user.shufflefs.epoch", b"199")  # its stage made at its open, the next one's ahead
+            iterate(view)
+            cold = cold_epochs(d.pid, view, src, 200, LATER_ROUNDS)
+            table.append(median_row(f"view, cold: blocks of {COLD_BLOCK} epochs after one in a mount, the page cache "
+                                    "dropped before each (the sync and drop in the time), against as many reads of the "
+                                    "source read so, the order alternated (each stage, built while the epoch before "
+                                    "was read, read back from disk)", cold, uniform))
             later_cold = {"cold: the epochs after one in a mount": cold}
         else:
             later_cold = {}
@@ -387,20 +374,29 @@ def median_row(what: str, got: list[tuple], uniform: float) -> str:
             f"{max(g[2].peak_rss for g in got) / 2**20:.0f} |")
 
 
-def cold_epochs(pid: int, view: Path, src: Path, first: int, epochs: int) -> list[tuple]:
-    """Epochs ``first``... of ``view`` one after the other, each read with the page cache dropped
-    before it and before a read of the source it is paired with: per epoch, (view rows/s, source
-    rows/s, daemon usage, label mix)."""
+def cold_epochs(pid: int, view: Path, src: Path, first: int, blocks: int, per_block: int = COLD_BLOCK) -> list[tuple]:
+    """``blocks`` blocks of ``per_block`` epochs of ``view`` from epoch ``first`` on, back to back,
+    each read after dropping the page cache (its ``sync`` and drop inside the time, as a reader of
+    data larger than memory meets them), against as many reads of the source in the same way; the
+    view's block first in even blocks, the source's in odd ones.  Per block: (view rows/s, source
+    rows/s, daemon usage over the view's block, label mix of its last epoch)."""
     got = []
-    for e in range(first, first + epochs):
-        drop_caches()
-        n, t, _ = iterate(src)
-        base = n / t
-        os.setxattr(view, "user.shufflefs.epoch", str(e).encode())
-        drop_caches()
-        with Sampler(pid) as s:
-            n, t, labels = iterate(view)
-        got.append((n / t, base, s.usage, label_mix(labels)[0]))
+    for b in range(blocks):
+        rates: dict[str, float] = {}
+        for what in ("view", "source") if b % 2 == 0 else ("source", "view"):
+            rows = 0
+            with Sampler(pid if what == "view" else None) as s:
+                t0 = time.perf_counter()
+                for e in range(first + b * per_block, first + (b + 1) * per_block):
+                    drop_caches()
+                    if what == "view":
+                        os.setxattr(view, "user.shufflefs.epoch", str(e).encode())
+                    n, _, labels = iterate(view if what == "view" else src)
+                    rows += n
+                rates[what] = rows / (time.perf_counter() - t0)
+            if what == "view":
+                usage, mix = s.usage, label_mix(labels)[0]
+        got.append((rates["view"], rates["source"], usage, mix))
     return got
 
 
@@ -446,8 +442,12 @@ def budget_line(src_epoch: float, reader_cpu: float, daemon_cpu: float, front_cp
             f"{src_epoch / floor:.2f}x ({src_epoch / floor_front:.2f}x) of the source's rows/s with perfect overlap.")
 
 
-def update_docs(text: str, stamp: str) -> Path:
-    return write_section(REPO / "docs" / "benchmark.md", START, END, "Parquet views", stamp, text)
+def update_docs(text: str, stamp: str, kind: str = "letters") -> Path:
+    """Into its section of docs/benchmark.md: one for each kind of text (`parquet_data.TEXTS`)."""
+    if kind == "letters":
+        return write_section(REPO / "docs" / "benchmark.md", START, END, "Parquet views", stamp, text)
+    return write_section(REPO / "docs" / "benchmark.md", f"<!-- parquet-{kind}-bench:start -->",
+                         f"<!-- parquet-{kind}-bench:end -->", f"Parquet views, text of {kind}", stamp, text)
 
 
 def file_options(ap: argparse.ArgumentParser, rounds: int) -> None:
@@ -455,13 +455,16 @@ def file_options(ap: argparse.ArgumentParser, rounds: int) -> None:
     ap.add_argument("--data", type=Path, required=True, help="where the file, the cache and the mount go")
     ap.add_argument("--rows", type=int, default=2_000_000, help="rows of the file (2,000,000: about 1.05 GiB)")
     ap.add_argument("--group-rows", type=int, default=100_000)
+    ap.add_argument("--text", choices=TEXTS, default="letters",
+                    help="letters: random, incompressible; words: Zipf-drawn words, which snappy halves (parquet_data)")
     ap.add_argument("--rounds", type=int, default=rounds)
     ap.add_argument("--update-docs", action="store_true", help="write the section into docs/benchmark.md")
 
 
 def stamp_of(section: str, args: argparse.Namespace) -> str:
     """The command and time a docs section names as its source."""
-    return (f"python tools/bench.py --only {section} --data {args.data} --rows {args.rows} --rounds {args.rounds} "
+    text = f" --text {args.text}" if args.text != "letters" else ""
+    return (f"python tools/bench.py --only {section} --data {args.data} --rows {args.rows}{text} --rounds {args.rounds} "
             f"--update-docs ({time.strftime('%Y-%m-%d %H:%M')})")
 
 
@@ -470,10 +473,10 @@ def main(argv: list[str] | None = None) -> None:
     file_options(ap, rounds=3)
     ap.add_argument("--no-peers", action="store_true", help="leave out HF datasets")
     args = ap.parse_args(argv)
-    text = run(args.data, args.rows, args.rounds, args.group_rows, not args.no_peers)
+    text = run(args.data, args.rows, args.rounds, args.group_rows, not args.no_peers, args.text)
     print(text)
     if args.update_docs:
-        print("wrote", update_docs(text, stamp_of("parquet", args)))
+        print("wrote", update_docs(text, stamp_of("parquet", args), args.text))
 
 
 if __name__ == "__main__":
