@@ -69,9 +69,9 @@ def read_ahead(fd: int, size: int, tail: int = 0) -> None:
         os.close(fd)
 
 
-def read_ahead_in_thread(fd: int, size: int, name: str, tail: int = 0) -> threading.Thread:
+def read_ahead_in_thread(fd: int, size: int, name: str) -> threading.Thread:
     """`read_ahead` of a duplicate of ``fd`` in a new daemon thread (started; ``fd`` stays the caller's)."""
-    thread = threading.Thread(target=read_ahead, args=(os.dup(fd), size, tail), name=name, daemon=True)
+    thread = threading.Thread(target=read_ahead, args=(os.dup(fd), size), name=name, daemon=True)
     thread.start()
     return thread
 

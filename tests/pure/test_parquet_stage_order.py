@@ -201,7 +201,7 @@ def test_read_ahead_asks_for_the_tail_first_then_front_to_back_and_closes_its_de
     assert asked == [(size - 100, 100)] + [(k * scratch.READ_AHEAD, scratch.READ_AHEAD) for k in range(4)]
 
 
-def test_a_stage_is_read_ahead_by_one_thread_at_a_time_and_not_once_closed(tmp_path: Path,
+def test_a_stage_not_all_cached_is_read_ahead_by_one_thread_at_a_time_and_not_once_closed(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     src = pf.label_sorted(tmp_path / "s.parquet", n=20_000, group_rows=3_000)
     index = scan_file(src, make_format("parquet"))
@@ -222,11 +222,17 @@ def test_a_stage_is_read_ahead_by_one_thread_at_a_time_and_not_once_closed(tmp_p
                        copy, lambda: copies.release(copy))
     try:
         stage = write_stage(view, files)
+        stage.read_ahead()  # every page cached, just written: nothing asked
+        stage._ahead.join(10)
+        assert started == []
+        os.fsync(stage.fd)
+        os.posix_fadvise(stage.fd, 0, 0, os.POSIX_FADV_DONTNEED)
         stage.read_ahead()
         stage.read_ahead()  # the first still runs: no second
         assert started == [(stage.size, len(view.trailer))] and stage.tail == len(view.trailer) > 0
         gate.set()
         stage._ahead.join(10)
+        os.posix_fadvise(stage.fd, 0, 0, os.POSIX_FADV_DONTNEED)
         stage.read_ahead()  # the next open: again
         stage._ahead.join(10)
         assert len(started) == 2
