@@ -3,17 +3,20 @@
 
     python tools/bench.py --only parquet --data DIR [--rows 2000000] [--rounds 3] [--update-docs]
 
-On a label-sorted Parquet file of at least 1 GiB (generated into DIR once: id, label, a 50-1000
-character text, a score, a list<int32> and a dictionary-encoded string, snappy, row groups of
-100,000 rows, as pyarrow writes them), mounted with default options:
+On a label-sorted Parquet file of at least 1 GiB (generated into DIR once, `parquet_data`: id,
+label, a text of random letters or, ``--text words``, of words as prose has them, a score, a
+list<int32> and a dictionary-encoded string, snappy, row groups of 100,000 rows, as pyarrow
+writes them), mounted with default options:
 
 * what a view costs before its first byte: the index (first ``stat``: every row group decoded
   once), the decoded copy (filled by the first epoch's reads);
 * rows/s of ``pyarrow.parquet.ParquetFile.iter_batches`` over the source (warm: in the page
   cache) and over the view at the same path (a new epoch each round, the copy made), in paired
-  rounds (the order of the two alternates), with the label mix per 100 rows each got; and the
-  first epoch of later mounts, which take the copy the mount before kept, warm and cold (the
-  page cache dropped before the view's read and before the source's it is paired with);
+  rounds (the order of the two alternates), with the label mix per 100 rows each got; cold, in
+  blocks of epochs back to back, each after dropping the page cache, against as many reads of
+  the source (`cold_epochs`); and the first epoch of later mounts, which take the copy the
+  mount before kept, warm and cold (the page cache dropped before the view's read and before
+  the source's it is paired with);
 * time from an epoch change to the first row group (``ParquetFile(view).read_row_group(0)``);
 * the daemon's memory (own: anonymous + shared pages; RSS) against the bound;
 * beside them, HF ``datasets`` as users shuffle with it (``load_dataset``, ``.shuffle()``, then
@@ -282,6 +285,8 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool, text: 
         table.append(f"| an epoch's view copied to a regular file (warm; no FUSE, no encoding: the ceiling) | "
                      f"{statistics.median(file_rates):,.0f} | {statistics.median(file_rates) / statistics.median(src_rates):.2f} "
                      f"| - | - | - |")
+        firsts = [first_row_group(view, 100 + e) for e in range(5)]
+        firsts_cold: list[float] = []
         if can_drop_caches():  # steady epochs read cold, as data larger than memory is read
             os.setxattr(view, "user.shufflefs.epoch", b"199")  # its stage made at its open, the next one's ahead
             iterate(view)
@@ -291,9 +296,9 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool, text: 
                                     "source read so, the order alternated (each stage, built while the epoch before "
                                     "was read, read back from disk)", cold, uniform))
             later_cold = {"cold: the epochs after one in a mount": cold}
+            firsts_cold = [first_row_group(view, 300 + e) for e in range(5)]  # the stage files' pages dropped
         else:
             later_cold = {}
-        firsts = [first_row_group(view, 100 + e) for e in range(5)]
         info = json.loads(os.getxattr(view, "user.shufflefs.info"))
         stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
     later = later_rounds(cmd, mnt, view, src, data / "daemon.log", env, md.num_rows)
@@ -328,8 +333,11 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool, text: 
             f"loaded as {info['parquet']['windows']} windows of about 8 MiB.",
             f"- Decoded copy: {copy['bytes'] / 2**30:.2f} GiB on local disk, filled in {copy['seconds']:.1f} s "
             "during the first epoch's reads.",
-            f"- Epoch change -> first row group: median {statistics.median(firsts) * 1e3:.0f} ms, max "
-            f"{max(firsts) * 1e3:.0f} ms (5 epochs; `setxattr`, then `ParquetFile(view).read_row_group(0)`).",
+            f"- Epoch change -> first row group (`setxattr`, then `ParquetFile(view).read_row_group(0)`; 5 epochs "
+            f"not built ahead): warm, median {statistics.median(firsts) * 1e3:.0f} ms, max {max(firsts) * 1e3:.0f} ms"
+            + (f"; right after the cold rows (the stage files' pages dropped, so written into new ones), median "
+               f"{statistics.median(firsts_cold) * 1e3:.0f} ms, max {max(firsts_cold) * 1e3:.0f} ms" if firsts_cold
+               else "") + ".",
             f"- Daemon memory bound (16 bytes/row + 3 windows + 100 MiB): {bound / 2**20:.0f} MiB; windows in memory "
             f"at most {limit / 2**20:.0f} MiB.",
             f"- In one process, without FUSE, on one core: the copy filled in {fill:.1f} s, an epoch's "
@@ -343,7 +351,7 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool, text: 
             budget_line(md.num_rows / statistics.median(src_rates),
                         statistics.median(file_cpu), statistics.median(cpu), front_cpu),
             ]
-    ratio, first = statistics.median(ratios), statistics.median(firsts)
+    ratio, first = statistics.median(ratios), max(firsts + firsts_cold)
     others = []  # the same target, for the other cache states
     for what, got in {**later_cold, **{f"first epoch of a later mount, {k}": v for k, v in later.items()},
                       f"{SHARDS} shards read in turn": shards}.items():
@@ -352,7 +360,8 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool, text: 
     out += ["", "| target | measured | verdict |", "|---|---|---|",
             f"| `iter_batches` over the view >= 0.7x the source's rows/s | {ratio:.2f}x | "
             f"{'met' if ratio >= 0.7 else 'not met'} |", *others,
-            f"| epoch change -> first row group < 2 s (1 GiB) | {first:.2f} s | {'met' if first < 2 else 'not met'} |",
+            f"| epoch change -> first row group < 2 s (1 GiB), the slowest | {first:.2f} s | "
+            f"{'met' if first < 2 else 'not met'} |",
             f"| daemon's own memory within 16 B/row + 3 windows + 100 MiB, warm | {max(own) / 2**20:.0f} of "
             f"{bound / 2**20:.0f} MiB | {'met' if max(own) <= bound else 'not met'} |",
             f"| the same while the copy is filled (first epoch) | {first_own / 2**20:.0f} of {bound / 2**20:.0f} MiB | "
