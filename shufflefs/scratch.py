@@ -56,8 +56,7 @@ def read_ahead(fd: int, size: int, tail: int = 0) -> None:
     """Ask the kernel for the first ``size`` bytes of ``fd``, front to back, `READ_AHEAD` at a time
     (a thread of its own: each request waits while its reads are submitted; pages already
     cached cost about 17 ms per GiB), after its last ``tail`` bytes (a Parquet file's footer,
-    which its readers read first: behind the rest, they waited for it); closes ``fd``, its own
-    descriptor."""
+    which its readers read first); closes ``fd``, its own descriptor."""
     try:
         if tail:
             os.posix_fadvise(fd, max(0, os.fstat(fd).st_size - tail), tail, os.POSIX_FADV_WILLNEED)

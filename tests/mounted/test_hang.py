@@ -276,6 +276,9 @@ def test_umount_returns_within_its_deadline_when_requests_hang(mount):
 def test_umount_finds_the_daemon_by_its_pid_file(mount):
     """Holds: SEMANTICS.md#umount, SEMANTICS.md#umount-stuck"""
     m = mount({"a.jsonl": LINES})
+    deadline = time.monotonic() + 10  # written once the mount is up: the mount can be seen first
+    while control.daemon_pid(str(m.mnt)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert control.daemon_pid(str(m.mnt)) == m.pid
     pid_file = Path(control.pid_file(str(m.mnt)))
     assert pid_file.is_file()

@@ -207,11 +207,12 @@ def test_a_stage_not_all_cached_is_read_ahead_by_one_thread_at_a_time_and_not_on
     index = scan_file(src, make_format("parquet"))
     copies = RowCopies(tmp_path / "copies")
     files = StageFiles(str(tmp_path))
-    gate = threading.Event()
+    gate, entered = threading.Event(), threading.Event()
     started: list[tuple[int, int]] = []
 
     def held(fd: int, size: int, tail: int = 0) -> None:
         started.append((size, tail))
+        entered.set()
         gate.wait(10)
         os.close(fd)
 
@@ -228,6 +229,7 @@ def test_a_stage_not_all_cached_is_read_ahead_by_one_thread_at_a_time_and_not_on
         os.fsync(stage.fd)
         os.posix_fadvise(stage.fd, 0, 0, os.POSIX_FADV_DONTNEED)
         stage.read_ahead()
+        assert entered.wait(10)  # its thread found pages missing and asks for them
         stage.read_ahead()  # the first still runs: no second
         assert started == [(stage.size, len(view.trailer))] and stage.tail == len(view.trailer) > 0
         gate.set()
