@@ -18,6 +18,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import mmap
 import os
 import re
 import shutil
@@ -68,11 +69,35 @@ def read_ahead(fd: int, size: int, tail: int = 0) -> None:
         os.close(fd)
 
 
-def read_ahead_in_thread(fd: int, size: int, name: str) -> threading.Thread:
-    """`read_ahead` of a duplicate of ``fd`` in a new daemon thread (started; ``fd`` stays the caller's)."""
-    thread = threading.Thread(target=read_ahead, args=(os.dup(fd), size), name=name, daemon=True)
+def read_ahead_in_thread(fd: int, size: int, name: str, tail: int = 0, mapping: object = None
+                         ) -> threading.Thread:
+    """`read_ahead` of a duplicate of ``fd`` in a new daemon thread (started; ``fd`` stays the
+    caller's); given the file's ``mapping``, nothing is asked when all its pages are cached
+    (`cachestat`: 0.04 ms for a cached GiB, where the hints over a cached 1.06 GiB file took 17
+    ms of CPU beside its reader).  Raises OSError if ``fd`` cannot be duplicated."""
+    thread = threading.Thread(target=_read_ahead_uncached, args=(os.dup(fd), size, tail, mapping), name=name,
+                              daemon=True)
     thread.start()
     return thread
+
+
+def _read_ahead_uncached(fd: int, size: int, tail: int, mapping: object) -> None:
+    try:
+        if mapping is not None and _all_cached(fd, mapping):
+            os.close(fd)
+            return
+    except OSError:
+        pass
+    read_ahead(fd, size, tail)
+
+
+def _all_cached(fd: int, mapping: object) -> bool:
+    try:
+        from ._gather import cached_pages  # compiled at install time; optional
+    except ImportError:  # pragma: no cover - depends on the build
+        return False
+    n = len(memoryview(mapping))  # type: ignore[arg-type]
+    return bool(n) and cached_pages(fd, mapping) * mmap.PAGESIZE >= n
 
 
 def _alive(pid: int) -> bool:

@@ -252,9 +252,12 @@ class ShuffleFS(pyfuse3.Operations):
         if flags & _WRITE_FLAGS:
             raise FUSEError(errno.EROFS)
         h = await self.catalog.open(node)
+        early = None
         if node.kind == VIEW:
-            try:  # a Parquet view: read by the kernel from its stage, if it can be
-                stage = await self.catalog.passthrough.stage(self.catalog, node)
+            pt = self.catalog.passthrough
+            try:  # a Parquet view: read by the kernel from its stage, or from it as it is written
+                early = await pt.early.open(self.catalog, node) if pt.wants(node) else None
+                stage = None if early is not None else await pt.stage(self.catalog, node)
             except BaseException:
                 self.catalog.release(h)
                 raise
@@ -263,6 +266,10 @@ class ShuffleFS(pyfuse3.Operations):
         h.fh = fh
         if node.kind != VIEW:
             return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=False)
+        if early is not None:  # the daemon serves it (`serve.early_opens`), the kernel caches it
+            self.catalog.passthrough.early.attach(fh, early)
+            self.paged.add(node.ino)
+            return pyfuse3.FileInfo(fh=fh, direct_io=False, keep_cache=True)
         if stage is not None:  # (the reply's flags are the stage's: `shufflefs._passthrough`)
             self.catalog.passthrough.attach(fh, stage, node)
             self.catalog.prep.ahead(node)  # the next epoch's stage, while this one is read
@@ -277,6 +284,9 @@ class ShuffleFS(pyfuse3.Operations):
         h = self._handles.get(fh)
         if h is None:
             raise FUSEError(errno.EBADF)
+        early = self.catalog.passthrough.early.get(fh)
+        if early is not None:  # its stage as it is written (`serve.early_opens`)
+            return await self.catalog.passthrough.early.read(self.catalog, h, early, off, size)
         return await self.catalog.read(h, off, size)
 
     @_guard

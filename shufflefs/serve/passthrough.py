@@ -30,6 +30,7 @@ from ..stages.parquet_stage import ParquetStage, StageFiles, write_stage
 from ..stages.parquet_view import ParquetView
 from ..stages.kept_copies import CopyDisk
 from ..windows import heap
+from .early_opens import EarlyOpens
 from .nodes import VIEW, Node
 
 log = logging.getLogger("shufflefs")
@@ -55,6 +56,7 @@ class Passthrough:
         self.disabled: str | None = None  # why passthrough is not used after all
         self._files: dict[str, StageFiles] = {}  # stage files for reuse, by directory
         self._registered: set[int] = set()  # handles whose stray reads the compiled replies answer
+        self.early = EarlyOpens(self)  # handles that read stages as they are written
         self._opened: dict[int, dict[tuple, None]] = {}
         """Files (relpath, part, parts) opened with a stage, in the order of their first opens, by
         epoch (the last few)."""
@@ -169,14 +171,19 @@ class Passthrough:
         stage.read_ahead()
         self.opens += 1
         if node is not None:
-            self._opened.setdefault(node.epoch, {})[_file(node)] = None
-            while len(self._opened) > 4:
-                del self._opened[min(self._opened)]
+            self.note_open(node)
         if stage.size and self.lib.register(fh, 0, stage.size, stage.data, 0, []):
             self._registered.add(fh)
 
+    def note_open(self, node: Node) -> None:
+        """``node`` was opened to be read from its stage (`next_of` learns the order of files)."""
+        self._opened.setdefault(node.epoch, {})[_file(node)] = None
+        while len(self._opened) > 4:
+            del self._opened[min(self._opened)]
+
     def detach(self, fh: int) -> None:
         """The handle ``fh`` is released (before its view, and so its stage, may close)."""
+        self.early.release(fh)
         if fh in self._registered:
             self._registered.discard(fh)
             self.lib.unregister(fh)
@@ -190,7 +197,8 @@ class Passthrough:
     def describe(self) -> dict[str, Any]:
         files = sum(f.made - f.closed for f in self._files.values())
         return {"on": self.on, **({} if self.on else {"why_not": self.why_not()}),
-                "stages_built": self.stages_built, "opens": self.opens, "stage_files": files,
+                "stages_built": self.stages_built, "opens": self.opens, "early_opens": self.early.opened,
+                "stage_files": files,
                 "stage_files_reused": sum(f.reused for f in self._files.values()),
                 "stage_files_made": sum(f.made for f in self._files.values()),
                 **({"refused": self.refused} if self.refused else {})}

@@ -35,12 +35,6 @@ __all__ = ["write_stage", "ParquetStage", "StageFiles", "StageWriter"]
 
 AHEAD_MEMORY = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
-try:
-    from .._gather import cached_pages as _cached_pages  # compiled at install time; optional
-except ImportError:  # pragma: no cover - depends on the build
-    _cached_pages = None
-
-
 class StageFile:
     """An unnamed file on local disk and a read-only mapping of it, ``capacity`` bytes (at least
     the file's size), which the daemon answers the reads that reach it from.  A stage is written
@@ -115,12 +109,10 @@ class ParquetStage:
         if self.fd < 0 or (self._ahead is not None and self._ahead.is_alive()):
             return
         try:
-            fd = os.dup(self.fd)
+            self._ahead = scratch.read_ahead_in_thread(self.fd, min(self.size, AHEAD_MEMORY // 4), "stage-ahead",
+                                                       self.tail, self.data)
         except OSError:
-            return  # a hint only
-        self._ahead = threading.Thread(target=_read_ahead_uncached, name="stage-ahead", daemon=True,
-                                       args=(fd, self.data, min(self.size, AHEAD_MEMORY // 4), self.tail))
-        self._ahead.start()
+            pass  # a hint only
 
     def pread(self, size: int, offset: int) -> bytes:
         return bytes(self.data[offset: offset + size])
@@ -220,19 +212,6 @@ class StageFiles:
             file.close()
 
 
-def _read_ahead_uncached(fd: int, data: np.ndarray, size: int, tail: int) -> None:
-    """`scratch.read_ahead` of a stage (its descriptor ``fd``, its mapping ``data``) unless every
-    page of it is cached already (`cachestat`: 0.04 ms for a cached GiB, where the hints over a
-    cached 1.06 GiB stage took 17 ms of CPU beside its reader)."""
-    try:
-        if _cached_pages is not None and len(data) and _cached_pages(fd, data) * mmap.PAGESIZE >= len(data):
-            os.close(fd)
-            return
-    except OSError:
-        pass
-    scratch.read_ahead(fd, size, tail)
-
-
 def _anonymous_file(directory: str) -> int:
     try:
         return os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
@@ -260,11 +239,21 @@ class StageWriter:
         self.view, self.files, self.t0 = view, files, time.monotonic()
         self.file = files.take(lay.size)
         self._next, self._active = 0, 0
+        n = lay.n_windows
+        self._order = np.concatenate([np.arange(n - 1, n), np.arange(n - 1)]) if n else np.zeros(0, np.int64)
+        """The last window first, after the footer: readers read the file's last 64 KiB first."""
+        self._done = np.zeros(n, bool)
+        self.prefix = 0
+        """Windows written from the first on: bytes up to `written_end` may be read already."""
         self.failed: list[BaseException] = []
+        self.shared = False
+        """Whether handles read the file as it is written (`serve.early_opens`): if the stage
+        fails, its file then goes with them, never to another stage."""
         self._cond = threading.Condition()
         try:
             self.data = self.file.resize(lay.size)
             pwrite_all(self.file.fd, memoryview(view.header), 0)
+            pwrite_all(self.file.fd, memoryview(view.trailer), int(lay.trailer_offset))  # read first by readers
         except BaseException:
             self.data = np.zeros(0, np.uint8)
             files.give_back(self.file)
@@ -283,7 +272,7 @@ class StageWriter:
                 with self._cond:
                     if self.failed or self._next >= n:
                         return
-                    k, self._next = self._next, self._next + 1
+                    k, self._next = int(self._order[self._next]), self._next + 1
                 if view.copy.stop.is_set():  # the mount is stopping (`RowCopies.stop`)
                     raise StageError(view.path, None, "the mount is stopping: its stage was left unwritten")
                 size = view.layout.window_size(k)
@@ -291,6 +280,10 @@ class StageWriter:
                     buf = np.empty(size + size // 8, np.uint8)
                 data, _ = view.load_window(k, out=buf)
                 pwrite_all(self.file.fd, memoryview(data), int(starts[k]))
+                with self._cond:
+                    self._done[k] = True
+                    while self.prefix < n and self._done[self.prefix]:
+                        self.prefix += 1
         except BaseException as e:  # noqa: BLE001 - raised by `finish`
             with self._cond:
                 self.failed.append(e)
@@ -300,8 +293,26 @@ class StageWriter:
                 self._active -= 1
                 self._cond.notify_all()
 
+    @property
+    def written_end(self) -> int:
+        """The end of the bytes written from the start (header and whole windows); the footer is
+        written first, at its place."""
+        lay = self.view.layout
+        return int(lay.window_starts[self.prefix]) if self.prefix < lay.n_windows else int(lay.trailer_offset)
+
+    def written(self, off: int, end: int) -> bool:
+        """Whether the view's bytes [off, end) are in the file already."""
+        lay = self.view.layout
+        trailer = int(lay.trailer_offset)
+        if min(end, trailer) <= self.written_end or off >= trailer:
+            return True
+        starts = lay.window_starts
+        first = max(int(np.searchsorted(starts, off, "right")) - 1, 0)
+        last = int(np.searchsorted(starts, min(end, trailer), "left"))
+        return bool(self._done[first:last].all())
+
     def finish(self) -> ParquetStage:
-        """Once the caller's `work` returned: wait for the helpers, write the footer."""
+        """Once the caller's `work` returned: wait for the helpers, check what was written."""
         with self._cond:
             while self._active:
                 self._cond.wait()
@@ -312,12 +323,17 @@ class StageWriter:
             if self.failed:
                 raise self.failed[0]
             lay = self.view.layout
-            pwrite_all(self.file.fd, memoryview(self.view.trailer), int(lay.trailer_offset))
             size = os.fstat(self.file.fd).st_size
             if size != lay.size:
                 raise FramingError(self.view.path, None, f"stage of {size} bytes, planned {lay.size}")
-        except BaseException:
-            self.files.give_back(self.file)
+        except BaseException as e:
+            with self._cond:
+                if not self.failed:
+                    self.failed.append(e)
+            if self.shared:
+                self.file.close()
+            else:
+                self.files.give_back(self.file)
             raise
         return ParquetStage(self.file, data, time.monotonic() - self.t0, self.files, len(self.view.trailer))
 

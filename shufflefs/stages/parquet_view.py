@@ -203,6 +203,7 @@ class ParquetView:
         self.stage = None  # its stage file, when the kernel reads it (`serve.passthrough`)
         self.unstaged = False  # served by the daemon even so (no room for a stage when first opened)
         self.writer = None  # the `StageWriter` of its stage while it is being written
+        self.early = 0  # handles that read the stage as it is written (`serve.early_opens`)
         self.closers: list[Callable[[], None]] = []  # what goes with the view
         self._order, layout.order = (layout.order if plan is layout.plan else None), None
         """The layout's rows in view order, kept while the view is encoded whole into its stage

@@ -246,3 +246,86 @@ def test_a_stage_not_all_cached_is_read_ahead_by_one_thread_at_a_time_and_not_on
         view.close()
         files.close()
         copies.close()
+
+
+def test_a_stage_being_written_tells_how_far_it_may_be_read_and_keeps_its_file_if_shared(tmp_path: Path) -> None:
+    """Holds: SEMANTICS.md#views-parquet-early (the footer is written first, then windows from the
+    first on; a stage that fails while handles read it never lends its file to another stage)"""
+    from shufflefs.errors import StageError
+    from shufflefs.stages.parquet_stage import StageWriter
+
+    src = pf.label_sorted(tmp_path / "s.parquet", n=20_000, group_rows=2_000)
+    index = scan_file(src, make_format("parquet"))
+    copies = RowCopies(tmp_path / "copies")
+    files = StageFiles(str(tmp_path))
+    plan = make_plan(index, ShuffleSpec(buffer=1 << 20), 3, 0, 1)
+
+    def view() -> ParquetView:
+        copy = copies.acquire(str(src), index)
+        return ParquetView(str(src), index, plan, ParquetLayout(index, plan), SourceFile(str(src), index.stamp),
+                           copy, lambda: copies.release(copy))
+
+    whole, part = view(), view()
+    try:
+        want = bytes(write_stage(whole, files).data)
+        lay = part.layout
+        assert lay.n_windows >= 3
+        writer = StageWriter(part, files)
+        tail = int(lay.trailer_offset)
+        assert writer.written_end == len(part.header) == int(lay.window_starts[0])
+        assert bytes(writer.data[tail:]) == want[tail:]  # the footer first: readers read it first
+        assert writer.written(tail, lay.size) and writer.written(0, len(part.header))
+        assert not writer.written(0, len(part.header) + 1) and not writer.written(tail - 1, lay.size)
+        writer.shared = True
+        copies.stop.set()  # the next window fails
+        writer.work()
+        assert writer.failed and writer.written_end == int(lay.window_starts[0])
+        free, fd = len(files._free), writer.file.fd
+        with pytest.raises(StageError):
+            writer.finish()
+        assert len(files._free) == free  # closed, its pages left to its readers, not lent to the next stage
+        with pytest.raises(OSError):
+            os.fstat(fd)
+    finally:
+        copies.stop.clear()
+        whole.close()
+        part.close()
+        files.close()
+        copies.close()
+
+
+def test_windows_written_out_of_order_are_readable_once_those_before_are(tmp_path: Path) -> None:
+    """Holds: SEMANTICS.md#views-parquet-early (the footer first, then the last window, then the
+    others front to back; a range is readable once every window it touches is written)"""
+    from shufflefs.stages.parquet_stage import StageWriter
+
+    src = pf.label_sorted(tmp_path / "s.parquet", n=20_000, group_rows=2_000)
+    index = scan_file(src, make_format("parquet"))
+    copies = RowCopies(tmp_path / "copies")
+    files = StageFiles(str(tmp_path))
+    plan = make_plan(index, ShuffleSpec(buffer=1 << 20), 3, 0, 1)
+    copy = copies.acquire(str(src), index)
+    view = ParquetView(str(src), index, plan, ParquetLayout(index, plan), SourceFile(str(src), index.stamp),
+                       copy, lambda: copies.release(copy))
+    try:
+        writer = StageWriter(view, files)
+        lay = view.layout
+        starts, tail, n = lay.window_starts, int(lay.trailer_offset), lay.n_windows
+        assert n >= 4
+        writer._next = 2  # another thread took the last window and the first (in that order) and is at them
+        done = threading.Thread(target=writer.work)
+        done.start()
+        done.join()
+        assert writer.written_end == int(starts[0])  # windows 1 to n - 2 are written, not 0
+        assert writer.written(int(starts[1]), int(starts[n - 1])) and writer.written(int(starts[2]) + 5, int(starts[3]))
+        assert not writer.written(int(starts[0]), int(starts[1])) and not writer.written(int(starts[1]), tail)
+        assert not writer.written(tail - (64 << 10), lay.size)  # a reader's first read waits for the last window
+        writer._next = 0
+        writer.work()  # the last window, the first, then the others again
+        assert writer.written_end == tail and writer.written(0, lay.size)
+        stage = writer.finish()
+        assert len(stage.data) == view.layout.size
+    finally:
+        view.close()
+        files.close()
+        copies.close()
