@@ -154,6 +154,9 @@ class MountConfig:
     passthrough: str = "auto"
     """``auto``: Parquet views are read by the kernel from a stage file (FUSE passthrough) where it
     can (`serve.passthrough`); ``off``: the daemon serves every read."""
+    stage_wait: float = 1.0
+    """Seconds an open waits for its Parquet view's stage before reading it as it is written
+    (`serve.early_opens`)."""
     """``keep`` or ``drop`` a window's source pages once it is built; ``auto`` chooses per view
     (`sources.cache_mode`)."""
     direct_io: bool = False

@@ -152,6 +152,7 @@ def mount_config(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
         rules=opts.rules, format_defaults=opts.format_defaults, cache_dir=cache_dir,
         pool=not v["no_pool"], pool_globs=opts.pools, mixes=opts.mixes, stage_dir=stage_dir, verify=v["verify"],
         source_cache=v["source_cache"], decoded_copies=v["decoded_copies"], passthrough=v["passthrough"],
+        stage_wait=v["stage_wait"],
         store_options=store_options, direct_io=v["direct_io"],
         page_cache=bool(v["page_cache"]), block_floor_note=floor_note,
         compiled_replies=not v["python_replies"], reply_threads=v["reply_threads"],

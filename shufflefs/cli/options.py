@@ -30,6 +30,7 @@ from ..config import (
 )
 from ..serve.access import SETTERS
 from ..sources.cache_mode import SOURCE_CACHE_MODES
+from ..serve.early_opens import STAGE_WAIT
 from ..serve.passthrough import PASSTHROUGH_MODES
 from ..stages.decoded import DECODED_COPY_MODES
 from ..strategies.base import EVEN_MODES, LOCAL_MODES
@@ -201,6 +202,7 @@ OPTIONS: dict[str, _Option] = {
     "source_cache": _Option(_one_of(SOURCE_CACHE_MODES), "auto"),
     "decoded_copies": _Option(_one_of(DECODED_COPY_MODES), "auto"),
     "passthrough": _Option(_one_of(PASSTHROUGH_MODES), "auto"),
+    "stage_wait": _Option(_number_in(0.0, 3600.0, "a number of seconds"), STAGE_WAIT),
     "balance": _Option(_flag, False),
     "balance_field": _Option(_field, None),
     "random_level": _Option(_fraction, 0.0),

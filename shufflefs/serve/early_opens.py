@@ -63,13 +63,14 @@ class EarlyOpen:
 class EarlyOpens:
     """The mount's handles that read stages as they are written (`EarlyOpen`), by file handle."""
 
-    def __init__(self, passthrough: Any) -> None:
-        self.passthrough = passthrough
+    def __init__(self, passthrough: Any, wait: float = STAGE_WAIT) -> None:
+        """``wait``: `STAGE_WAIT` (``--stage-wait``)."""
+        self.passthrough, self.wait = passthrough, wait
         self.handles: dict[int, EarlyOpen] = {}
         self.opened = 0  # opens answered so, since the mount
 
     async def open(self, cat: Any, node: Node) -> EarlyOpen | None:
-        """An `EarlyOpen` of ``node`` if its stage is not written within `STAGE_WAIT` (started
+        """An `EarlyOpen` of ``node`` if its stage is not written within ``wait`` (started
         now if no one started it), or if other early handles of it are open; else None: its
         opens are passed through (`Passthrough.stage` gives the stage, or the error that failed
         it) or the daemon serves the view (no room for a stage)."""
@@ -86,7 +87,7 @@ class EarlyOpens:
                 if view.writer is not None:  # being built ahead, by one thread: help
                     cat.windows.nursery.start_soon(functools.partial(cat.workers.run, view.writer.work,
                                                                      limiter=cat.workers.index))
-            deadline = trio.current_time() + STAGE_WAIT
+            deadline = trio.current_time() + self.wait
             while view.stage is None and not failed and (not mine.is_set() or cat.tasks.running(key)) and (
                     view.writer is None or trio.current_time() < deadline):
                 await trio.sleep(WAIT)

@@ -43,7 +43,7 @@ PASSTHROUGH_MODES = ("auto", "off")
 class Passthrough:
     """The mount's passthrough state and its views' stages."""
 
-    def __init__(self, mode: str, lib: Any, disk: CopyDisk) -> None:
+    def __init__(self, mode: str, lib: Any, disk: CopyDisk, stage_wait: float = 1.0) -> None:
         """``disk``: the room rule of the node-local disk stages go on (with the decoded copies:
         copies kept for later mounts give way to stages too)."""
         if mode not in PASSTHROUGH_MODES:
@@ -56,7 +56,7 @@ class Passthrough:
         self.disabled: str | None = None  # why passthrough is not used after all
         self._files: dict[str, StageFiles] = {}  # stage files for reuse, by directory
         self._registered: set[int] = set()  # handles whose stray reads the compiled replies answer
-        self.early = EarlyOpens(self)  # handles that read stages as they are written
+        self.early = EarlyOpens(self, stage_wait)  # handles that read stages as they are written
         self._opened: dict[int, dict[tuple, None]] = {}
         """Files (relpath, part, parts) opened with a stage, in the order of their first opens, by
         epoch (the last few)."""

@@ -20,7 +20,7 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 import parquet_files as pf  # noqa: E402
 
-ARGS = ("--seed", "9", "--buffer", "2MiB")
+ARGS = ("--seed", "9", "--buffer", "2MiB", "--stage-wait", "0")
 NAMES = ("a.parquet", "b.parquet")
 
 
