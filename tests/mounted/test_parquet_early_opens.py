@@ -8,8 +8,13 @@ passthrough."""
 
 from __future__ import annotations
 
+import errno
+import json
 import mmap
 import os
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -19,6 +24,7 @@ pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
 import parquet_files as pf  # noqa: E402
+from conftest import REPO  # noqa: E402
 
 ARGS = ("--seed", "9", "--buffer", "2MiB", "--stage-wait", "0")
 NAMES = ("a.parquet", "b.parquet")
@@ -116,3 +122,60 @@ def test_many_readers_of_a_stage_being_written_read_the_same(both):
         t.join(120)
     assert len(got) == len(threads)
     assert all(data == want[name] for (name, _), data in got.items())
+
+
+def test_a_source_rewritten_while_its_stage_is_read_as_written_gives_old_bytes_or_eio(mount, tmp_path):
+    """The stage of a first epoch fills the file's decoded copy from the source as it goes; a
+    source rewritten meanwhile fails the stage, and the reads past its written part fail with EIO:
+    a handle reads the view of the version it opened, or an error, never other bytes.  Holds:
+    SEMANTICS.md#views-parquet-early, SEMANTICS.md#errors-eio"""
+    src = tmp_path / "src"
+    src.mkdir()
+    pf.label_sorted(src / "x.parquet", n=120_000, group_rows=10_000)
+    served = mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
+    want = served.path("x.parquet").read_bytes()
+    staged = mount(None, *ARGS, "--stage-wait", "0", src=src, name="staged")
+    if not staged.stats()["passthrough"]["on"]:
+        pytest.skip("no FUSE passthrough here")
+    with open(staged.path("x.parquet"), "rb") as f:
+        head = f.read(1 << 16)
+        new = tmp_path / "new.parquet"
+        pf.label_sorted(new, n=120_000, group_rows=10_000, seed=77)
+        os.replace(new, src / "x.parquet")
+        try:
+            rest = f.read()
+        except OSError as e:
+            assert e.errno == errno.EIO, e
+        else:
+            assert head + rest == want
+    assert counts(staged)[0] >= 1
+    old = json.loads(staged.xattr("info", "x.parquet"))  # a new lookup: the new version
+    assert old["records"] == 120_000
+
+
+def test_a_killed_daemon_while_a_stage_is_read_as_written_leaves_no_stage(mount, tmp_path):
+    """Holds: SEMANTICS.md#views-parquet-early"""
+    src = tmp_path / "src"
+    src.mkdir()
+    pf.label_sorted(src / "x.parquet", n=120_000, group_rows=10_000)
+    m = mount(None, *ARGS, src=src)
+    if not m.stats()["passthrough"]["on"]:
+        pytest.skip("no FUSE passthrough here")
+    fd = os.open(m.path("x.parquet"), os.O_RDONLY)
+    try:
+        os.pread(fd, 1 << 16, 0)
+        os.kill(m.pid, signal.SIGKILL)
+        m.wait()
+        with pytest.raises(OSError) as e:
+            while os.read(fd, 1 << 20):  # pages the kernel holds may come first; then the daemon is gone
+                pass
+        assert e.value.errno == errno.ENOTCONN
+    finally:
+        try:
+            os.close(fd)
+        except OSError as e:
+            assert e.errno == errno.ENOTCONN
+    subprocess.run([sys.executable, "-m", "shufflefs", "umount", str(m.mnt)], capture_output=True, timeout=60,
+                   env=dict(os.environ, PYTHONPATH=str(REPO)))
+    left = [p for p in Path(m.cache).rglob("*") if p.is_file() and "stage" in p.name]
+    assert not left, left
