@@ -8,10 +8,12 @@ ahead of the reader, its footer first (`ParquetStage.read_ahead`)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import threading
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -163,27 +165,43 @@ def test_a_copy_being_filled_stops_when_the_mount_stops_and_is_not_kept(tmp_path
         again.close()
 
 
-def test_a_stage_being_written_stops_when_the_mount_stops(tmp_path: Path) -> None:
-    """Holds: SEMANTICS.md#umount-signals"""
-    from shufflefs.errors import StageError
-
+@contextlib.contextmanager
+def views_of(tmp_path: Path, epoch: int = 0) -> Iterator[tuple[Callable[[], ParquetView], RowCopies, StageFiles]]:
+    """(a maker of views of one label-sorted file at ``epoch``, its copies, stage files), all
+    closed after."""
     src = pf.label_sorted(tmp_path / "s.parquet", n=20_000, group_rows=2_000)
     index = scan_file(src, make_format("parquet"))
     copies = RowCopies(tmp_path / "copies")
     files = StageFiles(str(tmp_path))
-    plan = make_plan(index, ShuffleSpec(buffer=1 << 20), 0, 0, 1)
-    copy = copies.acquire(str(src), index)
-    view = ParquetView(str(src), index, plan, ParquetLayout(index, plan), SourceFile(str(src), index.stamp),
-                       copy, lambda: copies.release(copy))
+    plan = make_plan(index, ShuffleSpec(buffer=1 << 20), epoch, 0, 1)
+    made: list[ParquetView] = []
+
+    def view() -> ParquetView:
+        copy = copies.acquire(str(src), index)
+        made.append(ParquetView(str(src), index, plan, ParquetLayout(index, plan), SourceFile(str(src), index.stamp),
+                                copy, lambda: copies.release(copy)))
+        return made[-1]
+
     try:
+        yield view, copies, files
+    finally:
+        copies.stop.clear()
+        for v in made:
+            v.close()
+        files.close()
+        copies.close()
+
+
+def test_a_stage_being_written_stops_when_the_mount_stops(tmp_path: Path) -> None:
+    """Holds: SEMANTICS.md#umount-signals"""
+    from shufflefs.errors import StageError
+
+    with views_of(tmp_path) as (make, copies, files):
+        view = make()
         copies.stop.set()
         with pytest.raises(StageError, match="stopping"):
             write_stage(view, files)
         assert view.writer is None and len(files._free) == 1  # its file went back
-    finally:
-        view.close()
-        files.close()
-        copies.close()
 
 
 def test_read_ahead_asks_for_the_tail_first_then_front_to_back_and_closes_its_descriptor(
@@ -254,20 +272,11 @@ def test_a_stage_being_written_tells_how_far_it_may_be_read_and_keeps_its_file_i
     from shufflefs.errors import StageError
     from shufflefs.stages.parquet_stage import StageWriter
 
-    src = pf.label_sorted(tmp_path / "s.parquet", n=20_000, group_rows=2_000)
-    index = scan_file(src, make_format("parquet"))
-    copies = RowCopies(tmp_path / "copies")
-    files = StageFiles(str(tmp_path))
-    plan = make_plan(index, ShuffleSpec(buffer=1 << 20), 3, 0, 1)
-
-    def view() -> ParquetView:
-        copy = copies.acquire(str(src), index)
-        return ParquetView(str(src), index, plan, ParquetLayout(index, plan), SourceFile(str(src), index.stamp),
-                           copy, lambda: copies.release(copy))
-
-    whole, part = view(), view()
-    try:
-        want = bytes(write_stage(whole, files).data)
+    with views_of(tmp_path, epoch=3) as (make, copies, files):
+        whole, part = make(), make()
+        done = write_stage(whole, files)
+        want = bytes(done.data)
+        done.close()
         lay = part.layout
         assert lay.n_windows >= 3
         writer = StageWriter(part, files)
@@ -286,12 +295,6 @@ def test_a_stage_being_written_tells_how_far_it_may_be_read_and_keeps_its_file_i
         assert len(files._free) == free  # closed, its pages left to its readers, not lent to the next stage
         with pytest.raises(OSError):
             os.fstat(fd)
-    finally:
-        copies.stop.clear()
-        whole.close()
-        part.close()
-        files.close()
-        copies.close()
 
 
 def test_windows_written_out_of_order_are_readable_once_those_before_are(tmp_path: Path) -> None:
@@ -299,15 +302,8 @@ def test_windows_written_out_of_order_are_readable_once_those_before_are(tmp_pat
     others front to back; a range is readable once every window it touches is written)"""
     from shufflefs.stages.parquet_stage import StageWriter
 
-    src = pf.label_sorted(tmp_path / "s.parquet", n=20_000, group_rows=2_000)
-    index = scan_file(src, make_format("parquet"))
-    copies = RowCopies(tmp_path / "copies")
-    files = StageFiles(str(tmp_path))
-    plan = make_plan(index, ShuffleSpec(buffer=1 << 20), 3, 0, 1)
-    copy = copies.acquire(str(src), index)
-    view = ParquetView(str(src), index, plan, ParquetLayout(index, plan), SourceFile(str(src), index.stamp),
-                       copy, lambda: copies.release(copy))
-    try:
+    with views_of(tmp_path, epoch=3) as (make, _, files):
+        view = make()
         writer = StageWriter(view, files)
         lay = view.layout
         starts, tail, n = lay.window_starts, int(lay.trailer_offset), lay.n_windows
@@ -324,8 +320,5 @@ def test_windows_written_out_of_order_are_readable_once_those_before_are(tmp_pat
         writer.work()  # the last window, the first, then the others again
         assert writer.written_end == tail and writer.written(0, lay.size)
         stage = writer.finish()
-        assert len(stage.data) == view.layout.size
-    finally:
-        view.close()
-        files.close()
-        copies.close()
+        assert bytes(stage.data[:len(view.header)]) == bytes(view.header) and len(stage.data) == lay.size
+        stage.close()
