@@ -101,9 +101,10 @@ class EarlyOpens:
         elif writer is not None:
             writer.shared = True  # before the look below: a stage that fails from now on keeps its file
             data = writer.data
-            if len(data) != view.size or writer.failed:  # finished meanwhile
+            while len(data) != view.size or writer.failed:  # finished meanwhile: its outcome decides
                 await trio.sleep(WAIT)
-                return await self.open(cat, node)
+                if view.writer is not writer:
+                    return await self.open(cat, node)
             got = EarlyOpen(node, data, writer)
         else:
             return None  # its build ended without a stage: `Passthrough.stage` tells why
