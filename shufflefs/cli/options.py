@@ -24,13 +24,13 @@ from ..config import (
     MIN_PAGE,
     MixSource,
     MixSpec,
+    STAGE_WAIT,
     format_size,
     parse_buffer,
     parse_size,
 )
 from ..serve.access import SETTERS
 from ..sources.cache_mode import SOURCE_CACHE_MODES
-from ..serve.early_opens import STAGE_WAIT
 from ..serve.passthrough import PASSTHROUGH_MODES
 from ..stages.decoded import DECODED_COPY_MODES
 from ..strategies.base import EVEN_MODES, LOCAL_MODES

@@ -26,17 +26,13 @@ from typing import Any
 import numpy as np
 import trio
 
+from ..config import STAGE_WAIT
 from ..errors import ShuffleError
 from ..stages.parquet_stage import StageWriter
 from .nodes import Node
 
 log = logging.getLogger("shufflefs")
 
-STAGE_WAIT = 1.0
-"""Seconds an open waits for its stage to be written: a stage done by then is passed through,
-a larger one read as it is written.  Epoch jumps on a file of 1.07 GiB (view 2.25 GiB), read
-with ``iter_batches``: read as written, the first row group came after 0.30-0.47 s and the epoch
-after 2.45-2.70 s; waiting for the stage (built in 0.6-0.85 s), 0.78-0.94 s and 1.60-1.98 s."""
 WAIT = 0.002
 """Seconds between looks at a stage being written."""
 
@@ -50,14 +46,16 @@ class EarlyOpen:
         self.size = len(data)
         self.offered = 0  # the end of the bytes the compiled replies answer
 
+    @property
+    def whole(self) -> bool:
+        return self.writer is None or self.node.view.view.stage is not None
+
     def written(self, off: int, end: int) -> bool:
-        return self.writer is None or self.node.view.view.stage is not None or self.writer.written(off, end)
+        return self.whole or self.writer.written(off, end)  # type: ignore[union-attr]
 
     @property
     def written_end(self) -> int:
-        if self.writer is None or self.node.view.view.stage is not None:
-            return self.size
-        return self.writer.written_end
+        return self.size if self.whole else self.writer.written_end  # type: ignore[union-attr]
 
 
 class EarlyOpens:

@@ -25,6 +25,7 @@ import logging
 import os
 from typing import Any
 
+from ..config import STAGE_WAIT
 from ..errors import ShuffleError
 from ..stages.parquet_stage import ParquetStage, StageFiles, write_stage
 from ..stages.parquet_view import ParquetView
@@ -43,7 +44,7 @@ PASSTHROUGH_MODES = ("auto", "off")
 class Passthrough:
     """The mount's passthrough state and its views' stages."""
 
-    def __init__(self, mode: str, lib: Any, disk: CopyDisk, stage_wait: float = 1.0) -> None:
+    def __init__(self, mode: str, lib: Any, disk: CopyDisk, stage_wait: float = STAGE_WAIT) -> None:
         """``disk``: the room rule of the node-local disk stages go on (with the decoded copies:
         copies kept for later mounts give way to stages too)."""
         if mode not in PASSTHROUGH_MODES:
