@@ -26,7 +26,13 @@ static inline uint64_t size_of(const char *sizes, int width, int64_t x) {
     }
 }
 
-#define ROWS_AHEAD 8
+/* How far ahead the rows' offsets (ROWS_AHEAD) and bytes (half as far, up to PREFETCH_MAX of each
+   row) are asked for.  Rows come from anywhere in the copy, so each run's first bytes are a cache
+   miss: asking for a whole run 16 rows ahead (not only its first line 4 ahead) took a stage of a
+   270 MB shard of letters from 0.080-0.083 to 0.068-0.070 CPU-s in one process, of a 1.07 GiB
+   words file from 0.71-0.72 to 0.65-0.69. */
+#define ROWS_AHEAD 32
+#define PREFETCH_MAX 2048
 
 /* A run of a few bytes (level entries, a list's items) without a call to memcpy. */
 static inline void copy_run(char *d, const char *s, uint64_t k) {
@@ -101,7 +107,13 @@ PyObject *sf_gather_rows(PyObject *self, PyObject *args) {
                 int64_t y = r[i + ROWS_AHEAD];
                 __builtin_prefetch(off + y);
                 __builtin_prefetch(sz + y * width);
-                if (i + ROWS_AHEAD / 2 < n) __builtin_prefetch(sb + off[r[i + ROWS_AHEAD / 2]]);
+                if (i + ROWS_AHEAD / 2 < n) {  /* a hint only: a bad offset is caught below, before any copy */
+                    int64_t z = r[i + ROWS_AHEAD / 2];
+                    uintptr_t q = (uintptr_t)sb + (uintptr_t)off[z];
+                    uint64_t kz = size_of(sz, width, z);
+                    if (kz > PREFETCH_MAX) kz = PREFETCH_MAX;
+                    for (uint64_t j = 0; j < kz; j += 64) __builtin_prefetch((const void *)(q + j));
+                }
             }
             int64_t x = r[i], o = off[x];
             uint64_t k = size_of(sz, width, x);
