@@ -35,7 +35,7 @@ import numpy as np
 
 from ..errors import FormatError, ShuffleError
 from ..index.decoded import Restarts
-from .gzip_edges import check_magic, padding_note
+from .gzip_edges import check_magic, padding_note, stream_end
 from .zstd_walk import zstd_frames
 
 GZIP, ZSTD = "gzip", "zstd"
@@ -139,7 +139,8 @@ def _gzip_all(read: Read, size: int, path: str, progress: Callable[[int], None] 
 
     def steps() -> Iterator[memoryview]:
         check_magic(read, size, path)
-        raw = RangeFile(read, size, progress)
+        end = stream_end(read, size)  # before zero padding
+        raw = RangeFile(read, end, progress)
         with rapidgzip.RapidgzipFile(raw, parallelization=1, chunk_size=GZIP_SPACING) as f:
             buf, done = bytearray(DECODE_STEP), 0
             while True:
@@ -152,14 +153,19 @@ def _gzip_all(read: Read, size: int, path: str, progress: Callable[[int], None] 
                     break
                 done += n
                 yield memoryview(buf)[:n]
+            ended = f.tell_compressed()
+            if ended != 8 * end:  # rapidgzip may end a stream cut inside its deflate data without an error
+                raise FormatError(path, ended // 8, f"truncated gzip stream: its decoding ended at byte {ended // 8} "
+                                  f"of {end} (its first {done} decoded bytes are not known to be whole)"
+                                  f"{padding_note(read, size)}")
             offsets = f.block_offsets()
             plain = sorted(set(offsets.values()) | {0})
             out = io.BytesIO()
             f.export_index(out, rapidgzip.IndexFormat.GZTOOL)
             decoded = f.tell()
         plain = np.array([p for p in plain if p < decoded] + [decoded], np.int64)
-        none = np.zeros(0, np.int64)
-        got.append(Restarts(GZIP, plain, none, none, np.frombuffer(out.getvalue(), np.uint8)))
+        none, last = np.zeros(0, np.int64), np.array([end] if end < size else [], np.int64)
+        got.append(Restarts(GZIP, plain, none, last, np.frombuffer(out.getvalue(), np.uint8)))
 
     return steps(), lambda: got[0]
 
@@ -411,7 +417,9 @@ class DecodedReader:
                  verify: Callable[[], None] | None = None, fd: int = -1) -> None:
         """``fd``: the file's descriptor, if it has one (each decoder reads a duplicate of it by
         preads of its own; ``verify`` after the reads tells a changed file)."""
-        self.restarts, self.raw, self.raw_size, self.path, self.verify = restarts, raw, raw_size, path, verify
+        self.restarts, self.raw, self.path, self.verify = restarts, raw, path, verify
+        self.raw_size = restarts.end(raw_size)  # a gzip stream's zero padding is not read...
+        self.padded = self.raw_size != raw_size  # ...so neither is the file by rapidgzip's own preads
         self.fd = fd
         self.fill: Fill | None = None  # a zstd file's copy being filled, set by the source that takes the reader
         self.decoder: GzipDecoder | ZstdDecoder | None = None
@@ -431,7 +439,7 @@ class DecodedReader:
     def _into(self, runs: list[tuple[int, memoryview]]) -> None:
         try:
             if self.decoder is None:
-                own = os.dup(self.fd) if self.fd >= 0 else -1
+                own = os.dup(self.fd) if self.fd >= 0 and not self.padded else -1
                 raw: Read = lambda a, b: self.raw(a, b)  # noqa: E731 -- the source that holds it now
                 if self.restarts.codec == GZIP:
                     self.decoder = GzipDecoder(own if own >= 0 else RangeFile(raw, self.raw_size), self.restarts)

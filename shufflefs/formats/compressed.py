@@ -159,6 +159,10 @@ def inflate(read: Callable[[int, int], Any], size: int, path: str) -> Iterator[b
             raise StaleSourceError(path, pos, "the file ends before its indexed size")
         pos += len(data)
         while data:
+            if not begun:  # between members: zero bytes are padding, as gzip and Python's gzip take them
+                data = data.lstrip(b"\0")
+                if not data:
+                    break
             begun = True
             try:
                 out = d.decompress(data, codecs.DECODE_STEP)

@@ -36,11 +36,17 @@ them (each read of a block would decode up to twice this)."""
 class Restarts:
     """Where decoding can start: decoded offset ``plain[i]`` begins at compressed offset
     ``packed[i]`` (a zstd frame, which ends at ``packed_end[i]``; for gzip, ``blob`` is
-    rapidgzip's index of the points, in gztool format), and ``plain[-1]`` is the decoded size."""
+    rapidgzip's index of the points, in gztool format, and ``packed_end`` the stream's end if zero
+    padding follows it), and ``plain[-1]`` is the decoded size."""
 
     def __init__(self, codec: str, plain: np.ndarray, packed: np.ndarray, packed_end: np.ndarray,
                  blob: np.ndarray) -> None:
         self.codec, self.plain, self.packed, self.packed_end, self.blob = codec, plain, packed, packed_end, blob
+
+    def end(self, size: int) -> int:
+        """Where the compressed stream of a file of ``size`` bytes ends: a gzip file's zero padding
+        after its last member is not read (`formats.gzip_edges.stream_end`)."""
+        return int(self.packed_end[-1]) if self.codec == "gzip" and len(self.packed_end) else size
 
     @property
     def points(self) -> int:

@@ -325,8 +325,9 @@ class Decoding(BackgroundCopies):
         def decode(out: BinaryIO) -> None:
             nonlocal written
             with change_first(raw):
-                got = (decode_in_child(fd, stamp.size, restarts.codec, out, directory, path, BACKGROUND_NICE, stopping)
-                       if fd >= 0 else decode_into(out, directory, restarts.codec, raw.read_range, stamp.size, path,
+                end = restarts.end(stamp.size)  # not a gzip file's zero padding
+                got = (decode_in_child(fd, end, restarts.codec, out, directory, path, BACKGROUND_NICE, stopping)
+                       if fd >= 0 else decode_into(out, directory, restarts.codec, raw.read_range, end, path,
                                                    background, stopping))
             if got is None:
                 raise Stopped

@@ -23,7 +23,8 @@ import pytest
 import compressed_files as cf
 from conftest import children_of, process_gone
 
-FILES = {"train.jsonl.gz": lambda d: cf.gz(d, members=3), "frames.jsonl.zst": lambda d: cf.zst(d, frame=1 << 20)}
+FILES = {"train.jsonl.gz": lambda d: cf.gz(d, members=3), "frames.jsonl.zst": lambda d: cf.zst(d, frame=1 << 20),
+         "padded.jsonl.gz": lambda d: cf.gz(d) + bytes(70000)}  # zero padding after the member: not decoded
 COPY_TIMEOUT = 60.0
 
 

@@ -100,3 +100,16 @@ def test_without_the_codecs_library_its_files_pass_through(mount, monkeypatch, t
     assert "pass through unchanged: rapidgzip is not installed" in m.stderr()
     assert json.loads(m.xattr("info", "a.jsonl.zst"))["format"] == "lines-zstd"  # zstd is there
     assert cf.decode("a.zst", m.path("a.jsonl.zst").read_bytes()) != lines
+
+
+def test_a_gzip_file_cut_inside_its_data_is_eio_not_the_bytes_before_the_cut(mount):
+    """rapidgzip 0.16 may end a stream cut inside its deflate data without an error, with the
+    records before the cut: a download cut short was served as a shorter file.  The scan checks
+    that decoding reached the stream's end.  Holds: SEMANTICS.md#errors-eio, SEMANTICS.md#views-compressed"""
+    whole = cf.gz(cf.jsonl(3000))
+    m = mount({"cut.jsonl.gz": whole[: len(whole) - 5000], "good.jsonl.gz": whole})
+    assert read_error(m.path("cut.jsonl.gz")) == errno.EIO
+    reason = m.xattr("error", "cut.jsonl.gz")
+    assert "truncated gzip stream" in reason and "cut.jsonl.gz" in reason, reason
+    with gzip.open(m.path("good.jsonl.gz")) as f:
+        assert len(f.readlines()) == 3000

@@ -472,20 +472,6 @@ def test_an_empty_stream_is_an_index_of_no_records(tmp_path: Path, name: str) ->
     assert isinstance(index, DecodedIndex) and index.n == 0 and index.size == 0
 
 
-def test_a_gzip_file_padded_with_zeros_is_refused_with_the_padding_named(tmp_path: Path) -> None:
-    """gzip and Python's gzip skip zero bytes after the last member; the decoders here cannot tell
-    where the last member ended, so the file is refused with what to do, never served short.
-    Holds: SEMANTICS.md#views-compressed"""
-    src = write(tmp_path, "p.jsonl.gz", gzip.compress(jsonl(200)) + bytes(1024))
-    with pytest.raises(FormatError, match=r"ends in 10\d\d zero bytes, padding .*gzip -dc FILE \| gzip > NEW"):
-        scan_file(src, resolve_format(src.name, ()))
-    damaged = bytearray(gzip.compress(jsonl(200)))
-    damaged[len(damaged) // 2] ^= 0x55
-    with pytest.raises(FormatError) as e:  # not padded: no word of padding
-        scan_file(write(tmp_path, "d.jsonl.gz", bytes(damaged)), resolve_format("d.jsonl.gz", ()))
-    assert "padding" not in str(e.value)
-
-
 def test_a_file_named_gz_that_is_not_gzip_is_refused_not_served_empty(tmp_path: Path) -> None:
     """Plain lines under a ``.gz`` name decoded to no bytes, and were served as an empty view
     without a word.  Holds: SEMANTICS.md#views-compressed"""
