@@ -96,7 +96,7 @@ class DecodedIndex(RecordIndex):
         """What the cache keeps besides the bounds (`table.IndexCache`)."""
         r = self.restarts
         return {"codec": np.frombuffer(r.codec.encode(), np.uint8), "plain": r.plain, "packed": r.packed,
-                "packed_end": r.packed_end, "blob": r.blob}
+                "packed_end": r.packed_end, "blob": r.blob, "ends_checked": np.ones(1, np.uint8)}
 
     @classmethod
     def from_cache(cls, index: RecordIndex, arrays: dict[str, np.ndarray]) -> "DecodedIndex":
@@ -106,6 +106,12 @@ class DecodedIndex(RecordIndex):
         codec = bytes(arrays["codec"]).decode()
         if len(plain) < 1 or int(plain[-1]) != index.size or (len(plain) > 1 and not (np.diff(plain) > 0).all()):
             raise ValueError("restart points that cannot be the file's")
+        if codec == "gzip" and "ends_checked" not in arrays:
+            raise ValueError("a gzip file's index from before its decoding was checked to reach the stream's end")
+        end = arrays["packed_end"]
+        if codec == "gzip" and (len(end) > 1 or (len(end) and index.stamp is not None
+                                                   and not 0 < int(end[0]) <= index.stamp.size)):
+            raise ValueError("a gzip stream's end that cannot be the file's")
         restarts = Restarts(codec, plain, arrays["packed"].astype(np.int64, copy=False),
                             arrays["packed_end"].astype(np.int64, copy=False), arrays["blob"].astype(np.uint8, copy=False))
         return cls(index.size, index.bounds, index.add_newline, index.stamp, restarts)

@@ -130,3 +130,30 @@ def test_zeros_between_members_are_still_refused_with_the_padding_named():
     assert "padding" not in str(e.value)
     with pytest.raises(FormatError, match=r"ends in 10\d zero bytes, taken as padding"):
         decode(raw + bytes(100))
+
+
+def test_a_cached_gzip_index_is_taken_only_if_its_stream_end_was_checked(tmp_path: Path, monkeypatch):
+    """An index cached before decoding was checked to reach the stream's end may be of a file cut
+    short, and one whose end lies outside the file cannot be the file's: both are scanned again."""
+    from shufflefs.formats import load_or_build_index
+    from shufflefs.index.decoded import DecodedIndex
+    from shufflefs.index.table import IndexCache, SourceStamp, cache_key
+
+    src = tmp_path / "p.jsonl.gz"
+    src.write_bytes(FILES["one member"] + bytes(1000))
+    fmt = resolve_format(src.name, ())
+    cache = IndexCache(tmp_path / "cache")
+    built = load_or_build_index(src, fmt, cache)
+    stamp = SourceStamp.of(src.stat())
+    key = cache_key(src, stamp, fmt.name, fmt.params())
+    assert cache.load(key, stamp) is not None
+    arrays = built.cache_arrays()
+    for forged in ({k: v for k, v in arrays.items() if k != "ends_checked"},
+                   {**arrays, "packed_end": arrays["packed_end"] * 0 + stamp.size + 1}):
+        monkeypatch.setattr(DecodedIndex, "cache_arrays", lambda self, forged=forged: forged)
+        cache.store(key, built)
+        assert cache.load(key, stamp) is None
+    monkeypatch.undo()
+    cache.store(key, built)
+    again = cache.load(key, stamp)
+    assert again is not None and again.restarts.end(stamp.size) == built.restarts.end(stamp.size) < stamp.size
