@@ -141,6 +141,38 @@ def test_duckdb_selects_the_same_rows(mnt, src, name):
     assert n == source.num_rows
 
 
+def test_filtered_reads_find_every_matching_row(mnt, src):
+    """Readers skip row groups by their statistics (pyarrow's dataset filters, pandas ``filters``,
+    polars' and duckdb's pushed-down predicates): a view's row groups hold rows of every part of
+    the source, so statistics copied from the source's row groups would drop rows.  The view's
+    pages and row groups carry none, and every filter finds the source's rows.
+    Holds: SEMANTICS.md#views-parquet"""
+    import pandas as pd
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    pl = pytest.importorskip("polars")
+    duckdb = pytest.importorskip("duckdb")
+    name = "sorted.parquet"
+    view, source = mnt.path(name), src / name
+    meta = pq.read_metadata(view)
+    assert meta.num_row_groups > 1 and all(meta.row_group(g).column(c).statistics is None
+                                           for g in range(meta.num_row_groups) for c in range(meta.num_columns))
+    con = duckdb.connect()
+    table = pq.read_table(source, columns=["id", "label"])
+    ids, labels = table.column("id").to_pylist(), table.column("label").to_pylist()
+    for label, lo in ((0, 0), (labels[len(ids) // 3], ids[len(ids) // 3 + 5]), (labels[-1], ids[-1] - 10)):
+        want = sorted(i for i, lab in zip(ids, labels) if lab == label and i >= lo)
+        assert want
+        f = (pc.field("label") == label) & (pc.field("id") >= lo)
+        assert sorted(ds.dataset(view).to_table(filter=f).column("id").to_pylist()) == want
+        assert sorted(pq.read_table(view, filters=f).column("id").to_pylist()) == want
+        assert sorted(pd.read_parquet(view, filters=[("label", "==", label), ("id", ">=", lo)])["id"]) == want
+        got = pl.scan_parquet(view).filter((pl.col("label") == label) & (pl.col("id") >= lo)).collect()
+        assert sorted(got["id"].to_list()) == want
+        rows = con.execute(f"SELECT id FROM '{view}' WHERE label = {label} AND id >= {lo}").fetchall()
+        assert sorted(r[0] for r in rows) == want
+
+
 def test_hugging_face_datasets_loads_the_views(mnt, src, tmp_path):
     """``load_dataset('parquet')`` of a file HF wrote (its ClassLabel and Image features in the
     metadata) and of the label-sorted one: the source's features, the view's rows.  Holds:
