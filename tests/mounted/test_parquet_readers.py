@@ -266,3 +266,38 @@ def test_the_footer_is_read_without_encoding_the_row_groups(mount, src):
     assert encoded() < size / 3
     assert len(path.read_bytes()) == size
     assert encoded() >= sum(md.row_group(g).total_byte_size for g in range(md.num_row_groups))  # all, now
+
+
+def test_page_indexes_and_bloom_filters_of_the_source_are_not_carried_over(mount, tmp_path):
+    """A source's page index (pyarrow ``write_page_index``) and bloom filters (duckdb's writer)
+    describe its own pages: the view has neither, and duckdb's and pyarrow's filters, which use
+    them when they are there, find the source's rows.  Holds: SEMANTICS.md#views-parquet"""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+    duckdb = pytest.importorskip("duckdb")
+    n = 50_000
+    table = pa.table({"id": np.arange(n), "label": np.repeat(np.arange(10), n // 10),
+                      "s": [f"str{i % 977}" for i in range(n)]})
+    d = tmp_path / "pi"
+    d.mkdir()
+    pq.write_table(table, d / "pageindex.parquet", row_group_size=10_000, write_page_index=True, data_page_size=8192)
+    con = duckdb.connect()
+    con.execute(f"COPY (SELECT * FROM '{d / 'pageindex.parquet'}') TO '{d / 'duck.parquet'}' "
+                "(FORMAT parquet, ROW_GROUP_SIZE 10000)")
+    assert pq.read_metadata(d / "pageindex.parquet").row_group(0).column(0).has_column_index
+    assert any(pq.read_metadata(d / "duck.parquet").row_group(0).column(c).to_dict().get("bloom_filter_offset")
+               for c in range(3))
+    m = mount(None, src=d)
+    for name in ("pageindex.parquet", "duck.parquet"):
+        view, source = m.path(name), d / name
+        meta = pq.read_metadata(view)
+        for g in range(meta.num_row_groups):
+            for c in range(meta.num_columns):
+                col = meta.row_group(g).column(c)
+                assert not col.has_column_index and not col.has_offset_index
+                assert col.to_dict().get("bloom_filter_offset") in (None, 0, -1)
+        for where in ("label = 3", "s = 'str5'", "id BETWEEN 100 AND 200"):
+            q = "SELECT count(*), sum(id) FROM '{}' WHERE " + where
+            assert con.execute(q.format(view)).fetchall() == con.execute(q.format(source)).fetchall()
+        f = pc.field("s") == "str5"
+        assert ds.dataset(view).to_table(filter=f).num_rows == ds.dataset(source).to_table(filter=f).num_rows == 52
