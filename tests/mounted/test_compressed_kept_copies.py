@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +95,10 @@ def test_a_changed_source_or_kept_copy_is_not_read(mount, plain: bytes):
     out = subprocess.run([sys.executable, "-m", "shufflefs", "stat", str(later.path())], capture_output=True,
                          text=True, timeout=60).stdout
     assert "1 kept from earlier mounts" in out, out
+    deadline = time.monotonic() + 60  # b's copy, made again in the background: an unmount stops it unfinished
+    while later.stats()["decoded"]["being_made"]:
+        assert time.monotonic() < deadline, later.stats()["decoded"]
+        time.sleep(0.1)
     later.stop()
     after = kept(first.cache)
     assert len(after) == 2 and not set(before) & set(after), (before, after)  # a's old copy replaced
