@@ -29,6 +29,11 @@ from pathlib import Path
 
 from .config import cache_unwritable
 
+try:  # compiled at install time; optional
+    from ._gather import cached_pages as _cached_pages
+except ImportError:  # pragma: no cover - depends on the build
+    _cached_pages = None
+
 log = logging.getLogger("shufflefs")
 
 RUN_PREFIX = "shufflefs-"
@@ -92,12 +97,10 @@ def _read_ahead_uncached(fd: int, size: int, tail: int, mapping: object) -> None
 
 
 def _all_cached(fd: int, mapping: object) -> bool:
-    try:
-        from ._gather import cached_pages  # compiled at install time; optional
-    except ImportError:  # pragma: no cover - depends on the build
+    if _cached_pages is None:  # pragma: no cover - depends on the build
         return False
     n = len(memoryview(mapping))  # type: ignore[arg-type]
-    return bool(n) and cached_pages(fd, mapping) * mmap.PAGESIZE >= n
+    return bool(n) and _cached_pages(fd, mapping) * mmap.PAGESIZE >= n
 
 
 def _alive(pid: int) -> bool:

@@ -19,7 +19,6 @@ closed, opens are passed through again.
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 from typing import Any
 
@@ -83,8 +82,7 @@ class EarlyOpens:
             else:
                 mine.set()
                 if view.writer is not None:  # being built ahead, by one thread: help
-                    cat.windows.nursery.start_soon(functools.partial(cat.workers.run, view.writer.work,
-                                                                     limiter=cat.workers.index))
+                    self.passthrough.help(cat, view.writer)
             deadline = trio.current_time() + self.wait
             while view.stage is None and not failed and (not mine.is_set() or cat.tasks.running(key)) and (
                     view.writer is None or trio.current_time() < deadline):
@@ -128,11 +126,7 @@ class EarlyOpens:
         """The stage of ``node`` made in the background, the view kept open meanwhile."""
         node.opens += 1
         try:
-            stage = await cat.tasks.run(("stage", node.ino), functools.partial(
-                cat.workers.run, self.passthrough.build, node, cat.views.parquet.copies.directory(), 2,
-                "at its first open", limiter=cat.workers.index))
-            if stage is None:
-                node.view.view.unstaged = True  # type: ignore[union-attr]
+            await self.passthrough.built(cat, node)
         except (ShuffleError, OSError) as e:
             failed.append(e)  # the open, or the reads of its handles, report it
             log.debug("%s (epoch %d): its stage failed: %s", node.relpath, node.epoch, e)

@@ -96,18 +96,29 @@ class Passthrough:
         view = node.view.view  # type: ignore[union-attr]
         if view.stage is not None or view.unstaged:
             return view.stage
-        writer = view.writer
-        if writer is not None and threads > 1 and cat.windows.nursery is not None:  # being built ahead: help
-            cat.windows.nursery.start_soon(functools.partial(cat.workers.run, writer.work, limiter=cat.workers.index))
+        if view.writer is not None and threads > 1:  # being built ahead: help
+            self.help(cat, view.writer)
         try:
-            stage = await cat.tasks.run(("stage", node.ino), functools.partial(
-                cat.workers.run, self.build, node, cat.views.parquet.copies.directory(), threads, made,
-                limiter=cat.workers.index))
+            return await self.built(cat, node, threads, made)
         except (ShuffleError, OSError) as e:
             raise cat.fail("open", node.relpath, node.epoch, None, e) from None
-        if stage is None:
-            view.unstaged = True  # served by the daemon from now on: an inode's opens never mix the two
+
+    async def built(self, cat: Any, node: Node, threads: int = 2, made: str = "at its first open"
+                    ) -> ParquetStage | None:
+        """``node``'s stage, built by the first to ask (one task per view: others wait for it), or
+        None if there is no room for it; raises what failed it."""
+        stage = await cat.tasks.run(("stage", node.ino), functools.partial(
+            cat.workers.run, self.build, node, cat.views.parquet.copies.directory(), threads, made,
+            limiter=cat.workers.index))
+        if stage is None:  # served by the daemon from now on: an inode's opens never mix the two
+            node.view.view.unstaged = True  # type: ignore[union-attr]
         return stage
+
+    @staticmethod
+    def help(cat: Any, writer: Any) -> None:
+        """Another thread on the `StageWriter` ``writer`` (built ahead by one): a reader waits for it."""
+        if cat.windows.nursery is not None:
+            cat.windows.nursery.start_soon(functools.partial(cat.workers.run, writer.work, limiter=cat.workers.index))
 
     def build(self, node: Node, directory: str, threads: int = 2, made: str = "at its first open"
               ) -> ParquetStage | None:
