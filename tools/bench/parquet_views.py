@@ -17,6 +17,8 @@ writes them), mounted with default options:
   the source (`cold_epochs`); and the first epoch of later mounts, which take the copy the
   mount before kept, warm and cold (the page cache dropped before the view's read and before
   the source's it is paired with);
+* the default view against the `none` view of the file, mounted side by side: rows/s, and the
+  label mix ``shufflefs inspect`` reports (`parquet_none`);
 * time from an epoch change to the first row group (``ParquetFile(view).read_row_group(0)``);
 * the daemon's memory (own: anonymous + shared pages; RSS) against the bound;
 * beside them, HF ``datasets`` as users shuffle with it (``load_dataset``, ``.shuffle()``, then
@@ -44,6 +46,7 @@ import numpy as np
 
 from .docs import write_section
 from .parquet_data import TEXTS, ensure_data
+from .parquet_none import against_none
 from .parquet_peers import LABELS, hf_datasets, label_mix, litdata_parquet
 from .parquet_shards import EPOCHS as SHARD_EPOCHS, SHARDS, make_shards, shard_rounds
 from .proc import FuseDaemon, Sampler, can_drop_caches, drop_caches
@@ -303,6 +306,7 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool, text: 
         stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
     later = later_rounds(cmd, mnt, view, src, data / "daemon.log", env, md.num_rows)
     table += [median_row(f"view, first epoch of a later mount, {what}", got, uniform) for what, got in later.items()]
+    against = against_none(src_dir, NAME, data, cache, env, rounds, iterate)
     shard_dir = data / "shards"
     names = make_shards(src, shard_dir)
     shard_cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(shard_dir), str(mnt), "--cache-dir", str(cache)]
@@ -324,7 +328,7 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool, text: 
             "mount options: `stratified`, 64 MiB buffer; warm: the source in the page cache, the index cached, the "
             f"copy made; passthrough {'on' if passthrough['on'] else 'off: ' + passthrough.get('why_not', '')}; "
             f"per round, view / source: {per_round}):", ""]
-    out += table + [""]
+    out += table + [""] + against + [""]
     limit = int(stats["memory"]["limit_bytes"])  # three windows and the loads' working memory
     bound = 16 * md.num_rows + limit + 100 * 2**20
     out += [f"- Index at the first lookup: {index_s:.1f} s (every row group decoded once; cached by version); "
