@@ -491,7 +491,7 @@ static PyMethodDef methods[] = {
     {"check_window", check_window, METH_VARARGS, "Check the framing of every record of a window built elsewhere."},
     {"gather_rows", sf_gather_rows, METH_VARARGS, "Copy the runs of rows page by page (_rows.c)."},
     {"check_pieces", sf_check_pieces, METH_VARARGS, "Check runs of tar samples and their edges in fetched ranges."},
-    {"cached_pages", sf_cached_pages, METH_VARARGS, "Pages of a mapped file in the page cache (cachestat or mincore)."},
+    {"cached_pages", sf_cached_pages, METH_VARARGS, "Pages of a mapped file in the page cache (cachestat or mincore), from an offset."},
     {NULL, NULL, 0, NULL},
 };
 static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "_gather", NULL, -1, methods};

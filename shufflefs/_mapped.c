@@ -212,12 +212,18 @@ struct sf_cachestat { uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_
 PyObject *sf_cached_pages(PyObject *self, PyObject *args) {
     int fd;
     Py_buffer map;
-    if (!PyArg_ParseTuple(args, "iy*", &fd, &map)) return NULL;
+    long long offset = 0;  /* of the mapping's first byte in the file (page-aligned) */
+    if (!PyArg_ParseTuple(args, "iy*|L", &fd, &map, &offset)) return NULL;
     long page = sysconf(_SC_PAGESIZE);
     long long cached = -1;
     int err = 0;
+    if (offset < 0 || offset % page) {
+        PyBuffer_Release(&map);
+        PyErr_SetString(PyExc_ValueError, "offset: not a multiple of the page size");
+        return NULL;
+    }
     Py_BEGIN_ALLOW_THREADS
-    struct sf_cachestat_range range = {0, (uint64_t)map.len};
+    struct sf_cachestat_range range = {(uint64_t)offset, (uint64_t)map.len};
     struct sf_cachestat cs;
     if (syscall(__NR_cachestat, fd, &range, &cs, 0) == 0) {
         cached = (long long)cs.nr_cache;

@@ -86,6 +86,26 @@ def read_ahead_in_thread(fd: int, size: int, name: str, tail: int = 0, mapping: 
     return thread
 
 
+def read_ranges_ahead_in_thread(fd: int, ranges: list[tuple[int, int]], name: str) -> threading.Thread:
+    """Ask for bytes ``[lo, hi)`` of ``fd`` of each range, `READ_AHEAD` at a time, in a new daemon
+    thread, of a duplicate of ``fd`` (which stays the caller's)."""
+    dup = os.dup(fd)
+
+    def ahead() -> None:
+        try:
+            for lo, hi in ranges:
+                for at in range(lo, hi, READ_AHEAD):
+                    os.posix_fadvise(dup, at, min(READ_AHEAD, hi - at), os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass  # a hint only
+        finally:
+            os.close(dup)
+
+    thread = threading.Thread(target=ahead, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 def _read_ahead_uncached(fd: int, size: int, tail: int, mapping: object) -> None:
     try:
         if mapping is not None and _all_cached(fd, mapping):
@@ -101,6 +121,19 @@ def _all_cached(fd: int, mapping: object) -> bool:
         return False
     n = len(memoryview(mapping))  # type: ignore[arg-type]
     return bool(n) and _cached_pages(fd, mapping) * mmap.PAGESIZE >= n
+
+
+def cached_share(fd: int, mapping: object, start: int, end: int) -> float:
+    """The share of bytes ``[start, end)`` of the mapped file ``fd`` in the page cache (1.0 when
+    it cannot be told: the callers then take the cached path)."""
+    if _cached_pages is None or end <= start:  # pragma: no cover - depends on the build
+        return 1.0
+    a = start // mmap.PAGESIZE * mmap.PAGESIZE
+    try:
+        pages = _cached_pages(fd, memoryview(mapping)[a:end], a)  # type: ignore[arg-type]
+    except (OSError, ValueError):
+        return 1.0
+    return min(1.0, pages * mmap.PAGESIZE / max(end - a, 1))
 
 
 def _alive(pid: int) -> bool:

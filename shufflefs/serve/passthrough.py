@@ -51,7 +51,7 @@ class Passthrough:
             raise ValueError(f"passthrough must be one of {', '.join(PASSTHROUGH_MODES)}: {mode!r}")
         self.mode, self.disk = mode, disk
         self.lib = lib if lib is not None and hasattr(lib, "passthrough_state") else None
-        self.stages_built = 0
+        self.stages_built = self.stages_scattered = 0
         self.opens = 0
         self.refused: str | None = None  # why the last stage was not made
         self.disabled: str | None = None  # why passthrough is not used after all
@@ -152,6 +152,7 @@ class Passthrough:
         view.stage = stage
         view.closers.append(stage.close)
         self.stages_built += 1
+        self.stages_scattered += stage.scattered
         log.debug("%s (epoch %d): stage of %d bytes for passthrough in %.2f s", node.relpath, node.epoch, stage.size,
                   stage.seconds)
         return stage
@@ -209,7 +210,7 @@ class Passthrough:
     def describe(self) -> dict[str, Any]:
         files = sum(f.made - f.closed for f in self._files.values())
         return {"on": self.on, **({} if self.on else {"why_not": self.why_not()}),
-                "stages_built": self.stages_built, "opens": self.opens, "early_opens": self.early.opened,
+                "stages_built": self.stages_built, "stages_scattered": self.stages_scattered, "opens": self.opens, "early_opens": self.early.opened,
                 "stage_files": files,
                 "stage_files_reused": sum(f.reused for f in self._files.values()),
                 "stage_files_made": sum(f.made for f in self._files.values()),

@@ -11,7 +11,8 @@ like a stage directory (`scratch.held`: a killed mount's is removed by the next 
 are removed when no view reads them and a newer version replaced them.  At unmount a whole copy
 of a local file is kept for the next mount there (`kept_copies`, as compressed files' copies are:
 a rename, taken back by a mount that opens the same version, and given up for room first; a
-pool's copy by the versions of all its members), the others removed.  A local file is read by
+pool's copy by the versions of all its members), the others removed; a stage built while such a
+copy is on disk only reads its largest column around the page cache (`parquet_scatter`).  A local file is read by
 pyarrow's own preads; an object (no descriptor) by ranged GETs of whole row groups
 (`parquet_fetch`).  Blocking (worker threads), no FUSE.
 """
@@ -76,14 +77,47 @@ class RowCopy:
             if os.fstat(self._fd).st_size != self.layout.size:
                 os.ftruncate(self._fd, self.layout.size)  # sparse until filled
             self._map = mmap.mmap(self._fd, self.layout.size, prot=mmap.PROT_READ) if self.layout.size else None
-            if taken:  # likely on disk only: read it in ahead, not page by page as windows gather rows
-                scratch.read_ahead_in_thread(self._fd, self.layout.size, "copy-ahead")
         except BaseException:
             os.close(self._fd)
             os.unlink(file)
             raise
+        self._ahead = taken
+        """Whether to read the copy in ahead at its first gather (`warm`): taken, it is likely on disk only."""
+        self._direct: bool | None = None
         data = np.frombuffer(self._map, np.uint8) if self._map is not None else np.zeros(0, np.uint8)
         self.streams = RowStreams(self.layout, data)
+
+    def warm(self) -> None:
+        """Read a taken copy in ahead, once, before rows are gathered from it: not page by page as
+        windows gather rows.  A stage that reads the copy around the page cache does not ask
+        (`parquet_scatter`)."""
+        if self._ahead:
+            self._ahead = False
+            try:
+                scratch.read_ahead_in_thread(self._fd, self.layout.size, "copy-ahead", mapping=self._map)
+            except OSError:
+                pass  # a hint only
+
+    def read_ahead(self, ranges: list[tuple[int, int]]) -> None:
+        """Ask for bytes ``[lo, hi)`` of the copy of each range into the page cache, in a thread."""
+        try:
+            scratch.read_ranges_ahead_in_thread(self._fd, ranges, "copy-ahead")
+        except OSError:
+            pass  # a hint only
+
+    def cached_share(self, start: int, end: int) -> float:
+        """The share of the copy's bytes ``[start, end)`` in the page cache."""
+        return scratch.cached_share(self._fd, self._map, start, end) if self._map is not None else 1.0
+
+    def reads_direct(self) -> bool:
+        """Whether the copy's file system reads it around the page cache (``O_DIRECT``; not tmpfs)."""
+        if self._direct is None:
+            try:
+                os.close(os.open(self.file, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC))
+                self._direct = True
+            except OSError:
+                self._direct = False
+        return self._direct
 
     @property
     def complete(self) -> bool:

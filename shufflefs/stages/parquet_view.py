@@ -36,7 +36,7 @@ import numpy as np
 from ..formats.base import FramingError
 from ..formats.parquet.index import ParquetIndex
 from ..formats.parquet.layout import ViewLayout, plan_view
-from ..formats.parquet.streams import encode_pages
+from ..formats.parquet.streams import encode_pages, value_places
 from ..sources.base import Source
 from ..strategies.base import Plan
 from ..windows.layout import Layout
@@ -254,8 +254,10 @@ class ParquetView:
         return ids[a: a + lay.group_rows(g)]
 
     def load_window(self, k: int, out: np.ndarray | None = None, scratch: np.ndarray | None = None,
-                    ahead: bool = False, plan: Plan | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-        """Window k's bytes (its pages), built in ``out`` if it is large enough (blocking)."""
+                    ahead: bool = False, plan: Plan | None = None, skip: int = -1
+                    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Window k's bytes (its pages), built in ``out`` if it is large enough (blocking); the
+        values of leaf ``skip`` left out (`parquet_scatter` puts them in place)."""
         if plan is not None and plan is not self.plan:
             raise ValueError("a Parquet view loads its own plan's windows")
         self.source.check()
@@ -266,17 +268,32 @@ class ParquetView:
         g = int(lay.window_group[k])
         rows = self.rows(g)
         self._fill(rows)
+        if skip < 0:
+            self.copy.warm()
         view, pos = lay.view, 0
         for r in range(int(lay.window_runs[k]), int(lay.window_runs[k + 1])):
             c = int(lay.run_col[r])
             got = encode_pages(view, g, c, rows, self.copy.streams, out[pos:size],
-                               range(int(lay.run_first[r]), int(lay.run_end[r])), self.path)
+                               range(int(lay.run_first[r]), int(lay.run_end[r])), self.path,
+                               skip_values=c == skip)
             pos += len(got)
         if pos != size:
             raise FramingError(self.path, None, f"window {k} encoded to {pos} bytes, planned {size}")
         if self.meter is not None:
             self.meter(size, 0)
         return out[:size], scratch
+
+    def value_places(self, k: int, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """Window k's source rows of leaf c and where each one's value run goes in the view
+        (`parquet_scatter`)."""
+        lay = self.layout
+        g = int(lay.window_group[k])
+        rows = self.rows(g, keep=False)
+        got = [value_places(lay.view, g, c, rows, range(int(lay.run_first[r]), int(lay.run_end[r])))
+               for r in range(int(lay.window_runs[k]), int(lay.window_runs[k + 1])) if int(lay.run_col[r]) == c]
+        if not got:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate([x for x, _ in got]), np.concatenate([y for _, y in got])
 
     def peek(self, k: int, lo: int, hi: int) -> np.ndarray:
         """Bytes ``[lo, hi)`` of window k, encoding only the pages they fall in (blocking): what a
@@ -295,6 +312,7 @@ class ParquetView:
         g = int(lay.window_group[k])
         rows = self.rows(g, keep=False)
         self._fill(rows)
+        self.copy.warm()
         view = lay.view
         a, b = base + lo, base + hi
         for r in range(int(lay.window_runs[k]), int(lay.window_runs[k + 1])):

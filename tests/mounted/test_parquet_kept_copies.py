@@ -207,6 +207,38 @@ def test_stage_files_are_left_for_the_next_mount_and_hold_its_own_bytes(mount, s
     assert 1 <= len(kept(first.cache, spares=True)) <= 3
 
 
+def test_a_kept_copy_read_from_disk_gives_the_stages_the_same_bytes(mount, src: Path):
+    """A later mount whose kept copies are on disk only (dropped from the page cache, as after a
+    reboot) reads the largest column of a copy around the page cache into its first stages
+    (`stages.parquet_scatter`); every epoch holds the bytes a mount serving from its own copy
+    does.  Holds: SEMANTICS.md#views-parquet-copy, SEMANTICS.md#views-parquet-passthrough"""
+    first, epoch0 = first_mount(mount, src)
+    if not kept(first.cache, spares=True):
+        pytest.skip("no FUSE passthrough here: no stages")
+    for path in kept(first.cache):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="later")
+    served = mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
+    for epoch in (0, 1, 2):
+        for m in (later, served):
+            m.set_epoch(epoch)
+        for name in NAMES:
+            got = later.path(name).read_bytes()
+            assert got == served.path(name).read_bytes()
+            assert epoch or got == epoch0[name]
+            assert pq.read_table(later.path(name)).num_rows == pq.read_table(src / name).num_rows
+    state = later.stats()["passthrough"]
+    assert {c["made"] for c in made(later).values()} == {"by an earlier mount"}
+    assert state["stages_scattered"] >= 1, state  # the label-sorted file's text, at least
+    later.stop()
+    assert later.returncode == 0 and len(kept(first.cache)) == len(NAMES)
+
+
 def test_nothing_is_kept_on_a_filesystem_in_memory(mount, src: Path, tmp_path: Path):
     """A cache directory in memory (tmpfs) would hold what a mount keeps until the next one: the
     copies and stage files go at unmount.  Holds: SEMANTICS.md#views-parquet-copy"""

@@ -218,10 +218,11 @@ class RowStreams:
 
 
 def encode_pages(view: ViewLayout, g: int, c: int, rows: np.ndarray, streams: RowStreams, out: np.ndarray,
-                 pages: range | None = None, path: str = "") -> np.ndarray:
+                 pages: range | None = None, path: str = "", skip_values: bool = False) -> np.ndarray:
     """The bytes of pages ``pages`` (default: all) of column chunk c of row group ``g`` of ``view``
     into ``out``, from the row streams of a copy holding every source row group their rows are
-    in; ``rows``: the row group's source rows, in view order."""
+    in; ``rows``: the row group's source rows, in view order.  ``skip_values``: the leaf's value
+    runs are left out (`value_places` says where they go; `stages.parquet_scatter` puts them)."""
     cp = view.columns[c]
     if pages is None:
         pages = range(int(cp.first[g]), int(cp.first[g + 1]))
@@ -263,6 +264,9 @@ def encode_pages(view: ViewLayout, g: int, c: int, rows: np.ndarray, streams: Ro
             a, b = int(cp.row_start[p]) - chunk.rows0, int(cp.row_end[p]) - chunk.rows0
             at = int(chunk.val_start[i])
             np.take(values, rows[a:b], out=out[at: at + w * (b - a)].view(item))
+    elif skip_values:
+        if chunk.boolean or v_runs is None:
+            raise ValueError(f"column chunk {c}: only runs of variable width are left out")
     elif chunk.boolean:
         copy_runs(chunk.bits, chunk.V[:-1], data, streams.offsets(c, rows)[0], np.diff(chunk.V))  # type: ignore[arg-type]
     elif v_runs is not None and _gather is not None:  # each row's run of values, page after page
@@ -273,6 +277,20 @@ def encode_pages(view: ViewLayout, g: int, c: int, rows: np.ndarray, streams: Ro
         copy_runs(out, chunk.value_dst, data, streams.offsets(c, rows)[0], np.diff(chunk.V))  # type: ignore[arg-type]
     chunk.finish(out, base, where, path)
     return out
+
+
+def value_places(view: ViewLayout, g: int, c: int, rows: np.ndarray, pages: range) -> tuple[np.ndarray, np.ndarray]:
+    """The source rows of pages ``pages`` of column chunk c of row group ``g`` (``rows``: the row
+    group's, in view order) and where each one's value run goes in the view."""
+    cp = view.columns[c]
+    first = int(view.group_bounds[g])
+    rows = np.ascontiguousarray(rows[int(cp.row_start[pages.start]) - first: int(cp.row_end[pages.stop - 1]) - first],
+                                np.int64)
+    sizes = view.sizes
+    col = sizes.columns[c]
+    base = int(cp.offset[pages.start])
+    chunk = _Chunk(view.footer_src.leaves[c], cp, g, rows, base, col.values, col.entries, sizes.booleans[c], pages)
+    return rows, chunk.value_dst + base  # type: ignore[operator]
 
 
 def _gather_pages(out: np.ndarray, src: np.ndarray, rows: np.ndarray, runs: np.ndarray, per_row: np.ndarray,
