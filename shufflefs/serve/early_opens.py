@@ -85,7 +85,7 @@ class EarlyOpens:
                     self.passthrough.help(cat, view.writer)
             deadline = trio.current_time() + self.wait
             while view.stage is None and not failed and (not mine.is_set() or cat.tasks.running(key)) and (
-                    view.writer is None or trio.current_time() < deadline):
+                    view.writer is None or trio.current_time() < deadline or not view.writer.early_reads):
                 await trio.sleep(WAIT)
         if failed:
             raise cat.fail("open", node.relpath, node.epoch, None, failed[0])

@@ -306,6 +306,13 @@ class StageWriter:
                 self._cond.notify_all()
 
     @property
+    def early_reads(self) -> bool:
+        """Whether its windows can be read as they are written: not those of a stage whose
+        values are put in place at the end (`skip`), so an open waits for that stage whole and
+        is passed through, rather than served by the daemon for its whole epoch."""
+        return self.skip < 0
+
+    @property
     def written_end(self) -> int:
         """The end of the bytes written from the start (header and whole windows); the footer is
         written first, at its place."""

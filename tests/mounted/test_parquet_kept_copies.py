@@ -235,6 +235,7 @@ def test_a_kept_copy_read_from_disk_gives_the_stages_the_same_bytes(mount, src: 
     state = later.stats()["passthrough"]
     assert {c["made"] for c in made(later).values()} == {"by an earlier mount"}
     assert state["stages_scattered"] >= 1, state  # the label-sorted file's text, at least
+    assert state["opens"] >= 1, state  # passed through: such a stage is opened whole, not read as written
     later.stop()
     assert later.returncode == 0 and len(kept(first.cache)) == len(NAMES)
 
