@@ -36,8 +36,9 @@ DIRECT_ALIGN = 4096
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 BUDGET = 64 << 20
 """Memory a scatter may take, out of the fixed part of the daemon's bound (SEMANTICS.md
-[memory-bound]): its readers' buffers and a place (8 bytes) per row; a file of more rows (about
-4 M) gathers, as when its copy is in the page cache."""
+[memory-bound]): a place (8 bytes) per row, and its readers' buffers (or, before them, the
+rows' run ends, 8 bytes each); a file of more rows (about 4 M) gathers, as when its copy is in
+the page cache."""
 SHARE = 0.5
 """A leaf's value stream is read around the page cache when it is at least this share of the copy
 and less than this share of it is in the page cache."""
@@ -50,7 +51,8 @@ def deferred_leaf(view: Any) -> int | None:
     has rows few enough for `BUDGET`."""
     copy = view.copy
     lay, streams = copy.layout, copy.streams
-    if not copy.complete or not lay.size or not len(lay.values) or 8 * lay.sizes.n_rows + READERS * PIECE > BUDGET:
+    n = lay.sizes.n_rows
+    if not copy.complete or not lay.size or not len(lay.values) or 8 * n + max(8 * n, READERS * PIECE) > BUDGET:
         return None
     sizes = lay.group_values[-1]
     c = int(np.argmax(sizes))
@@ -77,10 +79,9 @@ class Scatter:
         if runs is None or len(places) != n or (n and int(places.min()) < 0):
             raise StageError(view.path, None, f"column {c}: a row's values have no place in the stage")
         self.places, self.runs = places, runs
-        self.lens = np.broadcast_to(np.asarray(lay.sizes.columns[c].values, np.int64), (n,))
-        self.ends = runs + self.lens
+        self.lens = np.asarray(lay.sizes.columns[c].values)  # of each row's run, in the index's own type
         self.piece = max(PIECE, _aligned_up(int(self.lens.max(initial=0)) + DIRECT_ALIGN))
-        self.pieces = _pieces(runs, self.ends, self.piece)
+        self.pieces = _pieces(runs, runs + self.lens, self.piece)  # their ends only meanwhile: `BUDGET`
         self.failed: list[BaseException] = []
         self.halt = halt or threading.Event()
         self._next = 0
@@ -121,10 +122,11 @@ class Scatter:
                     r0, r1, at = self.pieces[self._next]
                     self._next += 1
                 size = _read(fd, buf, at)
-                if int(self.ends[r1 - 1]) - at > size:
+                lens = self.lens[r0:r1].astype(np.int64)
+                if int(self.runs[r1 - 1]) + int(lens[-1]) - at > size:
                     raise StageError(self.path, at, f"the decoded copy {self.file} reads short at byte {at + size}")
                 src = np.frombuffer(buf, np.uint8, count=size)
-                copy_runs(stage, self.places[r0:r1], src, self.runs[r0:r1] - at, self.lens[r0:r1])
+                copy_runs(stage, self.places[r0:r1], src, self.runs[r0:r1] - at, lens)
                 src = None
         except BaseException as e:  # noqa: BLE001 - raised by `join`
             with self._lock:

@@ -69,8 +69,9 @@ def noisy_costs(costs: np.ndarray, seed: int, epoch: int, random_level: float) -
     """The epoch's sort keys: costs plus seeded noise (Bagua's integer noise for integer costs,
     uniform float noise in ``[0, (max - min) * random_level)`` for float costs).
 
-    The minimum is subtracted first, which leaves the order unchanged and keeps integer keys
-    within int64 (both ranges are below 2**62).
+    The minimum is subtracted first from integer costs, which leaves their order unchanged and
+    keeps the keys within int64 (both ranges are below 2**62), and from float costs only when
+    noise is added: two float costs a rounding apart could become a tie.
     """
     c = _check_costs(costs)
     if len(c) == 0:
@@ -82,10 +83,10 @@ def noisy_costs(costs: np.ndarray, seed: int, epoch: int, random_level: float) -
         if random_number > 1:
             out += rng(seed, epoch, NOISE).integers(0, random_number, len(c), dtype=np.int64)
         return out
-    out = c.astype(np.float64) - float(lo)
+    out = c.astype(np.float64)
     span = (float(hi) - float(lo)) * random_level
-    if span > 0:
-        out += rng(seed, epoch, NOISE).random(len(c)) * span
+    if span > 0:  # (without noise the costs themselves: subtracting the minimum could round two apart into a tie)
+        out = out - float(lo) + rng(seed, epoch, NOISE).random(len(c)) * span
     return out
 
 

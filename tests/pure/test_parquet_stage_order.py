@@ -216,7 +216,11 @@ def test_read_ahead_asks_for_the_tail_first_then_front_to_back_and_closes_its_de
     with pytest.raises(OSError):
         os.fstat(fd)  # closed: it was the read-ahead's own
     size = path.stat().st_size
-    assert asked == [(size - 100, 100)] + [(k * scratch.READ_AHEAD, scratch.READ_AHEAD) for k in range(4)]
+    assert asked == [(size - 100, 100)] + [(k * scratch.READ_AHEAD, min(scratch.READ_AHEAD, size - k * scratch.READ_AHEAD))
+                                           for k in range(4)]
+    asked.clear()
+    scratch.read_ranges_ahead_in_thread(os.open(path, os.O_RDONLY), [(10, 20), (size - 5, size)], "ahead").join()
+    assert asked == [(10, 10), (size - 5, 5)]
 
 
 def test_a_stage_not_all_cached_is_read_ahead_by_one_thread_at_a_time_and_not_once_closed(tmp_path: Path,

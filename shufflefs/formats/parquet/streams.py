@@ -235,12 +235,9 @@ def encode_pages(view: ViewLayout, g: int, c: int, rows: np.ndarray, streams: Ro
     if len(out) < size:
         raise ValueError(f"pages {pages} of column chunk {c} of row group {g} take {size} bytes, the buffer {len(out)}")
     out = out[:size]
-    first = int(view.group_bounds[g])
-    rows = rows[int(cp.row_start[pages.start]) - first: int(cp.row_end[pages.stop - 1]) - first]
+    rows, chunk = _pages_chunk(view, g, c, rows, pages)
     sizes, lay, data = view.sizes, streams.layout, streams.data
     leaf, col = view.footer_src.leaves[c], sizes.columns[c]
-    rows = np.ascontiguousarray(rows, np.int64)
-    chunk = _Chunk(leaf, cp, g, rows, base, col.values, col.entries, sizes.booleans[c], pages)
     w = uniform_width(leaf, col, sizes.booleans[c])
     where = f"column {leaf.dotted}, row group {g}"
     v_runs, e_runs = streams.runs(c)
@@ -282,15 +279,21 @@ def encode_pages(view: ViewLayout, g: int, c: int, rows: np.ndarray, streams: Ro
 def value_places(view: ViewLayout, g: int, c: int, rows: np.ndarray, pages: range) -> tuple[np.ndarray, np.ndarray]:
     """The source rows of pages ``pages`` of column chunk c of row group ``g`` (``rows``: the row
     group's, in view order) and where each one's value run goes in the view."""
+    rows, chunk = _pages_chunk(view, g, c, rows, pages)
+    return rows, chunk.value_dst + int(view.columns[c].offset[pages.start])  # type: ignore[operator]
+
+
+def _pages_chunk(view: ViewLayout, g: int, c: int, rows: np.ndarray, pages: range) -> tuple[np.ndarray, _Chunk]:
+    """The rows of pages ``pages`` (of the row group's ``rows``) and their `_Chunk`, placed from
+    the first page's first byte."""
     cp = view.columns[c]
     first = int(view.group_bounds[g])
     rows = np.ascontiguousarray(rows[int(cp.row_start[pages.start]) - first: int(cp.row_end[pages.stop - 1]) - first],
                                 np.int64)
     sizes = view.sizes
     col = sizes.columns[c]
-    base = int(cp.offset[pages.start])
-    chunk = _Chunk(view.footer_src.leaves[c], cp, g, rows, base, col.values, col.entries, sizes.booleans[c], pages)
-    return rows, chunk.value_dst + base  # type: ignore[operator]
+    return rows, _Chunk(view.footer_src.leaves[c], cp, g, rows, int(cp.offset[pages.start]), col.values, col.entries,
+                        sizes.booleans[c], pages)
 
 
 def _gather_pages(out: np.ndarray, src: np.ndarray, rows: np.ndarray, runs: np.ndarray, per_row: np.ndarray,
