@@ -281,3 +281,16 @@ def write_hf(path: Path, n: int = 4_000) -> Path:
     ds = ds.cast_column("label", datasets.ClassLabel(num_classes=10)).cast_column("hf_image", datasets.Image())
     ds.to_parquet(str(path), batch_size=700)
     return path
+
+
+def drop_from_page_cache(path: Path) -> None:
+    """``path``'s pages written back and dropped from the page cache: read from the disk next, as
+    after a reboot (a file a process maps keeps its mapped pages)."""
+    import os
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)

@@ -216,12 +216,7 @@ def test_a_kept_copy_read_from_disk_gives_the_stages_the_same_bytes(mount, src: 
     if not kept(first.cache, spares=True):
         pytest.skip("no FUSE passthrough here: no stages")
     for path in kept(first.cache):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        pf.drop_from_page_cache(path)
     later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="later")
     served = mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
     for epoch in (0, 1, 2):

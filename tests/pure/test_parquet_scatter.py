@@ -38,17 +38,8 @@ def made_copy(src: Path, work: Path):
     copy.ensure(np.arange(len(index.footer.group_rows)), SourceFile(str(src), index.stamp))
     shutil.copyfile(copy.file, work / "copy")
     copies.close()
-    evict(work / "copy")
+    pf.drop_from_page_cache(work / "copy")
     return index
-
-
-def evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def view_of(src: Path, index, copy: RowCopy, spec: ShuffleSpec, epoch: int) -> ParquetView:
