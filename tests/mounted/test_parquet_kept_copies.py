@@ -54,6 +54,18 @@ def first_mount(mount, src: Path, *args: str):
     return m, got
 
 
+def read_as_served(later, served, epochs: tuple[int, ...], epoch0: dict[str, bytes]) -> None:
+    """Every view of ``later`` in each of ``epochs`` holds the bytes ``served`` (the daemon serving
+    from its own copy) does, and in epoch 0 those the first mount read."""
+    for epoch in epochs:
+        for m in (later, served):
+            m.set_epoch(epoch)
+        for name in NAMES:
+            got = later.path(name).read_bytes()
+            assert got == served.path(name).read_bytes()
+            assert epoch or got == epoch0[name]
+
+
 def test_a_later_mount_encodes_its_views_from_the_copies_the_first_one_kept(mount, src: Path):
     """Holds: SEMANTICS.md#views-parquet-copy, SEMANTICS.md#views-order"""
     first, epoch0 = first_mount(mount, src)
@@ -193,13 +205,7 @@ def test_stage_files_are_left_for_the_next_mount_and_hold_its_own_bytes(mount, s
     os.mkfifo(fifo)
     later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="later")
     served = mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
-    for epoch in (0, 1):
-        for m in (later, served):
-            m.set_epoch(epoch)
-        for name in NAMES:
-            got = later.path(name).read_bytes()
-            assert got == served.path(name).read_bytes()
-            assert epoch or got == epoch0[name]
+    read_as_served(later, served, (0, 1), epoch0)
     assert later.stats()["passthrough"]["stage_files_reused"] >= 1, later.stats()["passthrough"]
     assert not fifo.exists()  # not opened (it would block), removed
     later.stop()
@@ -220,12 +226,8 @@ def test_a_kept_copy_read_from_disk_gives_the_stages_the_same_bytes(mount, src: 
     later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="later")
     served = mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
     for epoch in (0, 1, 2):
-        for m in (later, served):
-            m.set_epoch(epoch)
+        read_as_served(later, served, (epoch,), epoch0)
         for name in NAMES:
-            got = later.path(name).read_bytes()
-            assert got == served.path(name).read_bytes()
-            assert epoch or got == epoch0[name]
             assert pq.read_table(later.path(name)).num_rows == pq.read_table(src / name).num_rows
     state = later.stats()["passthrough"]
     assert {c["made"] for c in made(later).values()} == {"by an earlier mount"}
