@@ -239,6 +239,11 @@ class StageWriter:
                 len(starts) and starts[-1] != lay.trailer_offset):
             raise FramingError(view.path, None, "its windows do not cover the view between header and footer")
         self.view, self.files, self.t0 = view, files, time.monotonic()
+        self.skip = -1 if (leaf := parquet_scatter.deferred_leaf(view)) is None else leaf
+        """A leaf whose values the windows leave out: read around the page cache, they are put in
+        place once every window is written (`parquet_scatter`, at `finish`), and only then are
+        the windows done.  Known before the view names its writer: an open may ask for
+        `early_reads` from then on."""
         self.file = files.take(lay.size)
         self._next, self._active = 0, 0
         n = lay.n_windows
@@ -261,10 +266,6 @@ class StageWriter:
             files.give_back(self.file)
             raise
         view.writer = self  # its loads are the stage's (`ParquetView.rows`); others may help (`work`)
-        self.skip = -1 if (leaf := parquet_scatter.deferred_leaf(view)) is None else leaf
-        """A leaf whose values the windows leave out: read around the page cache, they are put in
-        place once every window is written (`parquet_scatter`, at `finish`), and only then are
-        the windows done."""
         if self.skip >= 0:
             copy = view.copy
             a = int(copy.layout.values[leaf])

@@ -131,3 +131,27 @@ def test_a_copy_that_cannot_be_read_fails_the_stage_and_the_file_goes_back(tmp_p
     finally:
         copy.close(lambda c: True)
         files.close()
+
+
+def test_a_view_names_its_writer_only_once_it_knows_whether_reads_come_early(tmp_path: Path, monkeypatch) -> None:
+    """An open on the event loop asks `view.writer.early_reads` while the stage is being made
+    in a thread: every attribute it reads is set before the view names the writer."""
+    src = pf.label_sorted(tmp_path / "s.parquet", n=20_000, group_rows=4_000)
+    index = made_copy(src, tmp_path)
+    files = StageFiles(str(tmp_path))
+    copy = RowCopy(str(src), index, str(tmp_path / "copy"), taken=True)
+    seen: list[object] = []
+    leaf = parquet_scatter.deferred_leaf
+
+    def slow_leaf(view: ParquetView) -> int | None:
+        seen.append(view.writer)  # what an open on the loop finds meanwhile
+        return leaf(view)
+    try:
+        view = view_of(src, index, copy, ShuffleSpec(), 1)
+        monkeypatch.setattr(parquet_scatter, "deferred_leaf", slow_leaf)
+        write_stage(view, files).close()
+        assert seen == [None]
+    finally:
+        copy.close(lambda c: True)
+        files.close()
+
