@@ -68,6 +68,7 @@ class StageFile:
     def close(self) -> None:
         self._unmap()
         os.close(self.fd)
+        self.fd = -1
         if self.path is not None:
             try:
                 os.unlink(self.path)
@@ -152,6 +153,11 @@ class StageFiles:
 
     KEPT = 3
     BUFFERS = 2
+    CLOSE_WAIT = 2.0
+    """Seconds `close` waits for the files of builds still running (stopped by the unmount at
+    their next window) to come back.  A later mount read its first epoch with one spare, where
+    the next epoch's stage, built beside that read, went into a new file, still unwritten when a
+    one-epoch job unmounted: so the next mount found one spare again."""
 
     def __init__(self, directory: str, spares: Any = None) -> None:
         """``spares``: where files are left for the next mount at `close`, and taken from when
@@ -159,7 +165,9 @@ class StageFiles:
         self.directory, self.spares = directory, spares
         self._free: list[StageFile] = []
         self._buffers: list[np.ndarray] = []  # `borrow`
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._out = 0  # files taken and not given back (`close` waits for them)
+        self._closed = False
         self.made = self.closed = self.reused = 0
         self.most_used = 0  # the most files in use at once: as many wait for reuse (at least `KEPT`)
 
@@ -168,6 +176,7 @@ class StageFiles:
         the one given back last, else the largest (`kept_copies.fit`, as for spares)."""
         with self._lock:
             self.most_used = max(self.most_used, self.made - self.closed - len(self._free) + 1)
+            self._out += 1
             if self._free:
                 pick = max(range(len(self._free)), key=lambda i: fit(self._free[i].size, size, i))
                 return self._free.pop(pick)
@@ -197,15 +206,28 @@ class StageFiles:
 
     def give_back(self, file: StageFile) -> None:
         with self._lock:
-            if len(self._free) < max(self.KEPT, self.most_used):
+            self._out -= 1
+            self._lock.notify_all()
+            if not self._closed and len(self._free) < max(self.KEPT, self.most_used):
                 self._free.append(file)
                 return
             self.closed += 1
         file.close()
 
-    def close(self) -> None:
-        """At unmount: the free files left for the next mount (`spares`), else closed."""
+    def lose(self, file: StageFile) -> None:
+        """Close a taken file that goes with its readers, not back (`StageWriter.shared`)."""
         with self._lock:
+            self._out -= 1
+            self._lock.notify_all()
+        file.close()
+
+    def close(self) -> None:
+        """At unmount: the free files left for the next mount (`spares`), else closed; once the
+        builds still running gave theirs back (at most `CLOSE_WAIT`).  A file given back later
+        is closed."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._out <= 0, self.CLOSE_WAIT)
+            self._closed = True
             free, self._free = sorted(self._free, key=lambda f: -f.size), []
         for file in free:  # the largest first: a spare serves any stage up to its size
             if self.spares is not None:
@@ -361,7 +383,7 @@ class StageWriter:
                 if not self.failed:
                     self.failed.append(e)
             if self.shared:
-                self.file.close()
+                self.files.lose(self.file)
             else:
                 self.files.give_back(self.file)
             raise

@@ -153,3 +153,29 @@ def test_stage_files_are_taken_large_enough_first(tmp_path: Path):
     files.give_back(newer)
     assert files.take(1000) is newer  # given back last: its pages the likeliest cached
     files.close()
+
+
+def test_a_stage_file_given_back_while_the_mount_closes_is_left_for_the_next_mount(tmp_path: Path):
+    """A build the unmount stopped gives its file back at its next window: `StageFiles.close`
+    waits for it (a later mount that read one epoch left one spare, the next epoch's file, still
+    being written, was closed), and a file given back after the wait is closed, not kept."""
+    import threading
+
+    from shufflefs.stages.parquet_stage import StageFiles
+
+    keeps = KeptCopies(str(tmp_path / "root"), lambda: None)
+    files = StageFiles(str(tmp_path), keeps)
+    held, building, late = files.take(4096), files.take(4096), files.take(4096)
+    for f in (held, building, late):
+        f.resize(4096)
+    files.give_back(held)  # its view closed
+    threading.Timer(0.3, files.give_back, (building,)).start()  # stopped at its next window
+    files.CLOSE_WAIT = 1.0
+    t0 = time.monotonic()
+    files.close()
+    assert 0.9 < time.monotonic() - t0 < 2.0  # `late` never came back within the wait: it ends
+    assert len([p for p in Path(keeps.dir).iterdir() if p.name.startswith("spare-")]) == 2
+    files.give_back(late)  # after the wait: closed, never kept or reused
+    assert late.fd < 0
+    assert len(list(Path(keeps.dir).iterdir())) == 2
+
