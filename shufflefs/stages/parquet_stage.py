@@ -16,6 +16,7 @@ are then written into blocks and pages that exist already.  Blocking (a worker t
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import tempfile
@@ -33,6 +34,8 @@ from . import parquet_scatter
 from .kept_copies import fit
 
 __all__ = ["write_stage", "ParquetStage", "StageFiles", "StageWriter"]
+
+log = logging.getLogger("shufflefs")
 
 AHEAD_MEMORY = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
@@ -226,7 +229,9 @@ class StageFiles:
         builds still running gave theirs back (at most `CLOSE_WAIT`).  A file given back later
         is closed."""
         with self._lock:
-            self._lock.wait_for(lambda: self._out <= 0, self.CLOSE_WAIT)
+            if not self._lock.wait_for(lambda: self._out <= 0, self.CLOSE_WAIT):
+                log.info("%d stage file(s) still being written after %g s: closed, not left for the next mount",
+                         self._out, self.CLOSE_WAIT)
             self._closed = True
             free, self._free = sorted(self._free, key=lambda f: -f.size), []
         for file in free:  # the largest first: a spare serves any stage up to its size
