@@ -213,6 +213,27 @@ def test_stage_files_are_left_for_the_next_mount_and_hold_its_own_bytes(mount, s
     assert 1 <= len(kept(first.cache, spares=True)) <= 3
 
 
+def test_a_mount_that_read_one_epoch_leaves_the_next_epochs_stage_file_too(mount, tmp_path: Path):
+    """A job that reads one epoch and ends: the next epoch's stage, built while that epoch was
+    read, is stopped by the unmount; its file is left spare beside the first one's (the unmount
+    waits for it), so the first epoch of the next mount writes both its stages into old files.
+    Holds: SEMANTICS.md#views-parquet-passthrough"""
+    d = tmp_path / "one"
+    d.mkdir()
+    pf.label_sorted(d / "big.parquet", n=240_000, group_rows=20_000)  # ~140 MB: a build of a few windows
+    for round_ in range(2):
+        m = mount(None, *ARGS, "--cache-dir", str(tmp_path / "cache"), src=d, name=f"m{round_}")
+        assert pq.ParquetFile(m.path("big.parquet")).metadata.num_rows == 240_000
+        rows = sum(b.num_rows for b in pq.ParquetFile(m.path("big.parquet")).iter_batches())
+        state = m.stats()["passthrough"]
+        m.stop()
+        assert m.returncode == 0 and rows == 240_000, m.stderr()
+        if not state["on"]:
+            pytest.skip("no FUSE passthrough here: no stage files")
+        assert len(kept(tmp_path / "cache", spares=True)) == 2, (state, m.stderr())
+    assert state["stage_files_reused"] == 2, state  # the second mount's first two stages
+
+
 def test_a_kept_copy_read_from_disk_gives_the_stages_the_same_bytes(mount, src: Path):
     """A later mount whose kept copies are on disk only (dropped from the page cache, as after a
     reboot) reads the largest column of a copy around the page cache into its first stages
