@@ -178,8 +178,8 @@ class StageFiles:
         """A file for a stage of ``size`` bytes: of the free ones about that large or larger
         the one given back last, else the largest (`kept_copies.fit`, as for spares)."""
         with self._lock:
-            self.most_used = max(self.most_used, self.made - self.closed - len(self._free) + 1)
             self._out += 1
+            self.most_used = max(self.most_used, self._out)
             if self._free:
                 pick = max(range(len(self._free)), key=lambda i: fit(self._free[i].size, size, i))
                 return self._free.pop(pick)
@@ -207,21 +207,16 @@ class StageFiles:
             if buffer is not None and len(self._buffers) < self.BUFFERS:
                 self._buffers.append(buffer)
 
-    def give_back(self, file: StageFile) -> None:
+    def give_back(self, file: StageFile, reuse: bool = True) -> None:
+        """A taken file back, kept for the next stage (not after `close`; not ``reuse``: a failed
+        stage's that goes with its readers, `StageWriter.shared`) or closed."""
         with self._lock:
             self._out -= 1
             self._lock.notify_all()
-            if not self._closed and len(self._free) < max(self.KEPT, self.most_used):
+            if reuse and not self._closed and len(self._free) < max(self.KEPT, self.most_used):
                 self._free.append(file)
                 return
             self.closed += 1
-        file.close()
-
-    def lose(self, file: StageFile) -> None:
-        """Close a taken file that goes with its readers, not back (`StageWriter.shared`)."""
-        with self._lock:
-            self._out -= 1
-            self._lock.notify_all()
         file.close()
 
     def close(self) -> None:
@@ -387,10 +382,7 @@ class StageWriter:
             with self._cond:
                 if not self.failed:
                     self.failed.append(e)
-            if self.shared:
-                self.files.lose(self.file)
-            else:
-                self.files.give_back(self.file)
+            self.files.give_back(self.file, reuse=not self.shared)
             raise
         stage = ParquetStage(self.file, data, time.monotonic() - self.t0, self.files, len(self.view.trailer))
         stage.scattered = self.skip >= 0
