@@ -137,7 +137,8 @@ def format_stats(stats: dict) -> str:
     passthrough = take("passthrough", None)
     if isinstance(passthrough, dict):
         lines.append(("passthrough", "on: Parquet views are read by the kernel from their stages "
-                      f"({passthrough.get('stages_built', 0)} built, {passthrough.get('opens', 0)} opens; "
+                      f"({passthrough.get('stages_built', 0)} made, {passthrough.get('stages_kept', 0)} of them "
+                      f"found whole in kept files; {passthrough.get('opens', 0)} opens; "
                       f"{passthrough.get('early_opens', 0)} read a stage as it was written)"
                       if passthrough.get("on") else f"off ({passthrough.get('why_not', '?')})"))
     parquet = take("parquet_copies", None)

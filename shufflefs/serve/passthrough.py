@@ -27,7 +27,8 @@ from typing import Any
 
 from ..config import STAGE_WAIT
 from ..errors import ShuffleError
-from ..stages.parquet_stage import ParquetStage, StageFiles, write_stage
+from ..stages.parquet_stage import ParquetStage, StageFiles, kept_stage, write_stage
+from ..stages.stage_keys import stage_key
 from ..stages.parquet_view import ParquetView
 from ..stages.kept_copies import CopyDisk
 from ..windows import heap
@@ -51,7 +52,7 @@ class Passthrough:
             raise ValueError(f"passthrough must be one of {', '.join(PASSTHROUGH_MODES)}: {mode!r}")
         self.mode, self.disk = mode, disk
         self.lib = lib if lib is not None and hasattr(lib, "passthrough_state") else None
-        self.stages_built = self.stages_scattered = 0
+        self.stages_built = self.stages_scattered = self.stages_kept = 0
         self.opens = 0
         self.refused: str | None = None  # why the last stage was not made
         self.disabled: str | None = None  # why passthrough is not used after all
@@ -127,16 +128,20 @@ class Passthrough:
         view: ParquetView = node.view.view  # type: ignore[union-attr]
         if view.stage is not None or view.unstaged:
             return view.stage
-        why = self.disk.room_for(view.size)
-        if why is not None:
-            self.refused = why
-            log.info("%s (epoch %d): no stage for passthrough: %s; served by the daemon", node.relpath, node.epoch, why)
-            return None
         files = self._files.get(directory)
         if files is None:
             files = self._files[directory] = StageFiles(directory, self.disk.kept)
             heap.keep_top(heap.STAGE_TRIM_THRESHOLD)
-        stage = write_stage(view, files, threads)  # others may help it (`stage`)
+        key = stage_key(view)
+        stage = kept_stage(view, files, key)  # before `room_for`, which may remove it for room
+        if stage is None:
+            why = self.disk.room_for(view.size)
+            if why is not None:
+                self.refused = why
+                log.info("%s (epoch %d): no stage for passthrough: %s; served by the daemon", node.relpath, node.epoch,
+                         why)
+                return None
+            stage = write_stage(view, files, threads, key)  # others may help it (`stage`)
         try:
             stage.backing_id = self.lib.backing_open(stage.fd)
         except OSError as e:  # (EPERM in a user namespace): no passthrough for this mount
@@ -148,11 +153,12 @@ class Passthrough:
             stage.close()
             raise
         stage.release_id = self.lib.backing_close
-        stage.made = made
+        stage.made = made if not stage.kept else f"{made}: written {stage.kept}, kept"
         view.stage = stage
         view.closers.append(stage.close)
         self.stages_built += 1
         self.stages_scattered += stage.scattered
+        self.stages_kept += bool(stage.kept)
         log.debug("%s (epoch %d): stage of %d bytes for passthrough in %.2f s", node.relpath, node.epoch, stage.size,
                   stage.seconds)
         return stage
@@ -210,7 +216,8 @@ class Passthrough:
     def describe(self) -> dict[str, Any]:
         files = sum(f.made - f.closed for f in self._files.values())
         return {"on": self.on, **({} if self.on else {"why_not": self.why_not()}),
-                "stages_built": self.stages_built, "stages_scattered": self.stages_scattered, "opens": self.opens, "early_opens": self.early.opened,
+                "stages_built": self.stages_built, "stages_scattered": self.stages_scattered,
+                "stages_kept": self.stages_kept, "opens": self.opens, "early_opens": self.early.opened,
                 "stage_files": files,
                 "stage_files_reused": sum(f.reused for f in self._files.values()),
                 "stage_files_made": sum(f.made for f in self._files.values()),

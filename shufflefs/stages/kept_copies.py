@@ -129,11 +129,13 @@ class KeptCopies:
             return False
         return True
 
-    def keep_spare(self, fd: int, path: str | None = None) -> bool:
+    def keep_spare(self, fd: int, path: str | None = None, key: str | None = None) -> bool:
         """Name the scratch file ``fd`` here (at ``path`` if it has a name; nameless otherwise)
         for the next mount to write its stages into: its blocks and cached pages are reused (a
-        stage written into a new file cost 2.8 s, 0.40 into a used one).  At most `SPARES`: a
-        larger file takes the place of the smallest (`take_spare` prefers one large enough)."""
+        stage written into a new file cost 2.8 s, 0.40 into a used one).  ``key``: what it
+        holds, a whole stage a later mount may take as it is (`take_stage`; `stage_keys`).  At
+        most `SPARES`: a larger file takes the place of the smallest (`take_spare` prefers one
+        large enough)."""
         if in_memory(self.dir):
             return False
         st = os.fstat(fd)
@@ -144,7 +146,7 @@ class KeptCopies:
                 return False
         try:
             os.makedirs(self.dir, exist_ok=True)
-            name = os.path.join(self.dir, f"{SPARE}-{time.time_ns()}.{st.st_mtime_ns}.{time.time_ns()}")
+            name = os.path.join(self.dir, f"{SPARE}-{key or time.time_ns()}.{st.st_mtime_ns}.{time.time_ns()}")
             if path is not None:
                 os.rename(path, name)
                 return True
@@ -163,7 +165,8 @@ class KeptCopies:
         rename: one mount takes it) and open; None if there is none.  Of the spares about
         ``size`` bytes or more (`fit`) the newest (its pages the likeliest cached), else the
         largest: a stage grown past its file's old end allocates every new page (a whole-file
-        stage written into a shard's spare).  Every entry named like a spare that is not a plain
+        stage written into a shard's spare); of those alike, one not holding a kept stage first
+        (`take_stage`).  Every entry named like a spare that is not a plain
         file of this daemon's user (by ``lstat``: a FIFO would block an open) is removed first,
         whichever one is taken."""
         spares = []
@@ -178,7 +181,10 @@ class KeptCopies:
                 spares.append((e, st.st_size))
             else:
                 _unlink(e.path)
-        spares.sort(key=lambda x: fit(x[1], size, x[0].kept_ns), reverse=True)
+        def rank(x: tuple[_Entry, int]) -> tuple[bool, bool, int]:  # of those that fit, a kept stage last
+            near, then = fit(x[1], size, x[0].kept_ns)
+            return near, not _holds_stage(x[0]), then
+        spares.sort(key=rank, reverse=True)
         for e, _ in spares:
             try:
                 os.rename(e.path, into)
@@ -194,6 +200,34 @@ class KeptCopies:
                 _unlink(into)
                 continue
             return fd
+        return None
+
+    def take_stage(self, into: str, key: str, size: int) -> int | None:
+        """The spare that holds the stage known by ``key`` (`keep_spare`), ``size`` bytes, moved
+        to ``into`` and open; None if there is none.  One whose size or modification time is
+        not what it was when kept is not trusted: it stays a spare, its key dropped."""
+        for e in self._entries():
+            if e.name_key != SPARE or e.version_key != key:
+                continue
+            try:
+                os.rename(e.path, into)
+            except OSError:
+                continue  # taken by another mount
+            try:
+                fd = os.open(into, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            except OSError:
+                _unlink(into)
+                continue
+            st = os.fstat(fd)
+            if _ours(st) and st.st_size == size and st.st_mtime_ns == e.mtime_ns:
+                return fd
+            log.warning("the kept stage %s changed since it was kept (%d bytes, %d expected): not taken",
+                        e.path, st.st_size, size)
+            try:
+                if not _ours(st) or not self.keep_spare(fd, into):
+                    _unlink(into)
+            finally:
+                os.close(fd)
         return None
 
     def trim(self, needed: int = 0) -> int:
@@ -256,6 +290,11 @@ def fit(have: int, size: int, recency: int) -> tuple[bool, int]:
     else the largest (a stage grown past a file's end allocates every page it adds)."""
     near = have >= size - size // 8
     return near, recency if near else have
+
+
+def _holds_stage(e: _Entry) -> bool:
+    """Whether a spare is named by the stage it holds (`KeptCopies.keep_spare`)."""
+    return not e.version_key.isdigit()
 
 
 def _size(path: str) -> int:

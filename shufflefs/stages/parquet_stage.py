@@ -33,7 +33,7 @@ from ..scratch import pwrite_all
 from . import parquet_scatter
 from .kept_copies import fit
 
-__all__ = ["write_stage", "ParquetStage", "StageFiles", "StageWriter"]
+__all__ = ["kept_stage", "write_stage", "ParquetStage", "StageFiles", "StageWriter"]
 
 log = logging.getLogger("shufflefs")
 
@@ -54,6 +54,10 @@ class StageFile:
         self.capacity = 0
         self.size = os.fstat(self.fd).st_size if fd >= 0 else 0  # the last stage's (`StageFiles.take`)
         self.map: mmap.mmap | None = None
+        self.key: str | None = None
+        """The stage it holds whole (`stage_keys`), set once that stage is written; None while it
+        is written, or holds no stage known to be whole."""
+        self.origin = ""  # where a kept stage was written (`StageFiles.take_kept`)
 
     def resize(self, size: int) -> np.ndarray:
         """The file cut or grown to ``size`` bytes; its mapping as an array (made larger first if
@@ -103,6 +107,7 @@ class ParquetStage:
         self.release_id: Any = None  # called with the id when the stage closes
         self.made = ""  # when: at its first open, when its epoch was set, while the epoch (or file) before was read
         self.scattered = False  # its largest column read from a copy on disk around the page cache (`parquet_scatter`)
+        self.kept = ""  # where it was written, if a file held it whole already (`kept_stage`)
         self._ahead: threading.Thread | None = None
 
     def read_ahead(self) -> None:
@@ -119,6 +124,11 @@ class ParquetStage:
                                                        self.tail, self.data)
         except OSError:
             pass  # a hint only
+
+    @property
+    def reading_ahead(self) -> bool:
+        """Whether its pages are being asked from disk for its readers (`read_ahead`)."""
+        return self._ahead is not None and self._ahead.is_alive()
 
     def pread(self, size: int, offset: int) -> bytes:
         return bytes(self.data[offset: offset + size])
@@ -170,8 +180,9 @@ class StageFiles:
         self._buffers: list[np.ndarray] = []  # `borrow`
         self._lock = threading.Condition()
         self._out = 0  # files taken and not given back (`close` waits for them)
+        self._names = 0
         self._closed = False
-        self.made = self.closed = self.reused = 0
+        self.made = self.closed = self.reused = self.kept = 0
         self.most_used = 0  # the most files in use at once: as many wait for reuse (at least `KEPT`)
 
     def take(self, size: int = 0) -> StageFile:
@@ -180,18 +191,53 @@ class StageFiles:
         with self._lock:
             self._out += 1
             self.most_used = max(self.most_used, self._out)
-            if self._free:
-                pick = max(range(len(self._free)), key=lambda i: fit(self._free[i].size, size, i))
-                return self._free.pop(pick)
+            if self._free:  # of those alike, one not holding a stage first
+                pick = max(range(len(self._free)),
+                           key=lambda i: (*fit(self._free[i].size, size, i), self._free[i].key is None))
+                file = self._free.pop(pick)
+                file.key = None  # rewritten from now on
+                return file
             self.made += 1
+            path = self._name("stage-spare")
         if self.spares is not None:
-            path = os.path.join(self.directory, f"spare-{self.made}")
             fd = self.spares.take_spare(path, size)
             if fd is not None:
                 with self._lock:
                     self.reused += 1
                 return StageFile(self.directory, fd, path)
         return StageFile(self.directory)
+
+    def take_kept(self, key: str | None, size: int) -> StageFile | None:
+        """A file that holds the stage known by ``key`` whole, ``size`` bytes (`stage_keys`): one
+        given back in this mount, else one an earlier mount left (`kept_copies.KeptCopies.take_stage`);
+        None if there is none.  Given back as any taken file."""
+        if key is None:
+            return None
+        with self._lock:
+            for i, file in enumerate(self._free):
+                if file.key == key and file.size == size:
+                    self._out += 1
+                    self.most_used = max(self.most_used, self._out)
+                    self.kept += 1
+                    file.origin = "earlier in this mount"
+                    return self._free.pop(i)
+            path = self._name("stage-kept")
+        fd = None if self.spares is None else self.spares.take_stage(path, key, size)
+        if fd is None:
+            return None
+        with self._lock:
+            self._out += 1
+            self.most_used = max(self.most_used, self._out)
+            self.made += 1
+            self.kept += 1
+        file = StageFile(self.directory, fd, path)
+        file.key, file.origin = key, "by an earlier mount"
+        return file
+
+    def _name(self, what: str) -> str:
+        """A name in the directory no other file of this mount has (under the lock)."""
+        self._names += 1
+        return os.path.join(self.directory, f"{what}-{os.getpid()}-{self._names}")
 
     def borrow(self) -> np.ndarray | None:
         """A buffer a stage build encoded its windows in before (None: the first build's own).
@@ -231,7 +277,7 @@ class StageFiles:
             free, self._free = sorted(self._free, key=lambda f: -f.size), []
         for file in free:  # the largest first: a spare serves any stage up to its size
             if self.spares is not None:
-                if self.spares.keep_spare(file.fd, file.path):
+                if self.spares.keep_spare(file.fd, file.path, file.key):
                     file.path = None  # its name is the spare's now
             file.close()
 
@@ -253,14 +299,15 @@ class StageWriter:
     beside the readers) takes another that comes to help (an open waiting for it).  Consecutive
     windows fall in few plan windows, whose rows `ParquetView.rows` keeps."""
 
-    def __init__(self, view: Any, files: StageFiles) -> None:
+    def __init__(self, view: Any, files: StageFiles, key: str | None = None) -> None:
+        """``key``: what the file holds once the stage is written (`stage_keys`)."""
         lay = view.layout
         starts = np.asarray(lay.window_starts, np.int64)
         if (starts[0] if len(starts) else lay.trailer_offset) != len(view.header) or (
                 int(lay.trailer_offset) + len(view.trailer) != lay.size) or (
                 len(starts) and starts[-1] != lay.trailer_offset):
             raise FramingError(view.path, None, "its windows do not cover the view between header and footer")
-        self.view, self.files, self.t0 = view, files, time.monotonic()
+        self.view, self.files, self.key, self.t0 = view, files, key, time.monotonic()
         self.skip = -1 if (leaf := parquet_scatter.deferred_leaf(view)) is None else leaf
         """A leaf whose values the windows leave out: read around the page cache, they are put in
         place once every window is written (`parquet_scatter`, at `finish`), and only then are
@@ -384,6 +431,7 @@ class StageWriter:
                     self.failed.append(e)
             self.files.give_back(self.file, reuse=not self.shared)
             raise
+        self.file.key = self.key
         stage = ParquetStage(self.file, data, time.monotonic() - self.t0, self.files, len(self.view.trailer))
         stage.scattered = self.skip >= 0
         return stage
@@ -400,12 +448,29 @@ class StageWriter:
         parquet_scatter.Scatter(view, self.skip, places, self.file.fd, view.layout.size, view.copy.stop).run()
 
 
-def write_stage(view: Any, files: StageFiles, threads: int = 2) -> ParquetStage:
+def kept_stage(view: Any, files: StageFiles, key: str | None) -> ParquetStage | None:
+    """The stage of ``view`` as a file of ``files`` holds it already (`StageFiles.take_kept`), or
+    None: none does."""
+    t0 = time.monotonic()
+    file = files.take_kept(key, view.layout.size)
+    if file is None:
+        return None
+    try:
+        data = file.resize(view.layout.size)
+    except BaseException:
+        files.give_back(file, reuse=False)
+        raise
+    stage = ParquetStage(file, data, time.monotonic() - t0, files, len(view.trailer))
+    stage.kept = file.origin
+    return stage
+
+
+def write_stage(view: Any, files: StageFiles, threads: int = 2, key: str | None = None) -> ParquetStage:
     """Encode every byte of the Parquet view ``view`` (a `stages.parquet_view.ParquetView`) into a
     file of ``files`` with ``threads`` threads (others may `StageWriter.work` on ``view.writer``
-    meanwhile).  Raises what a window load raises (a changed source, a damaged copy); the file
-    then goes back."""
-    writer = StageWriter(view, files)
+    meanwhile), known by ``key`` once written (`stage_keys`).  Raises what a window load raises
+    (a changed source, a damaged copy); the file then goes back."""
+    writer = StageWriter(view, files, key)
     helpers = [threading.Thread(target=writer.work, name="stage") for _ in range(threads - 1)]
     for h in helpers:
         h.start()

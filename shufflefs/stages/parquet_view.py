@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -347,6 +347,16 @@ class ParquetView:
 
     def hint(self, k: int, plan: Plan | None = None) -> None:
         """Nothing to hint: a window reads its copy, copied from the source when first needed."""
+
+    def ids_in_order(self) -> Iterator[np.ndarray]:
+        """Every row's source id in view order (int64), a plan window at a time: what a kept stage
+        is known by (`stages.stage_keys`)."""
+        order, lay = self._order, self.layout
+        for k in range(self.plan.n_windows):
+            if order is not None:
+                yield order[int(lay.plan_first[k]): int(lay.plan_first[k + 1])]
+            else:
+                yield np.asarray(self.plan.window(k), np.int64)
 
     def drop_order(self) -> None:
         """The stage is written: plan windows are shuffled again for any later load."""

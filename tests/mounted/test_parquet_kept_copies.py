@@ -103,7 +103,9 @@ def test_a_changed_source_or_kept_copy_or_a_part_filled_copy_is_not_read(mount, 
         f.seek(200)
         f.write(b"\xff" * 32)
     os.utime(damaged, ns=(damaged.stat().st_atime_ns, damaged.stat().st_mtime_ns + 1))
-    later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="later")
+    # another epoch than the first mount's: its stages, kept whole, would need no copy at all
+    later = mount(None, *ARGS, "--epoch", "2", "--cache-dir", str(first.cache), src=src, name="later")
+    fresh.set_epoch(2)
     for name in NAMES:
         assert later.path(name).read_bytes() == fresh.path(name).read_bytes()
     assert {c["made"] for c in made(later).values()} == {"by this mount"}, made(later)
@@ -205,7 +207,7 @@ def test_stage_files_are_left_for_the_next_mount_and_hold_its_own_bytes(mount, s
     os.mkfifo(fifo)
     later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="later")
     served = mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
-    read_as_served(later, served, (0, 1), epoch0)
+    read_as_served(later, served, (4, 5), epoch0)  # epochs no stage was kept of: written into spares
     assert later.stats()["passthrough"]["stage_files_reused"] >= 1, later.stats()["passthrough"]
     assert not fifo.exists()  # not opened (it would block), removed
     later.stop()
@@ -221,8 +223,9 @@ def test_a_mount_that_read_one_epoch_leaves_the_next_epochs_stage_file_too(mount
     d = tmp_path / "one"
     d.mkdir()
     pf.label_sorted(d / "big.parquet", n=240_000, group_rows=20_000)  # ~140 MB: a build of a few windows
-    for round_ in range(2):
-        m = mount(None, *ARGS, "--cache-dir", str(tmp_path / "cache"), src=d, name=f"m{round_}")
+    for round_ in range(2):  # the second at epochs the first did not stage: no stage kept whole for it
+        m = mount(None, *ARGS, "--epoch", str(3 * round_), "--cache-dir", str(tmp_path / "cache"), src=d,
+                  name=f"m{round_}")
         assert pq.ParquetFile(m.path("big.parquet")).metadata.num_rows == 240_000
         rows = sum(b.num_rows for b in pq.ParquetFile(m.path("big.parquet")).iter_batches())
         state = m.stats()["passthrough"]

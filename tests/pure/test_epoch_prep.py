@@ -102,3 +102,23 @@ def test_a_resumed_view_gets_nothing_built_ahead() -> None:
         assert built == [] and prep.building_ahead == 0
 
     trio.run(main)
+
+
+def test_a_build_ahead_starts_once_the_opened_stage_is_no_longer_read_from_disk_ahead() -> None:
+    """The stage just opened is being asked from disk for its reader (a stage kept by an earlier
+    mount, read cold): the next one's build, which reads its copy from the same disk, waits."""
+    async def main() -> None:
+        async with trio.open_nursery() as n:
+            prep, built, _ = _prep(n, ["a.parquet"])
+            stage = SimpleNamespace(reading_ahead=True)
+            node = opened("a.parquet", 7)
+            node.view = SimpleNamespace(view=SimpleNamespace(stage=stage))
+            prep.ahead(node)
+            await trio.sleep(0.2)
+            assert built == [] and prep.building_ahead == 1
+            stage.reading_ahead = False
+            await trio.sleep(0.1)
+            assert [b[1] for b in built] == [8]
+        assert prep.building_ahead == 0
+
+    trio.run(main)
