@@ -16,7 +16,8 @@ writes them), mounted with default options:
   blocks of epochs back to back, each after dropping the page cache, against as many reads of
   the source (`cold_epochs`); and the first epoch of later mounts, which take the copy the
   mount before kept, warm and cold (the page cache dropped before the view's read and before
-  the source's it is paired with);
+  the source's it is paired with), at an epoch no mount staged and at the epoch after the one
+  the mount before read, whose stage that mount built and kept (`later_rounds`);
 * the default view against the `none` view of the file, mounted side by side: rows/s, and the
   label mix ``shufflefs inspect`` reports (`parquet_none`);
 * time from an epoch change to the first row group (``ParquetFile(view).read_row_group(0)``);
@@ -413,33 +414,62 @@ def cold_epochs(pid: int, view: Path, src: Path, first: int, blocks: int, per_bl
     return got
 
 
+RESUMED = "the epoch after the one the mount before read, whose stage that mount built and kept"
+NEW_EPOCH = "an epoch no mount staged"
+
+
 def later_rounds(cmd: list[str], mnt: Path, view: Path, src: Path, log: Path, env: dict, rows: int,
                  rounds: int = LATER_ROUNDS) -> dict[str, list[tuple]]:
     """First epochs of later mounts, each taking the copy the mount before kept at its unmount,
     paired with a read of the source in the same cache state: warm, and cold (the page cache
-    dropped before each, where this process may drop it).  Per state, per round: (view rows/s,
-    source rows/s, daemon usage, label mix)."""
+    dropped before each, where this process may drop it); each at `NEW_EPOCH` (every view's
+    stage written at its open), then in a chain of mounts each at `RESUMED` (a job run again
+    where the one before stopped: each mount stays until the next epoch's stage, built while
+    its epoch is read, is done, as a training epoch outlasts it).  Per (epoch, state), per
+    round: (view rows/s, source rows/s, daemon usage, label mix)."""
     states = ["warm (the kept copy in the page cache)"]
     if can_drop_caches():
         states.append("cold (the page cache dropped before it and before the source read it is paired with: "
                       "the kept copy read from disk)")
-    got: dict[str, list[tuple]] = {s: [] for s in states}
-    for _ in range(rounds):
-        for state in states:
-            cold = state.startswith("cold")
-            if cold:
-                drop_caches()
-            n, t, _ = iterate(src)
-            base = n / t
-            with FuseDaemon(cmd, mnt, log, env) as d:
+    got: dict[str, list[tuple]] = {}
+    first = int(time.time()) % 10**6 * 1000  # epochs of no run before (stages stay kept from run to run)
+    chain = first + 500
+    for which in (NEW_EPOCH, RESUMED):
+        if which == RESUMED:  # the first of the chain, not measured
+            later_mount(cmd, mnt, view, log, env, chain, False, linger=True)
+        for i in range(rounds):
+            for j, state in enumerate(states):
+                cold = state.startswith("cold")
                 if cold:
                     drop_caches()
-                with Sampler(d.pid) as s:
-                    n, t, labels = iterate(view)
-                copies = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))["parquet_copies"]["copies"]
-            assert n == rows and all(c.get("made") == "by an earlier mount" for c in copies.values()), copies
-            got[state].append((n / t, base, s.usage, label_mix(labels)[0]))
+                n, t, _ = iterate(src)
+                base = n / t
+                chain += 1
+                epoch = chain if which == RESUMED else first + 10 * (i * len(states) + j)  # never the one after another's
+                n, t, usage, labels, kept = later_mount(cmd, mnt, view, log, env, epoch, cold, which == RESUMED)
+                assert n == rows and kept == (which == RESUMED), (which, epoch, kept)
+                got.setdefault(f"at {which}, {state}", []).append((n / t, base, usage, label_mix(labels)[0]))
     return got
+
+
+def later_mount(cmd: list[str], mnt: Path, view: Path, log: Path, env: dict, epoch: int, cold: bool,
+                linger: bool) -> tuple[int, float, object, np.ndarray, bool]:
+    """A mount at ``epoch`` that reads it once (after dropping the page cache if ``cold``), which
+    took the copy the mount before kept; ``linger``: unmounted only once the stage built ahead
+    is done.  (rows, seconds, daemon usage, labels, whether the epoch's stage was found kept)."""
+    with FuseDaemon([*cmd, "--epoch", str(epoch)], mnt, log, env) as d:
+        if cold:
+            drop_caches()
+        with Sampler(d.pid) as s:
+            n, t, labels = iterate(view)
+        stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
+        deadline = time.monotonic() + 120
+        while linger and stats["passthrough"].get("building_ahead") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
+    copies = stats["parquet_copies"]["copies"]
+    assert all(c.get("made") == "by an earlier mount" for c in copies.values()), copies
+    return n, t, s.usage, labels, bool(stats["passthrough"].get("stages_kept"))
 
 
 def budget_line(src_epoch: float, reader_cpu: float, daemon_cpu: float, front_cpu: float) -> str:
