@@ -181,10 +181,7 @@ class KeptCopies:
                 spares.append((e, st.st_size))
             else:
                 _unlink(e.path)
-        def rank(x: tuple[_Entry, int]) -> tuple[bool, bool, int]:  # of those that fit, a kept stage last
-            near, then = fit(x[1], size, x[0].kept_ns)
-            return near, not _holds_stage(x[0]), then
-        spares.sort(key=rank, reverse=True)
+        spares.sort(key=lambda x: fit(x[1], size, x[0].kept_ns, _holds_stage(x[0])), reverse=True)
         for e, _ in spares:
             try:
                 os.rename(e.path, into)
@@ -283,13 +280,15 @@ def in_memory(path: str) -> bool:
     return kind in MEMORY_FILESYSTEMS
 
 
-def fit(have: int, size: int, recency: int) -> tuple[bool, int]:
+def fit(have: int, size: int, recency: int, holds_stage: bool = False) -> tuple[bool, bool, int]:
     """How well a scratch file of ``have`` bytes, used ``recency`` (larger: later), suits a
     stage of ``size`` (larger: better): one at most an eighth short (stages of one file differ
-    by a few bytes from epoch to epoch), the latest first (its pages the likeliest cached);
-    else the largest (a stage grown past a file's end allocates every page it adds)."""
+    by a few bytes from epoch to epoch), of those one that does not hold a whole stage a later
+    reader may take as it is (`KeptCopies.take_stage`), the latest first (its pages the
+    likeliest cached); else the largest (a stage grown past a file's end allocates every page
+    it adds)."""
     near = have >= size - size // 8
-    return near, recency if near else have
+    return near, not holds_stage, recency if near else have
 
 
 def _holds_stage(e: _Entry) -> bool:

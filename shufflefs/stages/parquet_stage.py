@@ -187,13 +187,14 @@ class StageFiles:
 
     def take(self, size: int = 0) -> StageFile:
         """A file for a stage of ``size`` bytes: of the free ones about that large or larger
-        the one given back last, else the largest (`kept_copies.fit`, as for spares)."""
+        (holding no whole stage first) the one given back last, else the largest
+        (`kept_copies.fit`, as for spares)."""
         with self._lock:
             self._out += 1
             self.most_used = max(self.most_used, self._out)
-            if self._free:  # of those alike, one not holding a stage first
+            if self._free:
                 pick = max(range(len(self._free)),
-                           key=lambda i: (*fit(self._free[i].size, size, i), self._free[i].key is None))
+                           key=lambda i: fit(self._free[i].size, size, i, self._free[i].key is not None))
                 file = self._free.pop(pick)
                 file.key = None  # rewritten from now on
                 return file

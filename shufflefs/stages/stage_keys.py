@@ -3,7 +3,8 @@ later one that wants the same bytes, instead of being written again.
 
 A stage's bytes follow from the source's version, the order of its rows, and the view's header
 and footer: the encoding is deterministic (same code, same bytes).  A job that stops and is run
-again reads the epoch it stopped in, or the next one, whose stage the mount before built ahead;
+again reads the epoch it stopped in from its start, or the next one, whose stage the mount
+before built ahead;
 written again, that first epoch read its copy whole from disk before its first row (the default
 order's first row group holds rows of every part of the file), where a kept stage is read like
 any local file (docs/benchmark.md, Parquet views).  The key also holds the machine's boot: a
