@@ -271,6 +271,31 @@ def label_sorted(path: Path, n: int = 60_000, group_rows: int = 10_000, labels: 
     return path
 
 
+TWO_FILES = ("types.parquet", "sorted.parquet")
+
+
+def two_files(d: Path) -> Path:
+    """``d`` made, holding `TWO_FILES`: every column type, and 20,000 label-sorted rows (what the
+    tests of copies and stages kept for later mounts mount)."""
+    d.mkdir()
+    write_pyarrow(d / TWO_FILES[0])
+    label_sorted(d / TWO_FILES[1], n=20_000, group_rows=4_000)
+    return d
+
+
+def read_as_served(later, served, epochs: tuple[int, ...], epoch0: dict[str, bytes],
+                   names: tuple[str, ...] = TWO_FILES) -> None:
+    """Every view of the mount ``later`` in each of ``epochs`` holds the bytes the mount ``served``
+    (the daemon serving from its own copy) gives, and in epoch 0 those of ``epoch0``."""
+    for epoch in epochs:
+        for m in (later, served):
+            m.set_epoch(epoch)
+        for name in names:
+            got = later.path(name).read_bytes()
+            assert got == served.path(name).read_bytes()
+            assert epoch or got == epoch0[name]
+
+
 def write_hf(path: Path, n: int = 4_000) -> Path:
     """A file written by HF ``datasets`` itself, as the Hub's Parquet exports are: its features
     (a ClassLabel, an Image) in the key-value metadata, every column type it has a feature for

@@ -183,16 +183,11 @@ class KeptCopies:
                 _unlink(e.path)
         spares.sort(key=lambda x: fit(x[1], size, x[0].kept_ns, _holds_stage(x[0])), reverse=True)
         for e, _ in spares:
-            try:
-                os.rename(e.path, into)
-            except OSError:
-                continue  # taken by another mount
-            try:
-                fd = os.open(into, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            except OSError:
-                _unlink(into)
+            got = _moved_open(e.path, into)
+            if got is None:
                 continue
-            if not _ours(os.fstat(fd)):
+            fd, st = got
+            if not _ours(st):
                 os.close(fd)  # not a file this daemon would make (replaced since the lstat)
                 _unlink(into)
                 continue
@@ -204,18 +199,9 @@ class KeptCopies:
         to ``into`` and open; None if there is none.  One whose size or modification time is
         not what it was when kept is not trusted: it stays a spare, its key dropped."""
         for e in self._entries():
-            if e.name_key != SPARE or e.version_key != key:
+            if e.name_key != SPARE or e.version_key != key or (got := _moved_open(e.path, into)) is None:
                 continue
-            try:
-                os.rename(e.path, into)
-            except OSError:
-                continue  # taken by another mount
-            try:
-                fd = os.open(into, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-            except OSError:
-                _unlink(into)
-                continue
-            st = os.fstat(fd)
+            fd, st = got
             if _ours(st) and st.st_size == size and st.st_mtime_ns == e.mtime_ns:
                 return fd
             log.warning("the kept stage %s changed since it was kept (%d bytes, %d expected): not taken",
@@ -289,6 +275,21 @@ def fit(have: int, size: int, recency: int, holds_stage: bool = False) -> tuple[
     it adds)."""
     near = have >= size - size // 8
     return near, not holds_stage, recency if near else have
+
+
+def _moved_open(path: str, into: str) -> tuple[int, os.stat_result] | None:
+    """The file at ``path`` moved to ``into`` (a rename: one mount takes it), open read-write, and
+    its status; None if another took it first, or it cannot be opened (then it is removed)."""
+    try:
+        os.rename(path, into)
+    except OSError:
+        return None
+    try:
+        fd = os.open(into, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        _unlink(into)
+        return None
+    return fd, os.fstat(fd)
 
 
 def _holds_stage(e: _Entry) -> bool:

@@ -23,7 +23,7 @@ import parquet_files as pf  # noqa: E402
 from conftest import REPO  # noqa: E402
 
 ARGS = ("--seed", "3", "--buffer", "2MiB")
-NAMES = ("types.parquet", "sorted.parquet")
+NAMES = pf.TWO_FILES
 
 
 def kept(cache: Path, spares: bool = False) -> list[Path]:
@@ -38,11 +38,7 @@ def made(m) -> dict[str, dict]:
 
 @pytest.fixture
 def src(tmp_path: Path) -> Path:
-    d = tmp_path / "pqsrc"
-    d.mkdir()
-    pf.write_pyarrow(d / NAMES[0])
-    pf.label_sorted(d / NAMES[1], n=20_000, group_rows=4_000)
-    return d
+    return pf.two_files(tmp_path / "pqsrc")
 
 
 def first_mount(mount, src: Path, *args: str):
@@ -52,18 +48,6 @@ def first_mount(mount, src: Path, *args: str):
     m.stop()
     assert m.returncode == 0, m.stderr()
     return m, got
-
-
-def read_as_served(later, served, epochs: tuple[int, ...], epoch0: dict[str, bytes]) -> None:
-    """Every view of ``later`` in each of ``epochs`` holds the bytes ``served`` (the daemon serving
-    from its own copy) does, and in epoch 0 those the first mount read."""
-    for epoch in epochs:
-        for m in (later, served):
-            m.set_epoch(epoch)
-        for name in NAMES:
-            got = later.path(name).read_bytes()
-            assert got == served.path(name).read_bytes()
-            assert epoch or got == epoch0[name]
 
 
 def test_a_later_mount_encodes_its_views_from_the_copies_the_first_one_kept(mount, src: Path):
@@ -207,7 +191,7 @@ def test_stage_files_are_left_for_the_next_mount_and_hold_its_own_bytes(mount, s
     os.mkfifo(fifo)
     later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="later")
     served = mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
-    read_as_served(later, served, (4, 5), epoch0)  # epochs no stage was kept of: written into spares
+    pf.read_as_served(later, served, (4, 5), epoch0)  # epochs no stage was kept of: written into spares
     assert later.stats()["passthrough"]["stage_files_reused"] >= 1, later.stats()["passthrough"]
     assert not fifo.exists()  # not opened (it would block), removed
     later.stop()
@@ -250,7 +234,7 @@ def test_a_kept_copy_read_from_disk_gives_the_stages_the_same_bytes(mount, src: 
     later = mount(None, *ARGS, "--cache-dir", str(first.cache), src=src, name="later")
     served = mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
     for epoch in (0, 1, 2):
-        read_as_served(later, served, (epoch,), epoch0)
+        pf.read_as_served(later, served, (epoch,), epoch0)
         for name in NAMES:
             assert pq.read_table(later.path(name)).num_rows == pq.read_table(src / name).num_rows
     state = later.stats()["passthrough"]

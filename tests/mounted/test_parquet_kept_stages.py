@@ -22,16 +22,12 @@ pq = pytest.importorskip("pyarrow.parquet")
 import parquet_files as pf  # noqa: E402
 
 ARGS = ("--seed", "3", "--buffer", "2MiB")
-NAMES = ("types.parquet", "sorted.parquet")
+NAMES = pf.TWO_FILES
 
 
 @pytest.fixture
 def src(tmp_path: Path) -> Path:
-    d = tmp_path / "pqsrc"
-    d.mkdir()
-    pf.write_pyarrow(d / NAMES[0])
-    pf.label_sorted(d / NAMES[1], n=20_000, group_rows=4_000)
-    return d
+    return pf.two_files(tmp_path / "pqsrc")
 
 
 def keyed(cache: Path) -> list[Path]:
@@ -132,10 +128,4 @@ def test_a_kill_leaves_no_stage_that_a_later_mount_would_take(mount, src: Path):
     killed.stop()
     later = mount(None, *ARGS, "--cache-dir", str(cache), src=src, name="later")
     served = mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
-    for epoch in (0, 5):
-        for m in (later, served):
-            m.set_epoch(epoch)
-        for name in NAMES:
-            got = later.path(name).read_bytes()
-            assert got == served.path(name).read_bytes()
-            assert epoch or got == epoch0[name]
+    pf.read_as_served(later, served, (0, 5), epoch0)
