@@ -30,7 +30,6 @@ class EpochPrep:
         self._preparing: set[tuple] = set()  # files whose next epoch's view is being prepared
         self._ahead: dict[tuple, tuple[int, str]] = {}  # stages to build ahead: file -> (epoch, made)
         self._building: tuple[tuple, int] | None = None  # the one being built (file, epoch)
-        self._opened: Any = None  # the stage opened last (`_after_read_ahead`)
 
     def moved(self, node: Node) -> None:
         """The epoch setting on ``node`` moved: close the views that are no longer current, then
@@ -122,7 +121,6 @@ class EpochPrep:
         still waited 0.12-0.15 s, its build started only at the last shard's open."""
         if node.key[5] or self.cat.windows.nursery is None:
             return
-        self._opened = getattr(getattr(getattr(node, "view", None), "view", None), "stage", None)
         this, epoch = (node.relpath, node.part, node.parts), node.epoch
         wanted = []
         for depth in range(self.DEPTH):
@@ -161,8 +159,8 @@ class EpochPrep:
 
     async def _after_read_ahead(self) -> None:
         """Wait while the stage opened last is asked from disk ahead of its reader
-        (`ParquetStage.read_ahead`): a build beside it reads its copy from the same disk.  A
+        (`Passthrough.reading_ahead`): a build beside it reads its copy from the same disk.  A
         stage kept by an earlier mount, read cold (1.02 GiB file, alternated runs): the epoch
         took 1.65-1.98 s with no build beside it, 1.75-2.92 s beside the next epoch's."""
-        while self._opened is not None and self._opened.reading_ahead:
+        while self.cat.passthrough.reading_ahead:
             await trio.sleep(0.02)

@@ -58,6 +58,7 @@ class Passthrough:
         self.disabled: str | None = None  # why passthrough is not used after all
         self._files: dict[str, StageFiles] = {}  # stage files for reuse, by directory
         self._registered: set[int] = set()  # handles whose stray reads the compiled replies answer
+        self._reading: ParquetStage | None = None  # the stage opened last (`reading_ahead`)
         self.early = EarlyOpens(self, stage_wait)  # handles that read stages as they are written
         self._opened: dict[int, dict[tuple, None]] = {}
         """Files (relpath, part, parts) opened with a stage, in the order of their first opens, by
@@ -188,11 +189,18 @@ class Passthrough:
         replies answer those from the stage's mapping, the catalog (`ParquetStage.pread`) otherwise."""
         self.lib.passthrough_open(fh, stage.backing_id)
         stage.read_ahead()
+        self._reading = stage
         self.opens += 1
         if node is not None:
             self.note_open(node)
         if stage.size and self.lib.register(fh, 0, stage.size, stage.data, 0, []):
             self._registered.add(fh)
+
+    @property
+    def reading_ahead(self) -> bool:
+        """Whether the stage opened last is still asked from disk ahead of its reader
+        (`ParquetStage.read_ahead`)."""
+        return self._reading is not None and self._reading.reading_ahead
 
     def note_open(self, node: Node) -> None:
         """``node`` was opened to be read from its stage (`next_of` learns the order of files)."""

@@ -57,7 +57,6 @@ class StageFile:
         self.key: str | None = None
         """The stage it holds whole (`stage_keys`), set once that stage is written; None while it
         is written, or holds no stage known to be whole."""
-        self.origin = ""  # where a kept stage was written (`StageFiles.take_kept`)
 
     def resize(self, size: int) -> np.ndarray:
         """The file cut or grown to ``size`` bytes; its mapping as an array (made larger first if
@@ -190,8 +189,7 @@ class StageFiles:
         (holding no whole stage first) the one given back last, else the largest
         (`kept_copies.fit`, as for spares)."""
         with self._lock:
-            self._out += 1
-            self.most_used = max(self.most_used, self._out)
+            self._lent()
             if self._free:
                 pick = max(range(len(self._free)),
                            key=lambda i: fit(self._free[i].size, size, i, self._free[i].key is not None))
@@ -208,32 +206,34 @@ class StageFiles:
                 return StageFile(self.directory, fd, path)
         return StageFile(self.directory)
 
-    def take_kept(self, key: str | None, size: int) -> StageFile | None:
-        """A file that holds the stage known by ``key`` whole, ``size`` bytes (`stage_keys`): one
-        given back in this mount, else one an earlier mount left (`kept_copies.KeptCopies.take_stage`);
-        None if there is none.  Given back as any taken file."""
+    def take_kept(self, key: str | None, size: int) -> tuple[StageFile, str] | None:
+        """A file that holds the stage known by ``key`` whole, ``size`` bytes (`stage_keys`), and
+        where it was written: one given back in this mount, else one an earlier mount left
+        (`kept_copies.KeptCopies.take_stage`); None if there is none.  Given back as any taken
+        file."""
         if key is None:
             return None
         with self._lock:
             for i, file in enumerate(self._free):
                 if file.key == key and file.size == size:
-                    self._out += 1
-                    self.most_used = max(self.most_used, self._out)
-                    self.kept += 1
-                    file.origin = "earlier in this mount"
-                    return self._free.pop(i)
+                    self._lent(kept=True)
+                    return self._free.pop(i), "earlier in this mount"
             path = self._name("stage-kept")
         fd = None if self.spares is None else self.spares.take_stage(path, key, size)
         if fd is None:
             return None
         with self._lock:
-            self._out += 1
-            self.most_used = max(self.most_used, self._out)
+            self._lent(kept=True)
             self.made += 1
-            self.kept += 1
         file = StageFile(self.directory, fd, path)
-        file.key, file.origin = key, "by an earlier mount"
-        return file
+        file.key = key
+        return file, "by an earlier mount"
+
+    def _lent(self, kept: bool = False) -> None:
+        """One file more in use (under the lock)."""
+        self._out += 1
+        self.most_used = max(self.most_used, self._out)
+        self.kept += kept
 
     def _name(self, what: str) -> str:
         """A name in the directory no other file of this mount has (under the lock)."""
@@ -453,16 +453,17 @@ def kept_stage(view: Any, files: StageFiles, key: str | None) -> ParquetStage | 
     """The stage of ``view`` as a file of ``files`` holds it already (`StageFiles.take_kept`), or
     None: none does."""
     t0 = time.monotonic()
-    file = files.take_kept(key, view.layout.size)
-    if file is None:
+    got = files.take_kept(key, view.layout.size)
+    if got is None:
         return None
+    file, origin = got
     try:
         data = file.resize(view.layout.size)
     except BaseException:
         files.give_back(file, reuse=False)
         raise
     stage = ParquetStage(file, data, time.monotonic() - t0, files, len(view.trailer))
-    stage.kept = file.origin
+    stage.kept = origin
     return stage
 
 

@@ -39,7 +39,7 @@ def _prep(nursery: trio.Nursery, order: list[str]) -> tuple[EpochPrep, list[tupl
             running[0] -= 1
 
     cat = SimpleNamespace(windows=SimpleNamespace(nursery=nursery),
-                          passthrough=SimpleNamespace(next_of=next_of, stage=stage))
+                          passthrough=SimpleNamespace(next_of=next_of, stage=stage, reading_ahead=False))
     prep = EpochPrep(cat)
     prep._with_view = with_view  # type: ignore[method-assign]
     return prep, built, gates
@@ -110,13 +110,12 @@ def test_a_build_ahead_starts_once_the_opened_stage_is_no_longer_read_from_disk_
     async def main() -> None:
         async with trio.open_nursery() as n:
             prep, built, _ = _prep(n, ["a.parquet"])
-            stage = SimpleNamespace(reading_ahead=True)
-            node = opened("a.parquet", 7)
-            node.view = SimpleNamespace(view=SimpleNamespace(stage=stage))
-            prep.ahead(node)
+            passthrough = prep.cat.passthrough  # the stage opened last is read from disk ahead
+            passthrough.reading_ahead = True
+            prep.ahead(opened("a.parquet", 7))
             await trio.sleep(0.2)
             assert built == [] and prep.building_ahead == 1
-            stage.reading_ahead = False
+            passthrough.reading_ahead = False
             await trio.sleep(0.1)
             assert [b[1] for b in built] == [8]
         assert prep.building_ahead == 0

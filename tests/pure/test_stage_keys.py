@@ -142,8 +142,8 @@ def test_stage_files_give_a_kept_stage_back_by_its_key_and_forget_it_when_rewrit
     a.key = "k" + hashlib.blake2b(b"3").hexdigest()
     files.give_back(a)
     assert files.take_kept("k-other", 4096) is None and files.take_kept(a.key, 4095) is None
-    got = files.take_kept(a.key, 4096)
-    assert got is a and got.origin == "earlier in this mount" and files.kept == 1
+    got, origin = files.take_kept(a.key, 4096)
+    assert got is a and origin == "earlier in this mount" and files.kept == 1
     files.give_back(got)
     again = files.take(4096)  # to be written: what it held is not known any more
     assert again is a and again.key is None
