@@ -39,6 +39,8 @@ first open; more would take cores from serving reads."""
 PRELOAD = ["shufflefs.formats"]
 DIED = "indexing process died (file truncated while being read?)"
 STOPPED = "indexing stopped: the filesystem is shutting down"
+MANAGER_JOIN = 10.0
+"""Seconds a waiting stop gives a stopped pool's manager thread to end (its workers are gone)."""
 
 
 def _worker_init() -> None:
@@ -143,6 +145,8 @@ class IndexBuilder:
             self._generation += 1
         for pool in pools:
             _stop(pool, wait)
+        if wait:
+            _join_stopped()  # also those of pools stopped without waiting before
 
     def _pool(self, slot: int, generation: int, path: str) -> ProcessPoolExecutor:
         with self._lock:
@@ -187,19 +191,42 @@ def _scan_confined(roots: list[str], path: str, fmt: Format, copy: Any = None) -
     return scan_file(path, fmt, copy=copy)
 
 
+_unjoined: list[threading.Thread] = []
+"""The manager threads of pools stopped without waiting, joined by the next `_stop` that waits."""
+_unjoined_lock = threading.Lock()
+
+
 def _stop(pool: ProcessPoolExecutor, wait: bool = True) -> None:
     # ProcessPoolExecutor would let a running scan finish (minutes for a huge file) before the
-    # process may exit; terminate the workers instead.  `_processes` is private but stable
-    # (3.8-3.13); without it the shutdown is merely slower.
+    # process may exit; terminate the workers instead.  `_processes` and
+    # `_executor_manager_thread` are private but stable (3.8-3.13); without them the shutdown is
+    # merely slower.
     processes = list((getattr(pool, "_processes", None) or {}).values())
-    pool.shutdown(wait=False, cancel_futures=True)
+    manager = getattr(pool, "_executor_manager_thread", None)
+    pool.shutdown(wait=False, cancel_futures=True)  # forgets its manager thread: joined below
     for p in processes:
         try:
             p.terminate()
         except (OSError, ValueError, AttributeError):  # already gone
             pass
+    if manager is not None:
+        with _unjoined_lock:
+            _unjoined.append(manager)
     if wait:
-        pool.shutdown(wait=True)
+        _join_stopped()
+
+
+def _join_stopped() -> None:
+    """Wait for the manager threads of stopped pools to end.  CPython 3.11's exit hook wakes
+    every manager thread still alive without a lock, and may write into the pipe that thread is
+    closing at that moment: "Exception ignored ... OSError: [Errno 9] Bad file descriptor" on
+    the daemon's stderr, after its last log line."""
+    with _unjoined_lock:
+        threads, _unjoined[:] = _unjoined[:], []
+    for thread in threads:
+        thread.join(MANAGER_JOIN)
+        if thread.is_alive():
+            log.warning("an indexing pool's manager thread did not end within %g s", MANAGER_JOIN)
 
 
 _default: IndexBuilder | None = None

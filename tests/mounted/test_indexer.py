@@ -207,6 +207,31 @@ def test_shutdown_stops_a_running_scan_and_a_later_build_starts_afresh(tmp_path)
         t.join(WAIT)
 
 
+def _managers() -> list[threading.Thread]:
+    from concurrent.futures.process import _ExecutorManagerThread
+    return [t for t in threading.enumerate() if isinstance(t, _ExecutorManagerThread)]
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_a_waiting_shutdown_leaves_no_pool_thread_for_the_exit_hook(tmp_path, interrupted: bool) -> None:
+    """A pool's manager thread still alive at exit races CPython's exit hook, which writes into
+    the pipe the thread is closing ("Exception ignored ... Bad file descriptor" on the daemon's
+    stderr): the daemon's stop at exit joins every pool's, also those of pools an interrupt
+    stopped without waiting."""
+    p = tmp_path / "a.jsonl"
+    p.write_bytes(b"1\n2\n")
+    before = set(_managers())
+    b = IndexBuilder(workers=2)
+    try:
+        b.build(p, LinesFormat(), tmp_path / "cache")
+        assert set(_managers()) - before  # the pool's thread runs
+        if interrupted:
+            b.shutdown(wait=False)  # as `interrupt_default` on a signal
+    finally:
+        b.shutdown()
+    assert not set(_managers()) - before
+
+
 class _NoProcesses:
     """A multiprocessing context in which no process can be started."""
 
