@@ -186,14 +186,16 @@ class Passthrough:
         """The open about to be answered with file handle ``fh`` reads ``stage``.  Reads of the
         handle never reach the daemon, but the kernel's readahead of the view's own pages does
         (``POSIX_FADV_WILLNEED``, which pyarrow gives for every column chunk): the compiled
-        replies answer those from the stage's mapping, the catalog (`ParquetStage.pread`) otherwise."""
+        replies answer those from the stage's mapping as far as it is in the page cache and refuse
+        the rest (``stray``: read from disk here, they held the reader's hints back), the catalog
+        (`ParquetStage.pread`) answers them otherwise."""
         self.lib.passthrough_open(fh, stage.backing_id)
         stage.read_ahead()
         self._reading = stage
         self.opens += 1
         if node is not None:
             self.note_open(node)
-        if stage.size and self.lib.register(fh, 0, stage.size, stage.data, 0, []):
+        if stage.size and self.lib.register(fh, 0, stage.size, stage.data, 0, [], -1, True):
             self._registered.add(fh)
 
     @property

@@ -120,13 +120,14 @@ class ParquetStage:
             return
         try:
             self._ahead = scratch.read_ahead_in_thread(self.fd, min(self.size, AHEAD_MEMORY // 4), "stage-ahead",
-                                                       self.tail, self.data)
+                                                       self.tail, self.data, settle=True)
         except OSError:
             pass  # a hint only
 
     @property
     def reading_ahead(self) -> bool:
-        """Whether its pages are being asked from disk for its readers (`read_ahead`)."""
+        """Whether its pages are on their way from disk for its readers (`read_ahead`), until
+        the last one asked for is read."""
         return self._ahead is not None and self._ahead.is_alive()
 
     def pread(self, size: int, offset: int) -> bytes:

@@ -11,6 +11,7 @@ gives."""
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import time
 from pathlib import Path
@@ -129,3 +130,35 @@ def test_a_kill_leaves_no_stage_that_a_later_mount_would_take(mount, src: Path):
     later = mount(None, *ARGS, "--cache-dir", str(cache), src=src, name="later")
     served = mount(None, *ARGS, "--passthrough", "off", src=src, name="served")
     pf.read_as_served(later, served, (0, 5), epoch0)
+
+
+def test_a_stage_read_from_disk_answers_a_readers_hints_without_the_daemon_reading_it(mount, src: Path):
+    """A kept stage on disk only: a reader's ``POSIX_FADV_WILLNEED`` over the view makes the
+    kernel read ahead into the view's own page cache, which no handle reads; the daemon refuses
+    what is not in the page cache instead of reading it from disk, and every read (``read``,
+    ``mmap``) still gets the stage's bytes.  Holds: SEMANTICS.md#views-parquet-passthrough"""
+    cache, epoch0 = first_mount(mount, src)
+    for spare in keyed(cache):  # on disk only, as after a while
+        fd = os.open(spare, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    later = mount(None, *ARGS, "--cache-dir", str(cache), src=src, name="later")
+    for name in NAMES:
+        fd = os.open(later.path(name), os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            os.posix_fadvise(fd, 0, size, os.POSIX_FADV_WILLNEED)
+            got = b"".join(os.pread(fd, 1 << 20, off) for off in range(0, size, 1 << 20))
+            with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
+                assert got == mapped[:] == epoch0[name]
+        finally:
+            os.close(fd)
+        assert "by an earlier mount" in made(later, name), made(later, name)
+    assert later.stats()["compiled_replies"]["readahead_refused"] > 0, later.stats()["compiled_replies"]
+    assert pq.read_table(later.path(NAMES[0]), memory_map=True).num_rows == pq.read_table(src / NAMES[0]).num_rows
+    settle(later)
+    later.stop()
+    assert later.returncode == 0, later.stderr()

@@ -221,6 +221,13 @@ def test_read_ahead_asks_for_the_tail_first_then_front_to_back_and_closes_its_de
     asked.clear()
     scratch.read_ranges_ahead_in_thread(os.open(path, os.O_RDONLY), [(10, 20), (size - 5, size)], "ahead").join()
     assert asked == [(10, 10), (size - 5, 5)]
+    waited: list[int] = []
+    pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, n, off: (waited.append(off), pread(fd, n, off))[1])
+    scratch.read_ahead(os.open(path, os.O_RDONLY), size)
+    assert waited == []
+    scratch.read_ahead(os.open(path, os.O_RDONLY), size, settle=True)  # then waits for each request, in order
+    assert waited == [min((k + 1) * scratch.READ_AHEAD, size) - 1 for k in range(4)]
 
 
 def test_a_stage_not_all_cached_is_read_ahead_by_one_thread_at_a_time_and_not_once_closed(tmp_path: Path,
@@ -232,8 +239,9 @@ def test_a_stage_not_all_cached_is_read_ahead_by_one_thread_at_a_time_and_not_on
     gate, entered = threading.Event(), threading.Event()
     started: list[tuple[int, int]] = []
 
-    def held(fd: int, size: int, tail: int = 0) -> None:
+    def held(fd: int, size: int, tail: int = 0, settle: bool = False) -> None:
         started.append((size, tail))
+        assert settle  # alive until its pages are read: a build ahead waits for that
         entered.set()
         gate.wait(10)
         os.close(fd)
