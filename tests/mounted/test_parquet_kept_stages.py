@@ -139,12 +139,7 @@ def test_a_stage_read_from_disk_answers_a_readers_hints_without_the_daemon_readi
     ``mmap``) still gets the stage's bytes.  Holds: SEMANTICS.md#views-parquet-passthrough"""
     cache, epoch0 = first_mount(mount, src)
     for spare in keyed(cache):  # on disk only, as after a while
-        fd = os.open(spare, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        pf.drop_from_page_cache(spare)
     later = mount(None, *ARGS, "--cache-dir", str(cache), src=src, name="later")
     for name in NAMES:
         fd = os.open(later.path(name), os.O_RDONLY)
