@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -235,3 +236,31 @@ PyMethodDef passthrough_methods[] = {
      "passthrough_open(fh, id): the open replied next with file handle fh reads backing file id"},
     {NULL, NULL, 0, NULL},
 };
+
+/* Whether bytes [p, p + n) of a file mapping are all in the page cache, read (mincore).  The only
+   reads of a passthrough handle that reach the daemon are the kernel's readahead into the view's
+   own page cache, which none of its handles reads (a reader's POSIX_FADV_WILLNEED, which pyarrow
+   gives for every column chunk): the compiled replies refuse those of bytes not in the page cache
+   (EIO: the kernel drops the readahead and leaves its pages not up to date) rather than read them
+   from disk while the reader's hint waits; a kept 1.06 GiB stage read cold got its first batch
+   0.63-0.72 s after its open, 0.10-0.23 s refusing. */
+int passthrough_resident(const char *p, size_t n)
+{
+    static long page;
+    if (!page)
+        page = sysconf(_SC_PAGESIZE);
+    unsigned char vec[512];
+    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1), b = (uintptr_t)p + n;
+    while (a < b) {
+        size_t pages = (b - a + (uintptr_t)page - 1) / (uintptr_t)page;
+        if (pages > sizeof vec)
+            pages = sizeof vec;
+        if (mincore((void *)a, pages * (size_t)page, vec) != 0)
+            return 0;
+        for (size_t i = 0; i < pages; i++)
+            if (!(vec[i] & 1))
+                return 0;
+        a += pages * (uintptr_t)page;
+    }
+    return 1;
+}

@@ -14,5 +14,8 @@ struct fuse_session;
    that the reply asks for passthrough (if enabled and offered). */
 void passthrough_on_init(struct fuse_session *se, const void *request, size_t size, int fd);
 
+/* Whether bytes [p, p + n) of a file mapping are all in the page cache (see _passthrough.c). */
+int passthrough_resident(const char *p, size_t n);
+
 extern PyMethodDef passthrough_methods[];
 #endif

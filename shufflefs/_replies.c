@@ -26,7 +26,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/mman.h>
 #include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
@@ -86,8 +85,7 @@ typedef struct {
     int inflight;      /* replies queued or being written (under `qlock`) */
     int64_t plain;     /* -1; else [lo, hi) are bytes of the plain view (of ``plain`` bytes) that a
                           zstd view of raw blocks frames (windows/container.py: ZstdRawFrame) */
-    int stray;         /* a passthrough handle's: its reads are the kernel's readahead of pages no
-                          handle reads (`resident`) */
+    int stray;         /* a passthrough handle's (`passthrough_resident`) */
 } entry_t;
 
 /* A zstd view (windows/container.py, ZstdRawFrame): a 14-byte frame header, then raw blocks of
@@ -264,35 +262,9 @@ static int zstd_pieces(const entry_t *e, int64_t off, int64_t *end, job_t *j)
     return 0;
 }
 
-/* Whether bytes [p, p + n) of a file mapping are all in the page cache, read (mincore). */
-static int resident(const char *p, size_t n)
-{
-    static long page;
-    if (!page)
-        page = sysconf(_SC_PAGESIZE);
-    unsigned char vec[512];
-    uintptr_t a = (uintptr_t)p & ~(uintptr_t)(page - 1), b = (uintptr_t)p + n;
-    while (a < b) {
-        size_t pages = (b - a + (uintptr_t)page - 1) / (uintptr_t)page;
-        if (pages > sizeof vec)
-            pages = sizeof vec;
-        if (mincore((void *)a, pages * (size_t)page, vec) != 0)
-            return 0;
-        for (size_t i = 0; i < pages; i++)
-            if (!(vec[i] & 1))
-                return 0;
-        a += pages * (uintptr_t)page;
-    }
-    return 1;
-}
-
 /* Answer ``in`` from its handle's window: 1 if answered (or the reply failed to go out, as
-   libfuse would), 0 to leave it to libfuse and Python.  A passthrough handle's read (``stray``)
-   is the kernel's readahead into the view's own page cache, which none of its handles reads (a
-   reader's POSIX_FADV_WILLNEED, which pyarrow gives for every column chunk): bytes not in the
-   page cache are refused (EIO, which the kernel drops with the readahead) rather than read from
-   disk here, where the reader's hint waited for them; a kept 1.06 GiB stage read cold got its
-   first batch 0.63-0.72 s after its open, 0.10-0.23 s refusing. */
+   libfuse would), 0 to leave it to libfuse and Python; a passthrough handle's (``stray``) read
+   of bytes not in the page cache is refused (see `passthrough_resident`). */
 static int reply_from_window(struct fuse_session *se, const struct in_header *in, const struct read_in *rd)
 {
     entry_t *e = &table[rd->fh & (TABLE - 1)];
@@ -305,7 +277,7 @@ static int reply_from_window(struct fuse_session *se, const struct in_header *in
         n_stale++;
         return 0;
     }
-    if (e->stray && !resident(e->base + (off - e->lo), rd->size)) {
+    if (e->stray && !passthrough_resident(e->base + (off - e->lo), rd->size)) {
         struct out_header out = {(uint32_t)sizeof out, -EIO, in->unique};
         Py_BEGIN_ALLOW_THREADS
         (void)!write(real_fd(se), &out, sizeof out);
