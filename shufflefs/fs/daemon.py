@@ -117,6 +117,7 @@ async def _main(fs: ShuffleFS, mnt: str, ready: _Ready) -> None:
                 await trio.to_thread.run_sync(raise_readahead, mnt, abandon_on_cancel=True)
             finally:
                 ready.signal()
+            fs.mounted()
 
         nursery.start_soon(settle)
         try:

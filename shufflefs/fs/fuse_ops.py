@@ -165,6 +165,10 @@ class ShuffleFS(pyfuse3.Operations):
             self.view_entry = META_TIMEOUT
             self.catalog.names_cached = True
 
+    def mounted(self) -> None:
+        """The kernel answered INIT (whether passthrough is on is known) and readers may come."""
+        self.catalog.prep.at_mount()
+
     def _view_entry(self, node: Node) -> float:
         """A pool's shard follows every member's version (its size too): looked up at every use,
         as every view is without the kernel's name expiry; its open checks every member."""

@@ -66,7 +66,7 @@ class Catalog:
                            self.windows, self.epochs.of, self.current)
         self.reads = Reads(self.views, self.windows, config.compiled_replies, config.reply_threads)
         self.passthrough = Passthrough(config.passthrough, replies.compiled if replies.bound else None,
-                                       self.planner.decoding.disk, config.stage_wait)
+                                       self.planner.decoding.disk, config.stage_wait, str(self.source))
         self.pools = PoolTable(self.store, self.tree.pool_key, config.pool_globs) if config.pool else None
         self.tree.pools = self.pools
         self.mixes = None

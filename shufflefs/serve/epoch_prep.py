@@ -42,7 +42,8 @@ class EpochPrep:
             if self.cat.windows.nursery is not None:
                 self.cat.windows.nursery.start_soon(self._prepare, relpath, space, len(files) == 1)
 
-    async def _prepare(self, relpath: str, space: tuple[int, int] = (0, 1), alone: bool = True) -> None:
+    async def _prepare(self, relpath: str, space: tuple[int, int] = (0, 1), alone: bool = True,
+                       made: str = "when its epoch was set") -> None:
         """Prepare the current epoch's view of ``relpath`` (`_once`), one at a time per
         file: epoch changes faster than plans are built start no more work, the running
         preparation repeats once for the epoch that is current when it ends.  (Without this a
@@ -54,13 +55,14 @@ class EpochPrep:
         try:
             while True:
                 epoch = self.cat.epochs.of(relpath), self.cat.epochs.resume_gen
-                await self._once(relpath, space, alone)
+                await self._once(relpath, space, alone, made)
                 if (self.cat.epochs.of(relpath), self.cat.epochs.resume_gen) == epoch:
                     return
         finally:
             self._preparing.discard(key)
 
-    async def _once(self, relpath: str, space: tuple[int, int], alone: bool = True) -> None:
+    async def _once(self, relpath: str, space: tuple[int, int], alone: bool = True,
+                    made: str = "when its epoch was set") -> None:
         """Open the current epoch's view of ``relpath`` without a handle and load its window 0 (a
         Parquet view read by the kernel: make its stage, if its file is read alone; of many, the
         ones read last would be made first, and dropped), so that the first read after an epoch
@@ -68,13 +70,22 @@ class EpochPrep:
         async def prepare(node: Node) -> None:
             if self.cat.passthrough.wants(node):
                 if alone:
-                    await self.cat.passthrough.stage(self.cat, node, made="when its epoch was set")
+                    await self.cat.passthrough.stage(self.cat, node, made=made)
             elif node.view is not None and node.layout.n_windows:
                 ref = self.cat.views.window(node, 0, ahead=True)
                 self.prefetches += self.cat.windows.prefetch(ref.key, ref.nbytes, ref.loader, ref.work,
                                                               background=True)
 
         await self._with_view(relpath, space, None, prepare)
+
+    def at_mount(self) -> None:
+        """The mount started: if the mount of this root before it read files with stages
+        (`Passthrough.last_order`), start the stage of the first of them at this mount's epoch
+        now, while the job starts, and let `ahead` follow that order from the first open on."""
+        first = self.cat.passthrough.last_order(self.cat.epochs.epoch)
+        if first is not None and self.cat.windows.nursery is not None:
+            self.cat.windows.nursery.start_soon(functools.partial(
+                self._prepare, first[0], first[1:], made="when the mount started (read first by the mount before)"))
 
     async def _with_view(self, relpath: str, space: tuple[int, int], epoch: int | None,
                          work: Callable[[Node], Awaitable[None]]) -> None:

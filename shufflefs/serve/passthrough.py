@@ -9,7 +9,8 @@ a backing file needs; ``shufflefs stat`` says whether it is on and why not.
 A Parquet view uses it: its bytes are encoded once, front to back, into a stage file
 (`stages.parquet_stage`) before its first handle is served, and every handle of the view (one
 inode per epoch, `serve.tree`) reads the stage.  The stage is built by the epoch change's
-preparation of the view (`epoch_prep`) when there is one, else by the first open, and goes with
+preparation of the view (`epoch_prep`) when there is one, or at the mount's start (the file the
+mount before read first, `last_order`), else by the first open, and goes with
 the view (its handles keep reading it); while a view is read, the stage a reader will want next
 is built (`EpochPrep.ahead`): the same file's in the next epoch, or of shards read one after the
 other, the next two shards' (`Passthrough.next_of`).  A view whose stage cannot be made (no room
@@ -31,6 +32,7 @@ from ..stages.parquet_stage import ParquetStage, StageFiles, kept_stage, write_s
 from ..stages.stage_keys import stage_key
 from ..stages.parquet_view import ParquetView
 from ..stages.kept_copies import CopyDisk
+from ..stages.read_orders import ORDERS_DIR, load_order, save_order
 from ..windows import heap
 from .early_opens import EarlyOpens
 from .nodes import VIEW, Node
@@ -45,12 +47,13 @@ PASSTHROUGH_MODES = ("auto", "off")
 class Passthrough:
     """The mount's passthrough state and its views' stages."""
 
-    def __init__(self, mode: str, lib: Any, disk: CopyDisk, stage_wait: float = STAGE_WAIT) -> None:
+    def __init__(self, mode: str, lib: Any, disk: CopyDisk, stage_wait: float = STAGE_WAIT, source: str = "") -> None:
         """``disk``: the room rule of the node-local disk stages go on (with the decoded copies:
-        copies kept for later mounts give way to stages too)."""
+        copies kept for later mounts give way to stages too).  ``source``: the mount's root, by
+        which the order of the files read is kept for the next mount (`stages.read_orders`)."""
         if mode not in PASSTHROUGH_MODES:
             raise ValueError(f"passthrough must be one of {', '.join(PASSTHROUGH_MODES)}: {mode!r}")
-        self.mode, self.disk = mode, disk
+        self.mode, self.disk, self.source = mode, disk, source
         self.lib = lib if lib is not None and hasattr(lib, "passthrough_state") else None
         self.stages_built = self.stages_scattered = self.stages_kept = 0
         self.opens = 0
@@ -63,6 +66,7 @@ class Passthrough:
         self._opened: dict[int, dict[tuple, None]] = {}
         """Files (relpath, part, parts) opened with a stage, in the order of their first opens, by
         epoch (the last few)."""
+        self._before: list[tuple] = []  # the order the mount before kept (`last_order`)
 
     def ask(self) -> None:
         """Before mounting: ask for passthrough at INIT if it may be used."""
@@ -172,10 +176,10 @@ class Passthrough:
         one order every epoch; with no epoch before, ``this`` in the next epoch if it is read
         alone.  None when that epoch did not open ``this``."""
         before = [e for e in self._opened if e < (epoch if known is None else known)]
-        if not before:
+        if not before and this not in self._before:
             alone = set(self._opened.get(epoch, {})) <= {this}
             return (this[0], this[1:], epoch + 1) if alone else None
-        order = list(self._opened[max(before)])
+        order = list(self._opened[max(before)]) if before else self._before
         if this not in order:
             return None
         i = order.index(this)
@@ -217,11 +221,22 @@ class Passthrough:
             self._registered.discard(fh)
             self.lib.unregister(fh)
 
+    def last_order(self, epoch: int) -> tuple | None:
+        """The first file (relpath, part, parts) the mount of this root before this one read with
+        a stage, or None; `next_of` follows that mount's order until this one has its own."""
+        if not self.on or not self.source:
+            return None
+        self._before = load_order(os.path.join(self.disk.root, ORDERS_DIR), self.source)
+        return self._before[0] if self._before else None
+
     def close(self) -> None:
-        """At unmount, once every view closed: the stage files kept for reuse."""
+        """At unmount, once every view closed: the stage files kept for reuse, and the order of
+        the files the last epoch read, for the next mount (`last_order`)."""
         for files in self._files.values():
             files.close()
         self._files.clear()
+        if self._opened and self.source:
+            save_order(os.path.join(self.disk.root, ORDERS_DIR), self.source, list(self._opened[max(self._opened)]))
 
     def describe(self) -> dict[str, Any]:
         files = sum(f.made - f.closed for f in self._files.values())
