@@ -16,8 +16,9 @@ writes them), mounted with default options:
   blocks of epochs back to back, each after dropping the page cache, against as many reads of
   the source (`cold_epochs`); and the first epoch of later mounts, which take the copy the
   mount before kept, warm and cold (the page cache dropped before the view's read and before
-  the source's it is paired with), at an epoch no mount staged and at the epoch after the one
-  the mount before read, whose stage that mount built and kept (`later_rounds`);
+  the source's it is paired with), at an epoch no mount staged (read at once, and after a job's
+  start-up) and at the epoch after the one the mount before read, whose stage that mount built
+  and kept (`parquet_later`);
 * the default view against the `none` view of the file, mounted side by side: rows/s, and the
   label mix ``shufflefs inspect`` reports (`parquet_none`);
 * time from an epoch change to the first row group (``ParquetFile(view).read_row_group(0)``);
@@ -47,6 +48,7 @@ import numpy as np
 
 from .docs import write_section
 from .parquet_data import TEXTS, ensure_data
+from .parquet_later import LATER_ROUNDS, later_rounds
 from .parquet_none import against_none
 from .parquet_peers import LABELS, hf_datasets, label_mix, litdata_parquet
 from .parquet_shards import EPOCHS as SHARD_EPOCHS, SHARDS, make_shards, shard_rounds
@@ -57,11 +59,6 @@ START, END = "<!-- parquet-bench:start -->", "<!-- parquet-bench:end -->"
 NAME = "sorted.parquet"
 BLOCK = 4
 """Epochs a paired round reads of each, back to back."""
-LATER_ROUNDS = 7
-"""First epochs of later mounts measured per cache state (`later_rounds`), and blocks of cold
-epochs after one in a mount (`cold_epochs`).  Single cold epochs scatter widely on the 2-core VM
-of these runs (0.29-1.00x of the source in alternated runs of one code): with 3 a row's median
-moved between 0.48x and 1.00x from one run to the next."""
 COLD_BLOCK = 3
 """Cold epochs read back to back per block (`cold_epochs`).  One cold epoch paired with one source
 read measured neither alone: the stage of the view's next epoch, built while it is read, went on
@@ -305,7 +302,7 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool, text: 
             later_cold = {}
         info = json.loads(os.getxattr(view, "user.shufflefs.info"))
         stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
-    later = later_rounds(cmd, mnt, view, src, data / "daemon.log", env, md.num_rows)
+    later, startups = later_rounds(cmd, mnt, view, src, data / "daemon.log", env, md.num_rows, iterate)
     table += [median_row(f"view, first epoch of a later mount, {what}", got, uniform) for what, got in later.items()]
     against = against_none(src_dir, NAME, data, cache, env, rounds, iterate)
     shard_dir = data / "shards"
@@ -355,7 +352,7 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool, text: 
             f"- {without_copy(src)}",
             budget_line(md.num_rows / statistics.median(src_rates),
                         statistics.median(file_cpu), statistics.median(cpu), front_cpu),
-            ]
+            *startups]
     ratio, first = statistics.median(ratios), max(firsts + firsts_cold)
     others = []  # the same target, for the other cache states
     for what, got in {**later_cold, **{f"first epoch of a later mount, {k}": v for k, v in later.items()},
@@ -412,64 +409,6 @@ def cold_epochs(pid: int, view: Path, src: Path, first: int, blocks: int, per_bl
                 usage, mix = s.usage, label_mix(labels)[0]
         got.append((rates["view"], rates["source"], usage, mix))
     return got
-
-
-RESUMED = "the epoch after the one the mount before read, whose stage that mount built and kept"
-NEW_EPOCH = "an epoch no mount staged"
-
-
-def later_rounds(cmd: list[str], mnt: Path, view: Path, src: Path, log: Path, env: dict, rows: int,
-                 rounds: int = LATER_ROUNDS) -> dict[str, list[tuple]]:
-    """First epochs of later mounts, each taking the copy the mount before kept at its unmount,
-    paired with a read of the source in the same cache state: warm, and cold (the page cache
-    dropped before each, where this process may drop it); each at `NEW_EPOCH` (every view's
-    stage written at its open), then in a chain of mounts each at `RESUMED` (a job run again
-    where the one before stopped: each mount stays until the next epoch's stage, built while
-    its epoch is read, is done, as a training epoch outlasts it).  Per (epoch, state), per
-    round: (view rows/s, source rows/s, daemon usage, label mix)."""
-    states = ["warm (the kept copy in the page cache)"]
-    if can_drop_caches():
-        states.append("cold (the page cache dropped before it and before the source read it is paired with: "
-                      "the kept copy read from disk)")
-    got: dict[str, list[tuple]] = {}
-    first = int(time.time()) % 10**6 * 1000  # epochs of no run before (stages stay kept from run to run)
-    chain = first + 500
-    for which in (NEW_EPOCH, RESUMED):
-        if which == RESUMED:  # the first of the chain, not measured
-            later_mount(cmd, mnt, view, log, env, chain, False, linger=True)
-        for i in range(rounds):
-            for j, state in enumerate(states):
-                cold = state.startswith("cold")
-                if cold:
-                    drop_caches()
-                n, t, _ = iterate(src)
-                base = n / t
-                chain += 1
-                epoch = chain if which == RESUMED else first + 10 * (i * len(states) + j)  # never the one after another's
-                n, t, usage, labels, kept = later_mount(cmd, mnt, view, log, env, epoch, cold, which == RESUMED)
-                assert n == rows and kept == (which == RESUMED), (which, epoch, kept)
-                got.setdefault(f"at {which}, {state}", []).append((n / t, base, usage, label_mix(labels)[0]))
-    return got
-
-
-def later_mount(cmd: list[str], mnt: Path, view: Path, log: Path, env: dict, epoch: int, cold: bool,
-                linger: bool) -> tuple[int, float, object, np.ndarray, bool]:
-    """A mount at ``epoch`` that reads it once (after dropping the page cache if ``cold``), which
-    took the copy the mount before kept; ``linger``: unmounted only once the stage built ahead
-    is done.  (rows, seconds, daemon usage, labels, whether the epoch's stage was found kept)."""
-    with FuseDaemon([*cmd, "--epoch", str(epoch)], mnt, log, env) as d:
-        if cold:
-            drop_caches()
-        with Sampler(d.pid) as s:
-            n, t, labels = iterate(view)
-        stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
-        deadline = time.monotonic() + 120
-        while linger and stats["passthrough"].get("building_ahead") and time.monotonic() < deadline:
-            time.sleep(0.2)
-            stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
-    copies = stats["parquet_copies"]["copies"]
-    assert all(c.get("made") == "by an earlier mount" for c in copies.values()), copies
-    return n, t, s.usage, labels, bool(stats["passthrough"].get("stages_kept"))
 
 
 def budget_line(src_epoch: float, reader_cpu: float, daemon_cpu: float, front_cpu: float) -> str:
