@@ -97,3 +97,24 @@ def test_a_damaged_or_stale_order_starts_nothing_and_the_mount_serves_as_ever(mo
     later.stop()
     assert later.returncode == 0, later.stderr()
     assert json.loads(path.read_text())["files"] == [["sorted.parquet", 0, 1]]  # this mount's own, whole
+
+
+def test_a_later_mount_builds_ahead_in_the_order_the_mount_before_read_its_files(mount, src: Path):
+    """Holds: SEMANTICS.md#views-parquet-mount-start"""
+    first = mount(None, *ARGS, src=src, name="first")
+    if not first.stats()["passthrough"]["on"]:
+        pytest.skip("no FUSE passthrough here: no stages")
+    for name in pf.TWO_FILES:  # types, then sorted: no epoch before, so nothing built ahead for sorted
+        first.path(name).read_bytes()
+    wait_for(lambda: not first.stats()["passthrough"].get("building_ahead"), "the build ahead to end")
+    first.stop()
+    later = mount(None, *ARGS, "--cache-dir", str(first.cache), "--epoch", "9", src=src, name="later")
+    served = mount(None, *ARGS, "--passthrough", "off", "--epoch", "9", src=src, name="served")
+    wait_for(lambda: built(later) >= 1, "the stage of the file read first, built at the mount's start")
+    a, b = pf.TWO_FILES
+    assert later.path(a).read_bytes() == served.path(a).read_bytes()
+    wait_for(lambda: later.stats()["passthrough"]["staged_ahead"] >= 1
+             and not later.stats()["passthrough"]["building_ahead"], "the next file's stage, built ahead")
+    assert later.path(b).read_bytes() == served.path(b).read_bytes()
+    assert made(later, a).startswith("when the mount started"), made(later, a)
+    assert made(later, b) == "while the file before was read", made(later, b)
