@@ -82,7 +82,7 @@ class EpochPrep:
         """The mount started: if the mount of this root before it read files with stages
         (`Passthrough.last_order`), start the stage of the first of them at this mount's epoch
         now, while the job starts, and let `ahead` follow that order from the first open on."""
-        first = self.cat.passthrough.last_order(self.cat.epochs.epoch)
+        first = self.cat.passthrough.last_order()
         if first is not None and self.cat.windows.nursery is not None:
             self.cat.windows.nursery.start_soon(functools.partial(
                 self._prepare, first[0], first[1:], made="when the mount started (read first by the mount before)"))

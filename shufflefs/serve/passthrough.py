@@ -221,7 +221,7 @@ class Passthrough:
             self._registered.discard(fh)
             self.lib.unregister(fh)
 
-    def last_order(self, epoch: int) -> tuple | None:
+    def last_order(self) -> tuple | None:
         """The first file (relpath, part, parts) the mount of this root before this one read with
         a stage, or None; `next_of` follows that mount's order until this one has its own."""
         if not self.on or not self.source:

@@ -4,10 +4,10 @@ of the same source root.
 A job run again mounts, then spends seconds starting (imports, a model, worker processes) before
 its first read; a stage written in that time is ready at the first open, where one written at
 the open holds the reader back by its whole build.  So at unmount the order of the last epoch
-is written beside the kept copies (``read-orders/<key of the root>.json``), and a later mount of that root starts the stage of the first file at its own epoch
-at once, and builds ahead in that order from the first open on (`EpochPrep.at_mount`).  A file
-that is damaged, of another version or names paths outside the root is ignored.  Blocking, no
-FUSE."""
+is written beside the kept copies (``read-orders/<key of the root>.json``), and a later mount
+of that root starts the stage of the first file at its own epoch at once, and builds ahead in
+that order from the first open on (`EpochPrep.at_mount`).  A file that is damaged, of another
+version or root, or names paths outside the root is ignored.  Blocking, no FUSE."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import json
 import logging
 import os
 import stat
-import tempfile
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
+
+from ..index.table import write_atomically
 
 log = logging.getLogger("shufflefs")
 
@@ -44,14 +45,8 @@ def save_order(directory: str, source: str, files: list[File]) -> bool:
                       ensure_ascii=False).encode("utf-8", "surrogateescape")
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".new-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(body)
-            os.replace(tmp, order_file(directory, source))
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        write_atomically(Path(order_file(directory, source)), lambda out: out.write(body), prefix=".new-",
+                         sync=False)  # lost in a crash: the next mount then starts no stage, no harm
     except OSError as e:
         log.debug("the order of the files read is not kept for the next mount: %s", e)
         return False

@@ -50,7 +50,7 @@ from .docs import write_section
 from .parquet_data import TEXTS, ensure_data
 from .parquet_later import LATER_ROUNDS, later_rounds
 from .parquet_none import against_none
-from .parquet_peers import LABELS, hf_datasets, label_mix, litdata_parquet
+from .parquet_peers import hf_datasets, label_mix, litdata_parquet
 from .parquet_shards import EPOCHS as SHARD_EPOCHS, SHARDS, make_shards, shard_rounds
 from .proc import FuseDaemon, Sampler, can_drop_caches, drop_caches
 
