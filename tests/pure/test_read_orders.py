@@ -14,7 +14,8 @@ import pytest
 
 from shufflefs.stages.read_orders import MAX_BYTES, MAX_FILES, load_order, order_file, save_order
 
-FILES = [("train-00001-of-00004.parquet", 0, 1), ("sub dir/ä b.parquet", 2, 4), ("x.parquet", 0, 1)]
+FILES = [("train-00001-of-00004.parquet", 0, 1), ("sub dir/ä b.parquet", 2, 4), ("x.parquet", 0, 1),
+         ("not utf-8 \udcff.parquet", 0, 1)]  # a name of bytes that are not UTF-8, as os.listdir gives it
 
 
 def test_an_order_reads_back_as_written_for_its_root_only(tmp_path: Path):
