@@ -13,6 +13,7 @@ nothing is reported apart."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -35,7 +36,8 @@ RESUMED = "the epoch after the one the mount before read, whose stage that mount
 NEW_EPOCH = "an epoch no mount staged"
 STARTED = "an epoch no mount staged, read after a job's start-up"
 STARTUP = [sys.executable, "-c", "import torch"]
-"""A job's start-up between the mount and its first read (skipped where torch is missing)."""
+"""A job's start-up between the mount and its first read (the case is left out where torch is
+not installed)."""
 
 BUILD = "the mount's build"
 Iterate = Callable[[Path], tuple[int, float, np.ndarray]]
@@ -64,7 +66,7 @@ def later_rounds(cmd: list[str], mnt: Path, view: Path, src: Path, log: Path, en
     beside: dict[str, list[float]] = {BUILD: [], "nothing": []}
     first = int(time.time()) % 10**6 * 1000  # epochs of no run before (stages stay kept from run to run)
     chain = first + 500
-    cases = [NEW_EPOCH, RESUMED] + ([STARTED] if startup() is not None else [])
+    cases = [NEW_EPOCH, RESUMED] + ([STARTED] if importlib.util.find_spec("torch") is not None else [])
     for which in cases:
         if which == RESUMED:  # the first of the chain, not measured
             later_mount(cmd, mnt, view, log, env, chain, False, True, iterate)
