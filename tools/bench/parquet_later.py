@@ -40,7 +40,9 @@ STARTUP = [sys.executable, "-c", "import torch"]
 not installed)."""
 
 BUILD = "the mount's build"
-Iterate = Callable[[Path], tuple[int, float, np.ndarray]]
+Iterate = Callable[..., tuple[int, float, np.ndarray]]
+"""``iter_batches`` over a path (`parquet_views.iterate`): rows, seconds, labels; the seconds to
+the first batch appended to a list passed second."""
 
 
 def startup() -> float | None:
@@ -51,18 +53,20 @@ def startup() -> float | None:
 
 
 def later_rounds(cmd: list[str], mnt: Path, view: Path, src: Path, log: Path, env: dict, rows: int,
-                 iterate: Iterate, rounds: int = LATER_ROUNDS) -> tuple[dict[str, list[tuple]], list[str]]:
+                 iterate: Iterate, rounds: int = LATER_ROUNDS
+                 ) -> tuple[dict[str, list[tuple]], dict[str, list[float]], list[str]]:
     """The first epochs of later mounts (module docstring), warm and cold (the page cache dropped
     before each, where this process may drop it: before the read, or before the mount and the
     start-up where there is one), the chain of `RESUMED` mounts each staying until the next
     epoch's stage, built while its epoch is read, is done, as a training epoch outlasts it.  Per
-    (case, state), per round: (view rows/s, source rows/s, daemon usage, label mix); and lines
-    on the start-ups."""
+    (case, state), per round: (view rows/s, source rows/s, daemon usage, label mix); per (case,
+    state), the seconds from each view's open to its first batch; and lines on the start-ups."""
     states = ["warm (the kept copy in the page cache)"]
     if can_drop_caches():
         states.append("cold (the page cache dropped before it and before the source read it is paired with: "
                       "the kept copy read from disk)")
     got: dict[str, list[tuple]] = {}
+    firsts: dict[str, list[float]] = {}
     beside: dict[str, list[float]] = {BUILD: [], "nothing": []}
     first = int(time.time()) % 10**6 * 1000  # epochs of no run before (stages stay kept from run to run)
     chain = first + 500
@@ -82,21 +86,23 @@ def later_rounds(cmd: list[str], mnt: Path, view: Path, src: Path, log: Path, en
                 chain += 1
                 epoch = chain if which == RESUMED else first + (0 if which == NEW_EPOCH else 5) + 10 * (
                     i * len(states) + j)  # never the one after another's
+                opened: list[float] = []
                 n, t, usage, labels, kept, took = later_mount(cmd, mnt, view, log, env, epoch, cold, which == RESUMED,
-                                                              iterate, which == STARTED)
+                                                              lambda p: iterate(p, opened), which == STARTED)
                 assert n == rows and kept == (which == RESUMED), (which, epoch, kept)
                 if took is not None:
                     beside[BUILD].append(took)
                 if which == STARTED:
                     state = state.replace("dropped before it", "dropped before the mount")
                 got.setdefault(f"at {which}, {state}", []).append((n / t, base, usage, label_mix(labels)[0]))
+                firsts.setdefault(f"at {which}, {state}", []).extend(opened)
     notes = []
     if beside["nothing"]:
         notes.append(f"- A job's start-up (`{STARTUP[-1]}` in a child process, between the mount and "
                      f"the first open): median {np.median(beside['nothing']):.2f} s alone, "
                      f"{np.median(beside[BUILD]):.2f} s beside the stage the mount "
                      "started; not in either read's time.")
-    return got, notes
+    return got, firsts, notes
 
 
 def later_mount(cmd: list[str], mnt: Path, view: Path, log: Path, env: dict, epoch: int, cold: bool,
