@@ -150,8 +150,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = _Parser,
     g.add_argument("--stage-wait", metavar="S",
                    help="seconds an open of a Parquet view waits for its stage (default 1): a stage "
                         "written by then is read by the kernel; else the daemon serves the open from "
-                        "the stage as it is written, footer first, so the first row group comes in a "
-                        "fraction of a second whatever the file's size (0: never wait)")
+                        "the stage as it is written, footer first, so the first row group comes a "
+                        "fraction of a second after that wait, whatever the file's size (0: never wait)")
     g.add_argument("--stage-dir", metavar="DIR",
                    help="pls: keep this rank's partition of every file on local disk under DIR: "
                         "copied from SRC when a file's first view opens, then each next epoch's "
