@@ -363,13 +363,13 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, peers: bool, text: 
             f"| `iter_batches` over the view >= 0.7x the source's rows/s | {ratio:.2f}x | "
             f"{_verdict(ratio >= 0.7)} |", *cold_rows,
             f"| epoch change -> first row group < 2 s (1 GiB), the slowest | {first:.2f} s | "
-            f"{'met' if first < 2 else 'not met'} |",
+            f"{_verdict(first < 2)} |",
             f"| daemon's own memory within 16 B/row + 3 windows + 100 MiB, warm | {max(own) / 2**20:.0f} of "
-            f"{bound / 2**20:.0f} MiB | {'met' if max(own) <= bound else 'not met'} |",
+            f"{bound / 2**20:.0f} MiB | {_verdict(max(own) <= bound)} |",
             f"| the same while the copy is filled (first epoch) | {first_own / 2**20:.0f} of {bound / 2**20:.0f} MiB | "
             f"{'met' if first_own <= bound else 'not met: the decoding of a column chunk on top'} |",
             f"| label mix per 100 rows within 2x of uniform | {warm_mix:.3f} against {uniform:.3f} | "
-            f"{'met' if warm_mix <= 2 * uniform else 'not met'} |"]
+            f"{_verdict(warm_mix <= 2 * uniform)} |"]
     out += ["", "The same two bars on first epochs of later mounts (an epoch change: from the open to the first batch, "
             "with the view's build at the open, if any) and on shards:", "",
             "| case | x source | >= 0.7x | open -> first batch, median (max) | < 2 s |", "|---|---|---|---|---|"]
