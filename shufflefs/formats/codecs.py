@@ -11,7 +11,7 @@ stream can be decoded on its own.
   JSON lines (`tools/bench.py --only compressed`): see docs/benchmark.md.
 * zstd: every frame is a restart point (a file of several frames, or of the seekable format,
   whose seek table is a skippable frame this walk passes over).  Frames are found by walking
-  their headers and block headers (RFC 8878), decoded with zstandard.  A file of one frame has
+  their headers and block headers (RFC 8878), decoded with zstandard (`zstd_decode`).  A file of one frame has
   none but its start: it is decoded once into a node-local copy instead (`sources.decoded`).
 
 Both libraries are optional (the ``compressed`` extra): `missing` names what a codec lacks, and
@@ -29,13 +29,15 @@ import threading
 import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 import numpy as np
 
 from ..errors import FormatError, ShuffleError
 from ..index.decoded import Restarts
 from .gzip_edges import check_magic, padding_note, stream_end
+from .range_file import RangeFile, Read
+from .zstd_decode import Fill, FrameHeads, ZstdDecoder
 from .zstd_walk import zstd_frames
 
 GZIP, ZSTD = "gzip", "zstd"
@@ -49,13 +51,6 @@ DECODE_STEP = 4 << 20
 """Decoded bytes handed on at a time while a whole file is decoded (the memory a scan holds)."""
 READ_SIZE = 1 << 20
 """Compressed bytes a zstd stream reader asks for at a time (a call back into Python each)."""
-STREAM_READ = 64 << 10
-"""Compressed bytes a zstd stream reader of a frame's first bytes asks for at a time: such a
-read needs a few KiB decoded (the end of a record that runs into the next frame)."""
-WHOLE_FRAME = 0.5
-"""A read that needs a zstd frame up to this fraction of it or further decodes the whole frame
-(one-shot, kept for the next read of it); a shorter one decodes only what it needs, as a stream."""
-Read = Callable[[int, int], bytes]
 
 
 def missing(codec: str) -> str | None:
@@ -66,39 +61,6 @@ def missing(codec: str) -> str | None:
     except ImportError:
         return name
     return None
-
-
-class RangeFile(io.RawIOBase):
-    """A read-only seekable file of ``size`` bytes read through ``read(start, end)`` (a source's
-    `read_range`, which checks the source's version on every read; a mapped file's slices)."""
-
-    def __init__(self, read: Read, size: int, progress: Callable[[int], None] | None = None) -> None:
-        self._read, self.size, self.pos, self.progress = read, size, 0, progress
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, out: object) -> int:
-        out = memoryview(out).cast("B")
-        end = min(self.size, self.pos + len(out))
-        if end <= self.pos:
-            return 0
-        got = self._read(self.pos, end)
-        out[: len(got)] = got
-        self.pos += len(got)
-        if self.progress is not None:
-            self.progress(self.pos)
-        return len(got)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        self.pos = offset if whence == 0 else self.pos + offset if whence == 1 else self.size + offset
-        return self.pos
-
-    def tell(self) -> int:
-        return self.pos
 
 
 # --------------------------------------------------------------------------- whole decodes
@@ -284,129 +246,6 @@ class GzipDecoder:
             os.close(fd)  # rapidgzip leaves a descriptor it was given open
 
 
-class Fill(Protocol):
-    """A copy being filled with the frames views decode (`stages.frame_fill.FrameFill`)."""
-
-    def offer(self, i: int, data: memoryview) -> None: ...
-
-    def read(self, i: int, at: int, out: memoryview) -> bool: ...
-
-
-def decode_frame(dctx: object, packed: bytes, out: memoryview, i: int) -> None:
-    """Decode zstd frame ``i`` (its compressed bytes ``packed``) into ``out``, exactly its decoded
-    size, to the frame's end (its checksum verified)."""
-    done, size = 0, len(out)
-    with dctx.stream_reader(packed, read_size=len(packed), read_across_frames=False) as reader:  # type: ignore[attr-defined]
-        while done < size:
-            n = reader.readinto(out[done:])
-            if not n:
-                raise EOFError(f"frame {i} decodes to {done} bytes, not {size}")
-            done += n
-        if reader.read(1):
-            raise EOFError(f"frame {i} decodes to more than {size} bytes")
-
-
-class ZstdDecoder:
-    """Reads decoded bytes of a zstd file.  A read that needs most of a frame (`WHOLE_FRAME` of
-    it or more) decodes the whole frame in one call (zstd's one-shot decode, straight into its
-    buffer) and keeps it, so that the next read of that frame (a window's neighbouring runs, the
-    next step's) copies from it; a read of a frame's first bytes only (the end of a block's last
-    record, which runs into the next frame) decodes it as a stream from the frame's start up to
-    where the read ends, no further, and the next read goes on from there when it starts at or
-    after that point in the same frame."""
-
-    def __init__(self, read: Read, restarts: Restarts, fd: int = -1) -> None:
-        """``fd``: a descriptor of the file the decoder owns (read by preads)."""
-        import zstandard
-
-        self._read, self.r, self._fd = read, restarts, fd
-        self._dctx = zstandard.ZstdDecompressor()
-        self._stream: tuple[int, int, object] | None = None  # (frame, decoded position, reader)
-        self._frame: tuple[int, memoryview] | None = None  # (frame, its decoded bytes in _buf)
-        self._buf = bytearray(0)
-        self.fill: Fill | None = None  # the file's copy being filled (`stages.frame_fill`), if any
-
-    def _packed(self, i: int, s: int, e: int) -> bytes:
-        """Compressed bytes ``[s, e)`` of frame ``i`` (offsets within the frame)."""
-        a = int(self.r.packed[i])
-        if self._fd >= 0:  # preads: a duplicate descriptor shares its offset with the others
-            got = os.pread(self._fd, e - s, a + s)
-            if len(got) != e - s:
-                raise EOFError(f"frame {i} is cut short at compressed byte {a + s + len(got)}")
-            return got
-        return bytes(self._read(a + s, a + e))
-
-    def _whole(self, i: int, size: int) -> memoryview:
-        """Frame ``i`` decoded whole (``size`` bytes, as the index says) into the decoder's buffer,
-        its checksum verified: a stream over its bytes into one buffer, kept (a new 1 MiB of bytes
-        per frame, mapped and faulted in anew, made zstd's one-shot decode 1.6x as costly)."""
-        got = self._frame
-        if got is not None and got[0] == i:
-            return got[1]
-        self._frame = None
-        packed = self._packed(i, 0, int(self.r.packed_end[i]) - int(self.r.packed[i]))
-        if len(self._buf) < size:
-            self._buf = bytearray(size)
-        data = memoryview(self._buf)[:size]
-        decode_frame(self._dctx, packed, data, i)
-        self._frame = (i, data)
-        if self.fill is not None:
-            self.fill.offer(i, data)
-        return data
-
-    def _streamed(self, i: int, at: int, out: memoryview) -> None:
-        """``out`` from decoded byte ``at`` of frame ``i``, decoding it as a stream (continued
-        from the last read where it ended at or before ``at``)."""
-        got = self._stream
-        if got is None or got[0] != i or got[1] > at:
-            raw = RangeFile(lambda s, e: self._packed(i, s, e), int(self.r.packed_end[i]) - int(self.r.packed[i]))
-            reader = self._dctx.stream_reader(raw, read_size=STREAM_READ, read_across_frames=False, closefd=False)
-            got = (i, 0, reader)
-        _, pos, reader = got
-        while pos < at:
-            skipped = len(reader.read(min(DECODE_STEP, at - pos)))
-            if not skipped:
-                raise EOFError(f"frame {i} ended at decoded byte {pos}")
-            pos += skipped
-        done = 0
-        while done < len(out):
-            n = reader.readinto(out[done:])
-            if not n:
-                raise EOFError(f"frame {i} ended at decoded byte {pos + done}")
-            done += n
-        self._stream = (i, pos + done, reader)
-
-    def read_into(self, start: int, out: memoryview) -> None:
-        pos, plain = 0, self.r.plain
-        while pos < len(out):
-            at = start + pos
-            i = int(np.searchsorted(plain, at, side="right")) - 1
-            if i >= len(plain) - 1:
-                raise EOFError(f"the decoded stream ended at {at}")
-            f0, f1 = int(plain[i]), int(plain[i + 1])
-            n = min(len(out) - pos, f1 - at)
-            got, fill = self._frame, self.fill
-            if (got is None or got[0] != i) and fill is not None and fill.read(i, at - f0, out[pos: pos + n]):
-                pass  # decoded before, by this view or another: read back from the copy being filled
-            elif (got is not None and got[0] == i) or fill is not None or at + n - f0 >= WHOLE_FRAME * (f1 - f0):
-                # (a copy being filled: every frame decoded once, whole, and its next reads read the copy)
-                out[pos: pos + n] = self._whole(i, f1 - f0)[at - f0: at - f0 + n]
-            else:
-                self._streamed(i, at - f0, out[pos: pos + n])
-            pos += n
-
-    def read_runs(self, runs: list[tuple[int, memoryview]]) -> None:
-        for start, out in runs:
-            self.read_into(start, out)
-
-    def close(self) -> None:
-        self._stream = self._frame = None
-        self._buf = bytearray(0)
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            os.close(fd)
-
-
 class DecodedReader:
     """``read(start, end)`` of a compressed file's decoded bytes, given ``raw(start, end)`` of its
     compressed bytes (``raw_size`` of them) and its restart points; the decoder is made on first
@@ -422,6 +261,7 @@ class DecodedReader:
         self.padded = self.raw_size != raw_size  # ...so neither is the file by rapidgzip's own preads
         self.fd = fd
         self.fill: Fill | None = None  # a zstd file's copy being filled, set by the source that takes the reader
+        self.heads: FrameHeads | None = None  # a zstd file version's kept frame starts, likewise
         self.decoder: GzipDecoder | ZstdDecoder | None = None
         self._busy = threading.Lock()  # held while decoding: `_recent` closes idle decoders only
 
@@ -432,11 +272,30 @@ class DecodedReader:
     def into_runs(self, runs: list[tuple[int, memoryview]]) -> None:
         """Fill each ``out`` with the decoded bytes from its ``start`` (ascending: a window's runs),
         in one call to the decoder (a gzip decoder's thread is handed them at once)."""
+        starts = [start for start, _ in runs]
         with self._busy:
-            self._into(runs)
+            self._into(starts, [start + len(out) for start, out in runs],
+                       lambda d: d.read_runs(runs))
         _recent(self)
 
-    def _into(self, runs: list[tuple[int, memoryview]]) -> None:
+    def into_packed(self, buf: memoryview, starts: list[int], ends: list[int]) -> None:
+        """Fill ``buf`` with the decoded bytes ``[starts[k], ends[k])`` back to back (ascending,
+        disjoint: a window's runs); a zstd decoder fills them last first, decoding frames straight
+        into ``buf`` (`zstd_decode.ZstdDecoder.read_packed`)."""
+        def read(d: GzipDecoder | ZstdDecoder) -> None:
+            if isinstance(d, ZstdDecoder):
+                d.read_packed(buf, starts, ends)
+                return
+            runs, pos = [], 0
+            for s, e in zip(starts, ends):
+                runs.append((s, buf[pos: pos + e - s]))
+                pos += e - s
+            d.read_runs(runs)
+        with self._busy:
+            self._into(starts, ends, read)
+        _recent(self)
+
+    def _into(self, starts: list[int], ends: list[int], read: Callable[[GzipDecoder | ZstdDecoder], None]) -> None:
         try:
             if self.decoder is None:
                 own = os.dup(self.fd) if self.fd >= 0 and not self.padded else -1
@@ -446,15 +305,15 @@ class DecodedReader:
                 else:
                     self.decoder = ZstdDecoder(raw, self.restarts, own)
             if isinstance(self.decoder, ZstdDecoder):
-                self.decoder.fill = self.fill
-            self.decoder.read_runs(runs)
+                self.decoder.fill, self.decoder.heads = self.fill, self.heads
+            read(self.decoder)
         except Exception as e:  # noqa: BLE001 -- the libraries' errors: ValueError, RuntimeError, ZstdError...
             self.close()  # a decoder that failed is not trusted with the next read
             if self.verify is not None:
                 self.verify()  # the file changed under the decoder: that is the error
             if isinstance(e, (ShuffleError, OSError)):
                 raise
-            start, end = (runs[0][0], runs[-1][0] + len(runs[-1][1])) if runs else (0, 0)
+            start, end = (starts[0], ends[-1]) if starts else (0, 0)
             raise FormatError(self.path, None, f"corrupt {self.restarts.codec} stream reading decoded bytes "
                               f"{start}-{end}: {e}") from None
 

@@ -1,10 +1,11 @@
 """A compressed file's decoded bytes as a `Source`: what views of ``.jsonl.gz``, ``.csv.zst``, ...
 read their records from, in the offsets of the file's `index.decoded.DecodedIndex`.
 
-Runs are decoded from the file's restart points (`formats.codecs.DecodedReader`), one run after
-another in ascending order, so the runs of a window that lie in one restart interval decode it
-once; the source has no descriptors (`place` is None), so windows are built from `read_runs`.
-Its decoders (`DECODERS` of them at most) outlive it: the next source of the same file version
+Runs are decoded from the file's restart points (`formats.codecs.DecodedReader`) in one call per
+window, so the runs of a window that lie in one restart interval decode it once (a zstd file's
+straight into the window's buffer, `formats.zstd_decode`); the source has no descriptors
+(`place` is None), so windows are built from `read_runs`.  Its decoders (`DECODERS` of them at
+most) and the zstd frame starts they keep outlive it: the next source of the same file version
 (the next epoch's view) takes them up (`KEPT_FILES`).  A
 file without restart points worth using is read from a decoded ``copy`` on node-local disk
 instead (a `SourceFile` of it, made by `stages.decoded`): then the compiled gather reads the copy
@@ -22,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..formats.codecs import DecodedReader, Fill
+from ..formats.codecs import DecodedReader, Fill, FrameHeads
 from ..index.decoded import Restarts
 from ..index.table import RecordIndex
 from .base import Members, Reader, Runs, Source, open_checks_of
@@ -34,7 +35,8 @@ its header, the next epoch's view): window loads in flight beyond that take turn
 decoder holds the file's restart points (about 10 MB per GiB decoded once imported) and
 rapidgzip's cache of decoded chunks (about 21 MB, kept by its allocator once taken): measured
 on 1.06 GiB, a second one took the daemon's own memory past its bound, while both cores are
-busy serving and reading anyway.  A zstd decoder holds one decoded frame."""
+busy serving and reading anyway.  A zstd decoder holds one decoded frame; the file version's
+decoders share the frame starts they keep (`formats.zstd_decode.FrameHeads`, `HEADS_MOST` at most)."""
 KEPT_FILES = 4
 """File versions whose idle decoders are kept once their last source closed, most recently
 used kept: the next source of the file (the next epoch's view) takes them up instead of
@@ -47,6 +49,7 @@ class Decoders:
 
     def __init__(self, most: int) -> None:
         self.most, self.made = most, 0
+        self.heads = FrameHeads()  # a zstd file's frame starts, kept for the version's life here
         self.free: list[DecodedReader] = []
         self.cond = threading.Condition()
 
@@ -216,13 +219,9 @@ class DecodedSource:
             return self.copy.read_runs(starts, ends, out)
         total = int((np.asarray(ends) - np.asarray(starts)).sum())
         buf = out[:total] if out is not None and len(out) >= total else np.empty(total, np.uint8)
-        view, pos, runs = memoryview(buf), 0, []
-        for s, e in zip(np.asarray(starts).tolist(), np.asarray(ends).tolist()):
-            runs.append((s, view[pos: pos + e - s]))
-            pos += e - s
         reader = self._take()
         try:
-            reader.into_runs(runs)
+            reader.into_packed(memoryview(buf), np.asarray(starts).tolist(), np.asarray(ends).tolist())
         finally:
             self._give(reader)
         self.raw.verify_open()  # decoded from the version the index describes, still in place
@@ -235,6 +234,7 @@ class DecodedSource:
         reader = self._decoders.take(self._reader, lambda: self._closed)
         reader.raw, reader.verify, reader.fd = self.raw.read_range, self.raw.verify_open, self._fd
         reader.fill = self._fill() if self._fill is not None else None
+        reader.heads = self._decoders.heads
         return reader
 
     def _give(self, reader: DecodedReader) -> None:

@@ -29,7 +29,8 @@ from typing import Any, BinaryIO, Callable, Sequence
 import numpy as np
 
 from ..errors import FormatError, ShuffleError, StaleSourceError
-from ..formats.codecs import GZIP, decode_all, decode_frame
+from ..formats.codecs import GZIP, decode_all
+from ..formats.zstd_decode import decode_frame
 from ..formats.compressed import StepWriter, inflate
 from ..scratch import pwrite_all
 

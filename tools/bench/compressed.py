@@ -362,7 +362,8 @@ def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = 
             f"({stats.get('decoded', {}).get('bytes', 0) / 2**30:.2f} GiB under {stats.get('decoded', {}).get('dir')}).",
             "", f"Rows that decode from restart points (no copy yet, `needed`) hold the file's decoders besides: gzip "
             f"one, its restart points (about 10 MB per GiB decoded) and rapidgzip's chunk cache (about 21 MB); zstd "
-            f"two decoded frames (`sources.decoded.DECODERS`). For this gzip file that is a bound of "
+            f"two decoded frames (`sources.decoded.DECODERS`) and up to 4 MiB of frame starts (`formats.zstd_decode."
+            f"HEADS_MOST`). For this gzip file that is a bound of "
             f"{(bound + 3 * window + 10e6 * size / 2**30 + 21e6) / 2**20:.0f} MiB. A gzip file's copy made in the "
             f"background is decoded by a child process (`stages.copy_process`), whose memory is its own; a zstd "
             f"file's is written from the frames its views decode (`stages.frame_fill`)."]
