@@ -36,7 +36,7 @@ import numpy as np
 from ..errors import FormatError, ShuffleError
 from ..index.decoded import Restarts
 from .gzip_edges import check_magic, padding_note, stream_end
-from .range_file import RangeFile, Read
+from .range_file import RangeFile, Read, read_full
 from .zstd_decode import Fill, FrameHeads, ZstdDecoder
 from .zstd_walk import zstd_frames
 
@@ -223,12 +223,7 @@ class GzipDecoder:
     @staticmethod
     def _read_into(f: object, start: int, out: memoryview) -> None:
         f.seek(start)
-        pos = 0
-        while pos < len(out):
-            n = f.readinto(out[pos:])
-            if not n:
-                raise EOFError(f"the decoded stream ended at {start + pos}")
-            pos += n
+        read_full(f, out, lambda done: f"the decoded stream ended at {start + done}")
 
     def close(self) -> None:
         f, self._f = getattr(self, "_f", None), None

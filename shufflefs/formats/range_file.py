@@ -8,6 +8,17 @@ from typing import Callable
 Read = Callable[[int, int], bytes]
 
 
+def read_full(reader: object, out: memoryview, ended: Callable[[int], str]) -> None:
+    """``out`` filled by ``reader.readinto`` (a decoder's stream, which gives what it has at a
+    time); EOFError saying ``ended(bytes read)`` if the stream ends first."""
+    done = 0
+    while done < len(out):
+        n = reader.readinto(out[done:])  # type: ignore[attr-defined]
+        if not n:
+            raise EOFError(ended(done))
+        done += n
+
+
 class RangeFile(io.RawIOBase):
     """A read-only seekable file of ``size`` bytes read through ``read(start, end)`` (a source's
     `read_range`, which checks the source's version on every read; a mapped file's slices)."""

@@ -28,7 +28,7 @@ from typing import Protocol
 import numpy as np
 
 from ..index.decoded import Restarts
-from .range_file import RangeFile, Read
+from .range_file import RangeFile, Read, read_full
 
 STREAM_READ = 64 << 10
 """Compressed bytes a zstd stream reader of a frame's first bytes asks for at a time: such a
@@ -86,15 +86,10 @@ class FrameHeads:
 def decode_frame(dctx: object, packed: bytes, out: memoryview, i: int) -> None:
     """Decode zstd frame ``i`` (its compressed bytes ``packed``) into ``out``, exactly its decoded
     size, to the frame's end (its checksum verified)."""
-    done, size = 0, len(out)
     with dctx.stream_reader(packed, read_size=len(packed), read_across_frames=False) as reader:  # type: ignore[attr-defined]
-        while done < size:
-            n = reader.readinto(out[done:])
-            if not n:
-                raise EOFError(f"frame {i} decodes to {done} bytes, not {size}")
-            done += n
+        read_full(reader, out, lambda done: f"frame {i} decodes to {done} bytes, not {len(out)}")
         if reader.read(1):
-            raise EOFError(f"frame {i} decodes to more than {size} bytes")
+            raise EOFError(f"frame {i} decodes to more than {len(out)} bytes")
 
 
 class ZstdDecoder:
@@ -164,13 +159,8 @@ class ZstdDecoder:
             if not skipped:
                 raise EOFError(f"frame {i} ended at decoded byte {pos}")
             pos += skipped
-        done = 0
-        while done < len(out):
-            n = reader.readinto(out[done:])
-            if not n:
-                raise EOFError(f"frame {i} ended at decoded byte {pos + done}")
-            done += n
-        self._stream = (i, pos + done, reader)
+        read_full(reader, out, lambda done: f"frame {i} ended at decoded byte {pos + done}")
+        self._stream = (i, pos + len(out), reader)
 
     def _piece(self, i: int, a: int, b: int, buf: memoryview, p: int, free: bool = False) -> None:
         """``buf[p: p + b - a]``: decoded bytes ``[a, b)`` of frame ``i``.  ``free``: the bytes of
