@@ -30,8 +30,8 @@ import numpy as np
 
 from ..errors import FormatError, ShuffleError, StaleSourceError
 from ..formats.codecs import GZIP, decode_all
-from ..formats.zstd_decode import decode_frame
 from ..formats.compressed import StepWriter, inflate
+from ..formats.zstd_decode import decode_frame
 from ..scratch import pwrite_all
 
 EXIT_NO_ROOM, EXIT_DAMAGED, EXIT_CHANGED = 2, 3, 4
