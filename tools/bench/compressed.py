@@ -241,6 +241,25 @@ def cold_rounds(cmd: list[str], mnt: Path, name: str, source: Path, records: int
     return got
 
 
+def later_rounds(cmd: list[str], mnt: Path, name: str, source: Path, records: int, env: dict, log: Path,
+                 drop_kept: Path | None = None, rounds: int = COLD_ROUNDS) -> tuple[list[tuple], bool]:
+    """Rounds of: a loop over the source, then the first epoch of a later mount (warm), as
+    `paired_rounds`; each mount takes the copy the one before kept, or, with ``drop_kept`` (the
+    cache directory), finds none: its kept copies are removed before each mount and after the
+    last, as on a node that never read the file.  And whether every mount took a kept copy."""
+    got, taken = [], True
+    for _ in range(rounds):
+        if drop_kept is not None:
+            shutil.rmtree(drop_kept / "kept-copies", ignore_errors=True)
+        with FuseDaemon(cmd, mnt, log, env) as d:
+            got += paired_rounds(d.pid, mnt, name, source, records, range(1))[0]
+            made = json.loads(os.getxattr(mnt, "user.shufflefs.stats")).get("decoded_copies", {})
+        taken &= any(c.get("made", "").startswith("by an earlier mount") for c in made.values())
+    if drop_kept is not None:
+        shutil.rmtree(drop_kept / "kept-copies", ignore_errors=True)
+    return got, taken
+
+
 def round_rows(name: str, groups: tuple) -> list[str]:
     """Table rows of groups of rounds: the median round's rate and ratio (the range of the ratios),
     its daemon CPU, the peak memory of all of them."""
@@ -326,20 +345,15 @@ def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = 
                                        f"it and before the source loop it is paired with; the kept copy read from "
                                        f"disk; median of {COLD_ROUNDS})",
                                        cold_rounds(cmd, mnt, name, source, records, env, data / "daemon.log")),))
-        if name != "corpus.jsonl":  # a later mount: the index cached, so no scan writes the copy
-            with FuseDaemon(cmd, mnt, data / "daemon.log", env) as d:  # it takes the copy the last one kept
-                kept = paired_rounds(d.pid, mnt, name, source, records, range(1))[0]
-                made = json.loads(os.getxattr(mnt, "user.shufflefs.stats")).get("decoded_copies", {})
-            taken = any(c.get("made", "").startswith("by an earlier mount") for c in made.values())
-            shutil.rmtree(cache / "kept-copies", ignore_errors=True)  # as on a node that never read the file
-            with FuseDaemon(cmd, mnt, data / "daemon.log", env) as d:
-                later = paired_rounds(d.pid, mnt, name, source, records, range(1))[0]
-            shutil.rmtree(cache / "kept-copies", ignore_errors=True)
+        if name != "corpus.jsonl":  # later mounts: the index cached, so no scan writes the copy
+            kept, taken = later_rounds(cmd, mnt, name, source, records, env, data / "daemon.log")
+            later, _ = later_rounds(cmd, mnt, name, source, records, env, data / "daemon.log", cache)
             how = "made in the background meanwhile" if background else "made at its first open"
             rows += round_rows(name, ((f"view, first epoch of a later mount (index cached; "
-                                       f"{'the copy the first mount kept' if taken else 'NO KEPT COPY FOUND'})", kept),
+                                       f"{'the copy the mount before kept' if taken else 'NO KEPT COPY FOUND'}; "
+                                       f"median of {COLD_ROUNDS})", kept),
                                       (f"view, first epoch of a later mount, no kept copy (index cached: the copy "
-                                       f"{how})", later)))
+                                       f"{how}; median of {COLD_ROUNDS})", later)))
         if background:  # the same warm epochs decoded from restart points, as without a copy
             with FuseDaemon(cmd + ["--decoded-copies", "needed"], mnt, data / "daemon.log", env) as d:
                 again = paired_rounds(d.pid, mnt, name, source, records, range(1, 1 + WARM_ROUNDS))[0]
