@@ -262,35 +262,17 @@ class DecodedReader:
 
     def into(self, start: int, out: memoryview) -> None:
         """Fill ``out`` with decoded bytes from ``start`` (one thread at a time)."""
-        self.into_runs([(start, out)])
-
-    def into_runs(self, runs: list[tuple[int, memoryview]]) -> None:
-        """Fill each ``out`` with the decoded bytes from its ``start`` (ascending: a window's runs),
-        in one call to the decoder (a gzip decoder's thread is handed them at once)."""
-        starts = [start for start, _ in runs]
-        with self._busy:
-            self._into(starts, [start + len(out) for start, out in runs],
-                       lambda d: d.read_runs(runs))
-        _recent(self)
+        self.into_packed(out, [start], [start + len(out)])
 
     def into_packed(self, buf: memoryview, starts: list[int], ends: list[int]) -> None:
         """Fill ``buf`` with the decoded bytes ``[starts[k], ends[k])`` back to back (ascending,
         disjoint: a window's runs); a zstd decoder fills them last first, decoding frames straight
         into ``buf`` (`zstd_decode.ZstdDecoder.read_packed`)."""
-        def read(d: GzipDecoder | ZstdDecoder) -> None:
-            if isinstance(d, ZstdDecoder):
-                d.read_packed(buf, starts, ends)
-                return
-            runs, pos = [], 0
-            for s, e in zip(starts, ends):
-                runs.append((s, buf[pos: pos + e - s]))
-                pos += e - s
-            d.read_runs(runs)
         with self._busy:
-            self._into(starts, ends, read)
+            self._into(buf, starts, ends)
         _recent(self)
 
-    def _into(self, starts: list[int], ends: list[int], read: Callable[[GzipDecoder | ZstdDecoder], None]) -> None:
+    def _into(self, buf: memoryview, starts: list[int], ends: list[int]) -> None:
         try:
             if self.decoder is None:
                 own = os.dup(self.fd) if self.fd >= 0 and not self.padded else -1
@@ -301,7 +283,13 @@ class DecodedReader:
                     self.decoder = ZstdDecoder(raw, self.restarts, own)
             if isinstance(self.decoder, ZstdDecoder):
                 self.decoder.fill, self.decoder.heads = self.fill, self.heads
-            read(self.decoder)
+                self.decoder.read_packed(buf, starts, ends)
+            else:
+                runs, pos = [], 0
+                for s, e in zip(starts, ends):
+                    runs.append((s, buf[pos: pos + e - s]))
+                    pos += e - s
+                self.decoder.read_runs(runs)
         except Exception as e:  # noqa: BLE001 -- the libraries' errors: ValueError, RuntimeError, ZstdError...
             self.close()  # a decoder that failed is not trusted with the next read
             if self.verify is not None:

@@ -162,9 +162,9 @@ class ZstdDecoder:
         read_full(reader, out, lambda done: f"frame {i} ended at decoded byte {pos + done}")
         self._stream = (i, pos + len(out), reader)
 
-    def _piece(self, i: int, a: int, b: int, buf: memoryview, p: int, free: bool = False) -> None:
-        """``buf[p: p + b - a]``: decoded bytes ``[a, b)`` of frame ``i``.  ``free``: the bytes of
-        ``buf`` before ``p`` may be written over (`read_packed`)."""
+    def _piece(self, i: int, a: int, b: int, buf: memoryview, p: int) -> None:
+        """``buf[p: p + b - a]``: decoded bytes ``[a, b)`` of frame ``i``; the bytes of ``buf``
+        before ``p`` may be written over (`read_packed` fills them after)."""
         f0, f1 = int(self.r.plain[i]), int(self.r.plain[i + 1])
         out = buf[p: p + b - a]
         got, fill, heads = self._frame, self.fill, self.heads
@@ -178,7 +178,7 @@ class ZstdDecoder:
         if fill is None and b - f0 < WHOLE_FRAME * (f1 - f0):
             self._streamed(i, a - f0, out)
             return
-        if free and b == f1 and p >= a - f0:
+        if b == f1 and p >= a - f0:
             whole = buf[p - (a - f0): p + (b - a)]  # the frame's start lands before ``out``
             self._decode(i, whole)
         else:
@@ -199,23 +199,8 @@ class ZstdDecoder:
                 if i >= len(plain) - 1:
                     raise EOFError(f"the decoded stream ended at {int(plain[-1])}")
                 a = max(s, int(plain[i]))
-                self._piece(i, a, at, buf, pos[k] + a - s, True)
+                self._piece(i, a, at, buf, pos[k] + a - s)
                 at = a
-
-    def read_into(self, start: int, out: memoryview) -> None:
-        pos, plain = 0, self.r.plain
-        while pos < len(out):
-            at = start + pos
-            i = int(np.searchsorted(plain, at, side="right")) - 1
-            if i >= len(plain) - 1:
-                raise EOFError(f"the decoded stream ended at {at}")
-            n = min(len(out) - pos, int(plain[i + 1]) - at)
-            self._piece(i, at, at + n, out, pos)
-            pos += n
-
-    def read_runs(self, runs: list[tuple[int, memoryview]]) -> None:
-        for start, out in runs:
-            self.read_into(start, out)
 
     def close(self) -> None:
         self._stream = self._frame = None
