@@ -205,11 +205,21 @@ def run(args: argparse.Namespace, mount: Path, rank: int, world: int) -> None:
                 total = torch.stack(per_rank).sum(0)
                 say(f"epoch {epoch}: loss {total[0].item() / max(total[1].item(), 1):.4f} over "
                     f"{int(total[1].item())} records; batches per rank {[int(t[2].item()) for t in per_rank]}")
-        # every rank done before any closes its connections: gloo aborts a rank (SIGABRT,
-        # "terminate called without an active exception") whose peer tore down first
         dist.barrier()
+        all_returned(world)
     finally:
         dist.destroy_process_group()
+
+
+def all_returned(world: int) -> None:
+    """Wait, through the rendezvous store rather than gloo, until every rank has returned from its
+    last collective. A rank that leaves gloo's barrier first can close its connections while a peer
+    still reads the barrier's last message; the peer's barrier then fails and tearing down its
+    process group aborts it (SIGABRT, "terminate called without an active exception")."""
+    store = dist.distributed_c10d._get_default_store()
+    if store.add("ddp_train/returned", 1) == world:
+        store.set("ddp_train/all-returned", b"1")
+    store.wait(["ddp_train/all-returned"])
 
 
 def say(line: str) -> None:
