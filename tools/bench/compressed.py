@@ -104,11 +104,12 @@ def corpus(data: Path, gib: float) -> Path:
 # --------------------------------------------------------------------------- loops
 
 
-def line_loop(path: Path, limit: int | None = None) -> tuple[int, float, list[bytes]]:
-    """Records read by the usual loop, its seconds, and the first 100,000 lines (for the mix)."""
+def line_loop(path: Path, limit: int | None = None) -> tuple[int, float, list[bytes], float]:
+    """Records read by the usual loop, its seconds, the first 100,000 lines (for the mix), and
+    the CPU seconds of the loop's process (the reader's share of the machine)."""
     import zstandard
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     n, first = 0, []
     if path.name.endswith(".jsonl"):
         f = open(path, "rb")
@@ -123,7 +124,7 @@ def line_loop(path: Path, limit: int | None = None) -> tuple[int, float, list[by
             n += 1
             if limit is not None and n >= limit:
                 break
-    return n, time.perf_counter() - t0, first
+    return n, time.perf_counter() - t0, first, time.process_time() - c0
 
 
 def label_mix(lines: list[bytes]) -> tuple[float, float]:
@@ -209,17 +210,18 @@ def libraries(path: Path, size: int) -> list[str]:
 def paired_rounds(pid: int, mnt: Path, name: str, source: Path, records: int, epochs: range
                   ) -> tuple[list[tuple], tuple[float, float]]:
     """Each epoch's view loop right after a loop over the source: (epoch, view rate, its paired
-    source loop's rate, daemon usage, mix, uniform) per epoch, and the source's own mix."""
+    source loop's rate, daemon usage, mix, uniform, the reader's CPU seconds, the loop's seconds)
+    per epoch, and the source's own mix."""
     rounds, source_mix = [], (0.0, 0.0)
     for epoch in epochs:
-        n, t, first = line_loop(source)
+        n, t, first, _ = line_loop(source)
         base = n / t
         source_mix = label_mix(first)
         os.setxattr(mnt / name, "user.shufflefs.epoch", str(epoch).encode())
         with Sampler(pid) as s:
-            n, t, got = line_loop(mnt / name)
+            n, t, got, cpu = line_loop(mnt / name)
         assert n == records, (name, n, records)
-        rounds.append((epoch, n / t, base, s.usage, *label_mix(got)))
+        rounds.append((epoch, n / t, base, s.usage, *label_mix(got), cpu, t))
     return rounds, source_mix
 
 
@@ -230,14 +232,14 @@ def cold_rounds(cmd: list[str], mnt: Path, name: str, source: Path, records: int
     got = []
     for _ in range(rounds):
         drop_caches()
-        n, t, _ = line_loop(source)
+        n, t, _, _ = line_loop(source)
         base = n / t
         with FuseDaemon(cmd, mnt, log, env) as d:
             drop_caches()
             with Sampler(d.pid) as s:
-                n, t, lines = line_loop(mnt / name)
+                n, t, lines, cpu = line_loop(mnt / name)
         assert n == records, (name, n, records)
-        got.append((0, n / t, base, s.usage, *label_mix(lines)))
+        got.append((0, n / t, base, s.usage, *label_mix(lines), cpu, t))
     return got
 
 
@@ -262,15 +264,17 @@ def later_rounds(cmd: list[str], mnt: Path, name: str, source: Path, records: in
 
 def round_rows(name: str, groups: tuple) -> list[str]:
     """Table rows of groups of rounds: the median round's rate and ratio (the range of the ratios),
-    its daemon CPU, the peak memory of all of them."""
+    its daemon's and reader's CPU and the CPUs they kept busy on average, the peak memory of all
+    of them."""
     rows = []
     for what, got in groups:
         ratios = [r[1] / r[2] for r in got]
         k = int(np.argsort(ratios)[len(ratios) // 2])  # the median round
-        _, rate, _, u, mix, uniform = got[k]
+        _, rate, _, u, mix, uniform, cpu, seconds = got[k]
         spread = f" ({min(ratios):.2f}-{max(ratios):.2f})" if len(got) > 1 else ""
         rows.append(f"| {name} | {what} | {rate:,.0f} | {ratios[k]:.2f}{spread} | {mix:.3f} ({uniform:.3f}) | "
-                    f"{u.cpu_s:.1f} | {max(r[3].peak_own for r in got) / 2**20:.0f} / "
+                    f"{u.cpu_s:.1f} | {cpu:.1f} | {(u.cpu_s + cpu) / seconds:.2f} | "
+                    f"{max(r[3].peak_own for r in got) / 2**20:.0f} / "
                     f"{max(r[3].peak_rss for r in got) / 2**20:.0f} |")
     return rows
 
@@ -308,8 +312,8 @@ def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = 
     if not (plain_src / "corpus.jsonl").exists():
         os.link(plain, plain_src / "corpus.jsonl")
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    rows = ["| file | read | records/s | x source | label mix /100 (uniform) | daemon CPU s | daemon own / RSS MiB |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| file | read | records/s | x source | label mix /100 (uniform) | daemon CPU s | reader CPU s | "
+            "CPUs busy | daemon own / RSS MiB |", "|---|---|---|---|---|---|---|---|---|"]
     firsts, builds = [], []
     bound = 16 * records + 100 * 2**20
     stats: dict = {}
@@ -336,7 +340,7 @@ def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = 
                 stats = json.loads(os.getxattr(mnt, "user.shufflefs.stats"))
         bases = [r[2] for r in rounds]
         rows.append(f"| {name} | source loop | {np.median(bases):,.0f} ({min(bases):,.0f}-{max(bases):,.0f}) | 1.00 | "
-                    f"{source_mix[0]:.3f} ({source_mix[1]:.3f}) | - | - |")
+                    f"{source_mix[0]:.3f} ({source_mix[1]:.3f}) | - | - | - | - |")
         warm = f"view, warm (median of {WARM_ROUNDS}" + (f"; the copy made {wait:.0f} s after the first epoch)"
                                                         if wait is not None and wait >= 0.5 else ")")
         rows += round_rows(name, (("view, first epoch", rounds[:1]), (warm, rounds[1:])))
@@ -363,7 +367,9 @@ def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = 
             "of its own per file; the first row is the plain corpus read by Python's line loop, for reference). "
             "Every view loop runs right after a loop over the source, and its ratio is to that loop; the source "
             "row gives the median (range) of those loops, the warm row the median round (the range of its "
-            "ratios), its daemon CPU, and the peak memory of all of them:",
+            "ratios), the CPU seconds of its daemon and of its reader (the loop's own process) and the CPUs "
+            f"the two kept busy on average over the loop (of the machine's {os.cpu_count()}), and the peak memory "
+            "of all of them:",
             ""]
     out += rows + [""]
     out += ["| file | index at first lookup s | view bytes (x decoded) | block | read from | epoch change -> first "
