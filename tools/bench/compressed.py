@@ -15,11 +15,13 @@ as zstd frames of 1 MiB (pzstd, the seekable format) and as one zstd frame (the 
   after it), the first epoch of a later mount (the index cached; the copy the mount before kept
   at its unmount, read warm and cold: the page cache dropped before each loop, the source's
   included; and without a kept copy: made in the background, or before the first byte for one
-  zstd frame), and the same warm epochs through a
-  mount with ``--decoded-copies needed`` (decoded from restart points);
-  the label mix per 100 records of what each loop got;
+  zstd frame, with the machine's free page reporting as it is and held back, rounds alternated,
+  since those rows write the copy into new pages: `page_reporting`), and the same warm epochs
+  through a mount with ``--decoded-copies needed`` (decoded from restart points); the label mix
+  per 100 records of what each loop got;
 * time from an epoch change to the first record (a new open, ``readline``);
-* the daemon's memory (own: anonymous + shared pages; RSS) against the bound.
+* the daemon's memory (own: anonymous + shared pages; RSS) against the bound;
+* the CPU to write 1 GiB into new page-cache pages, right after memory was freed and after it sat free.
 
 Prints a markdown section; ``--update-docs`` puts it in docs/benchmark.md between its markers.
 """
@@ -33,6 +35,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -41,6 +44,8 @@ from pathlib import Path
 import numpy as np
 
 from .docs import write_section
+from .page_reporting import KNOBS, freed_and_idle, setting
+from .page_reporting import settings as reporting_settings
 from .proc import FuseDaemon, Sampler, can_drop_caches, drop_caches
 
 REPO = Path(__file__).resolve().parents[2]
@@ -207,39 +212,39 @@ def libraries(path: Path, size: int) -> list[str]:
 # --------------------------------------------------------------------------- the run
 
 
+def view_round(pid: int, view: Path, records: int, base: float, epoch: int) -> tuple:
+    """One loop over ``view`` (its daemon ``pid`` sampled), after a source loop of rate ``base``:
+    (epoch, view rate, base, daemon usage, mix, uniform, the reader's CPU seconds, the loop's
+    seconds)."""
+    with Sampler(pid) as s:
+        n, t, got, cpu = line_loop(view)
+    assert n == records, (view, n, records)
+    return (epoch, n / t, base, s.usage, *label_mix(got), cpu, t)
+
+
 def paired_rounds(pid: int, mnt: Path, name: str, source: Path, records: int, epochs: range
                   ) -> tuple[list[tuple], tuple[float, float]]:
-    """Each epoch's view loop right after a loop over the source: (epoch, view rate, its paired
-    source loop's rate, daemon usage, mix, uniform, the reader's CPU seconds, the loop's seconds)
-    per epoch, and the source's own mix."""
+    """Each epoch's `view_round` right after a loop over the source, and the source's own mix."""
     rounds, source_mix = [], (0.0, 0.0)
     for epoch in epochs:
         n, t, first, _ = line_loop(source)
-        base = n / t
         source_mix = label_mix(first)
         os.setxattr(mnt / name, "user.shufflefs.epoch", str(epoch).encode())
-        with Sampler(pid) as s:
-            n, t, got, cpu = line_loop(mnt / name)
-        assert n == records, (name, n, records)
-        rounds.append((epoch, n / t, base, s.usage, *label_mix(got), cpu, t))
+        rounds.append(view_round(pid, mnt / name, records, n / t, epoch))
     return rounds, source_mix
 
 
 def cold_rounds(cmd: list[str], mnt: Path, name: str, source: Path, records: int, env: dict, log: Path,
                 rounds: int = COLD_ROUNDS) -> list[tuple]:
     """Rounds of: the page cache dropped, a loop over the source; a later mount (which takes the
-    copy the mount before kept), the page cache dropped, its first epoch's loop; as `paired_rounds`."""
+    copy the mount before kept), the page cache dropped, its first epoch's `view_round`."""
     got = []
     for _ in range(rounds):
         drop_caches()
         n, t, _, _ = line_loop(source)
-        base = n / t
         with FuseDaemon(cmd, mnt, log, env) as d:
             drop_caches()
-            with Sampler(d.pid) as s:
-                n, t, lines, cpu = line_loop(mnt / name)
-        assert n == records, (name, n, records)
-        got.append((0, n / t, base, s.usage, *label_mix(lines), cpu, t))
+            got.append(view_round(d.pid, mnt / name, records, n / t, 0))
     return got
 
 
@@ -317,6 +322,7 @@ def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = 
     firsts, builds = [], []
     bound = 16 * records + 100 * 2**20
     stats: dict = {}
+    knob_path, reporting = reporting_settings()
     for name in files or ("corpus.jsonl", GZ, FRAMES, ONE):  # a daemon of its own for each: memory apart
         where = plain_src if name == "corpus.jsonl" else src
         cmd = [sys.executable, "-m", "shufflefs", "mount", "-f", str(where), str(mnt), "--cache-dir", str(cache)]
@@ -351,13 +357,19 @@ def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = 
                                        cold_rounds(cmd, mnt, name, source, records, env, data / "daemon.log")),))
         if name != "corpus.jsonl":  # later mounts: the index cached, so no scan writes the copy
             kept, taken = later_rounds(cmd, mnt, name, source, records, env, data / "daemon.log")
-            later, _ = later_rounds(cmd, mnt, name, source, records, env, data / "daemon.log", cache)
             how = "made in the background meanwhile" if background else "made at its first open"
             rows += round_rows(name, ((f"view, first epoch of a later mount (index cached; "
                                        f"{'the copy the mount before kept' if taken else 'NO KEPT COPY FOUND'}; "
-                                       f"median of {COLD_ROUNDS})", kept),
-                                      (f"view, first epoch of a later mount, no kept copy (index cached: the copy "
-                                       f"{how}; median of {COLD_ROUNDS})", later)))
+                                       f"median of {COLD_ROUNDS})", kept),))
+            later: dict[str, list[tuple]] = {what: [] for what, _ in reporting}
+            for r in range(COLD_ROUNDS):  # the settings alternated round by round
+                for what, value in reporting[:: 1 if r % 2 == 0 else -1]:
+                    with setting(knob_path, value):
+                        later[what] += later_rounds(cmd, mnt, name, source, records, env, data / "daemon.log",
+                                                    cache, rounds=1)[0]
+            rows += round_rows(name, tuple((f"view, first epoch of a later mount, no kept copy (index cached: the "
+                                            f"copy {how}; free page reporting {what}; median of {COLD_ROUNDS})", got)
+                                           for what, got in later.items()))
         if background:  # the same warm epochs decoded from restart points, as without a copy
             with FuseDaemon(cmd + ["--decoded-copies", "needed"], mnt, data / "daemon.log", env) as d:
                 again = paired_rounds(d.pid, mnt, name, source, records, range(1, 1 + WARM_ROUNDS))[0]
@@ -387,6 +399,15 @@ def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = 
             f"{(bound + 3 * window + 10e6 * size / 2**30 + 21e6) / 2**20:.0f} MiB. A gzip file's copy made in the "
             f"background is decoded by a child process (`stages.copy_process`), whose memory is its own; a zstd "
             f"file's is written from the frames its views decode (`stages.frame_fill`)."]
+    freed, idled = freed_and_idle(data)
+    out += ["", "The rows without a kept copy write the copy (1.06 GiB) into new page-cache pages while the view is "
+            "read. On a virtual machine that reports its free memory to its host (free page reporting: "
+            + (f"{KNOBS}, `{knob_path.name}` {knob_path.read_text().strip()} as the machine has it" if knob_path
+               else "no setting this process may write here") + "), memory left free a few seconds is taken back "
+            "and faulted in anew on its next write. CPU seconds to write 1 GiB into a new file by 1 MiB `pwrite`s "
+            "(`page_reporting.freed_and_idle`, 3 rounds): "
+            f"right after 1 GiB was freed {', '.join(f'{c:.2f}' for c in freed)}; after the freed memory sat 8 s "
+            f"{', '.join(f'{c:.2f}' for c in idled)}."]
     return "\n".join(out)
 
 
@@ -405,6 +426,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.update_docs and args.files:
         ap.error("--update-docs measures every view: leave out --files")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # free page reporting is restored on the way out
     text = run(args.data, args.gib, args.skip_libraries, args.files)
     print(text)
     if args.update_docs:

@@ -3,18 +3,18 @@
 
     python tools/bench.py --only parquet-cold --data DIR [--rows 2000000] [--rounds 6] [--update-docs]
 
-A virtual machine that reports its free memory to the host (virtio-balloon free page reporting,
-``/sys/module/page_reporting``) gives back the pages that dropping the page cache frees, within
-seconds; each such page costs a fault in the host and its zeroing when the guest uses it again.
-A cold epoch of a Parquet view needs about twice the new pages of the source's read (its stage
-read back from disk, the next epoch's stage written), so how long it takes depends on whether the
-host took those pages back meanwhile.
+A virtual machine that reports its free memory to the host gives back the pages that dropping
+the page cache frees, within seconds (`page_reporting`).  A cold epoch of a Parquet view needs
+about twice the new pages of the source's read (its stage read back from disk, the next epoch's
+stage written), so how long it takes depends on whether the host took those pages back
+meanwhile.
 
 This section reads what `parquet` reads in its cold row (blocks of epochs after one in a mount,
 the page cache dropped before each, against as many reads of the source) in alternated rounds,
 with reporting as the machine has it and held back: a freed page is not reported until it has
-been free for a minute (``min_free_ms``, the longest the kernel takes, where it has it).  Before that, the cost of 1 GiB of new page-cache
-pages written 6 s after dropping the caches, under each setting.  The setting is restored in a
+been free for a minute (``min_free_ms``, the longest the kernel takes, where it has it).  Before
+that, the cost of 1 GiB of new page-cache pages written 6 s after dropping the caches, under
+each setting.  The setting is restored in a
 ``finally`` (and on SIGTERM).  Needs root; without the knob, only the first setting is run.
 
 Prints a markdown section; ``--update-docs`` puts it in docs/benchmark.md between its markers.
@@ -23,61 +23,23 @@ Prints a markdown section; ``--update-docs`` puts it in docs/benchmark.md betwee
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import statistics
 import sys
-import time
 from pathlib import Path
-from typing import Iterator
 
 from .docs import write_section
 from .parquet_data import ensure_data
 from .parquet_views import NAME, REPO, cold_epochs, file_options, iterate, stamp_of
-from .proc import FuseDaemon, can_drop_caches, drop_caches
+from .page_reporting import KNOBS, new_pages, setting
+from .page_reporting import settings as reporting_settings
+from .proc import FuseDaemon, can_drop_caches
 
 START, END = "<!-- parquet-cold:start -->", "<!-- parquet-cold:end -->"
-KNOBS = Path("/sys/module/page_reporting/parameters")
 EPOCHS = 3
 """Cold epochs read per round and setting, back to back (one block of `parquet_views.cold_epochs`)."""
 TARGET = 0.7
-
-
-def knob() -> tuple[Path, str] | None:
-    """The setting that holds free page reporting back, and the value that does, if this kernel
-    has one this process may write."""
-    path = KNOBS / "min_free_ms"  # (`page_reporting_order` only moves the smallest block reported)
-    return (path, "60000") if path.exists() and os.access(path, os.W_OK) else None
-
-
-@contextlib.contextmanager
-def setting(path: Path | None, value: str | None) -> Iterator[None]:
-    """``path`` set to ``value`` (None: left as it is) for the block, then restored."""
-    if path is None or value is None:
-        yield
-        return
-    old = path.read_text().strip()
-    path.write_text(value)
-    try:
-        yield
-    finally:
-        path.write_text(old)
-
-
-def new_pages(directory: Path, pause: float = 6.0) -> float:
-    """Seconds to write 1 GiB into a new file ``pause`` s after dropping the page cache."""
-    block = os.urandom(4 << 20)
-    fd = os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
-    try:
-        drop_caches()
-        time.sleep(pause)
-        t0 = time.perf_counter()
-        for offset in range(0, 1 << 30, len(block)):
-            os.pwrite(fd, block, offset)
-        return time.perf_counter() - t0
-    finally:
-        os.close(fd)
 
 
 def run(data: Path, rows: int, rounds: int, group_rows: int, text: str = "letters") -> str:
@@ -87,11 +49,7 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, text: str = "letter
     src_dir.mkdir(parents=True, exist_ok=True)
     src = src_dir / NAME
     ensure_data(src, rows, group_rows, text)
-    found = knob()
-    settings = [("as the machine has it", None)]
-    if found is not None:
-        settings.append((f"held back (`{found[0].name}` = {found[1]})", found[1]))
-    path = found[0] if found is not None else None
+    path, settings = reporting_settings()
     before = path.read_text().strip() if path is not None else None
     costs = {what: [] for what, _ in settings}
     for _ in range(2):
@@ -119,7 +77,7 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, text: str = "letter
         assert path.read_text().strip() == before, "the setting was not restored"
     out = [f"Source: {src.stat().st_size / 2**30:.2f} GiB, {rows:,} rows sorted by label, text of {text}. Machine: {os.cpu_count()} "
            f"CPUs, kernel {os.uname().release}. Free page reporting: "
-           + (f"{KNOBS} (`{found[0].name}` {before} as the machine has it)." if found is not None
+           + (f"{KNOBS} (`{path.name}` {before} as the machine has it)." if path is not None
               else "no setting this process may write: one setting run."), "",
            "| free page reporting | 1 GiB of new page-cache pages, 6 s after dropping the cache | blocks of cold "
            "epochs, view / source: median (range) | blocks under 0.7x |", "|---|---|---|---|"]
