@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
@@ -21,6 +22,10 @@ from .proc import drop_caches
 KNOBS = Path("/sys/module/page_reporting/parameters")
 HELD_BACK = "60000"
 """``min_free_ms`` that holds reporting back: a minute, the longest the kernel takes."""
+LEFT = Path(tempfile.gettempdir()) / "shufflefs-bench-page-reporting"
+"""The knob's value before a run changed it, kept until the run put it back: a run killed where
+no ``finally`` runs (SIGKILL) leaves it, and the next run restores the knob from it first
+(`restore_left`).  In the temporary directory, which a reboot empties as it resets the knob."""
 
 
 def knob() -> tuple[Path, str] | None:
@@ -36,12 +41,22 @@ def setting(path: Path | None, value: str | None) -> Iterator[None]:
     if path is None or value is None:
         yield
         return
+    restore_left(path)
     old = path.read_text().strip()
+    LEFT.write_text(old)
     path.write_text(value)
     try:
         yield
     finally:
         path.write_text(old)
+        LEFT.unlink(missing_ok=True)
+
+
+def restore_left(path: Path | None) -> None:
+    """Put back the value a killed run left in `LEFT`, if any."""
+    if path is not None and LEFT.exists():
+        path.write_text(LEFT.read_text().strip())
+        LEFT.unlink()
 
 
 def settings() -> tuple[Path | None, list[tuple[str, str | None]]]:
@@ -50,6 +65,7 @@ def settings() -> tuple[Path | None, list[tuple[str, str | None]]]:
     found = knob()
     if found is None:
         return None, [("as the machine has it", None)]
+    restore_left(found[0])  # "as the machine has it" is its own value, not a killed run's
     return found[0], [("as the machine has it", None), (f"held back (`{found[0].name}` = {found[1]})", found[1])]
 
 

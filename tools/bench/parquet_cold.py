@@ -14,8 +14,9 @@ the page cache dropped before each, against as many reads of the source) in alte
 with reporting as the machine has it and held back: a freed page is not reported until it has
 been free for a minute (``min_free_ms``, the longest the kernel takes, where it has it).  Before
 that, the cost of 1 GiB of new page-cache pages written 6 s after dropping the caches, under
-each setting.  The setting is restored in a
-``finally`` (and on SIGTERM).  Needs root; without the knob, only the first setting is run.
+each setting.  The setting is restored in a ``finally`` (and on SIGTERM; after a SIGKILL, by
+the next run: `page_reporting.LEFT`).  Needs root; without the knob, only the first setting is
+run.
 
 Prints a markdown section; ``--update-docs`` puts it in docs/benchmark.md between its markers.
 """
