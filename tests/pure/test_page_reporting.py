@@ -47,7 +47,7 @@ def test_the_knob_is_used_only_where_the_kernel_has_it(tmp_path: Path, monkeypat
 
 def test_the_page_cache_write_leaves_nothing_behind(tmp_path: Path) -> None:
     before = sorted(tmp_path.iterdir())
-    cpu = page_reporting.write_cpu(tmp_path, bytes(2 << 20), nbytes=8 << 20)
+    seconds, cpu = page_reporting.write_new(tmp_path, bytes(2 << 20), nbytes=8 << 20, preallocate=True)
     assert cpu >= 0.0
     assert sorted(tmp_path.iterdir()) == before  # an unnamed file, gone at its close
 
@@ -69,3 +69,9 @@ def test_a_value_a_killed_run_left_is_put_back_by_the_next(tmp_path: Path, left_
     with page_reporting.setting(knob, "60000"):  # a run that changes it first restores it too
         assert left_in.read_text() == "0"
     assert knob.read_text().strip() == "0"
+
+
+def test_the_settings_take_turns_round_by_round() -> None:
+    both = [("as the machine has it", None), ("held back", "60000")]
+    assert page_reporting.in_turn(both, 0) == both
+    assert page_reporting.in_turn(both, 1) == both[::-1]

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from .docs import write_section
-from .page_reporting import KNOBS, freed_and_idle, setting
+from .page_reporting import KNOBS, freed_and_idle, in_turn, setting
 from .page_reporting import settings as reporting_settings
 from .proc import FuseDaemon, Sampler, can_drop_caches, drop_caches
 
@@ -363,7 +363,7 @@ def run(data: Path, gib: float, skip_libraries: bool, files: list[str] | None = 
                                        f"median of {COLD_ROUNDS})", kept),))
             later: dict[str, list[tuple]] = {what: [] for what, _ in reporting}
             for r in range(COLD_ROUNDS):  # the settings alternated round by round
-                for what, value in reporting[:: 1 if r % 2 == 0 else -1]:
+                for what, value in in_turn(reporting, r):
                     with setting(knob_path, value):
                         later[what] += later_rounds(cmd, mnt, name, source, records, env, data / "daemon.log",
                                                     cache, rounds=1)[0]

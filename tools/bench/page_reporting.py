@@ -72,33 +72,34 @@ def settings() -> tuple[Path | None, list[tuple[str, str | None]]]:
 def new_pages(directory: Path, pause: float = 6.0) -> float:
     """Seconds to write 1 GiB into a new file ``pause`` s after dropping the page cache."""
     block = os.urandom(4 << 20)
+    drop_caches()
+    time.sleep(pause)
+    return write_new(directory, block, chunk=len(block))[0]
+
+
+def write_new(directory: Path, source: bytes, nbytes: int = 1 << 30, chunk: int = 1 << 20,
+              preallocate: bool = False) -> tuple[float, float]:
+    """Seconds and CPU seconds to write ``nbytes`` into a new unnamed file in ``directory`` (its
+    blocks allocated first if ``preallocate``) by ``pwrite``s of ``chunk`` bytes of ``source``,
+    cycled (so that the bytes are not all in the CPU's caches); the file goes at its close."""
     fd = os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
     try:
-        drop_caches()
-        time.sleep(pause)
-        t0 = time.perf_counter()
-        for offset in range(0, 1 << 30, len(block)):
-            os.pwrite(fd, block, offset)
-        return time.perf_counter() - t0
+        if preallocate:
+            os.posix_fallocate(fd, 0, nbytes)
+        view, chunks = memoryview(source), len(source) // chunk
+        t0, c0 = time.perf_counter(), time.process_time()
+        for k, at in enumerate(range(0, nbytes, chunk)):
+            j = k % chunks
+            os.pwrite(fd, view[j * chunk: (j + 1) * chunk], at)
+        return time.perf_counter() - t0, time.process_time() - c0
     finally:
         os.close(fd)
 
 
-def write_cpu(directory: Path, source: bytes, nbytes: int = 1 << 30) -> float:
-    """CPU seconds to write ``nbytes`` into a new preallocated file in ``directory`` by 1 MiB
-    ``pwrite``s of ``source`` (cycled, so the bytes are not all in the CPU's caches)."""
-    fd = os.open(directory, os.O_TMPFILE | os.O_RDWR, 0o600)
-    try:
-        os.posix_fallocate(fd, 0, nbytes)
-        view, chunk = memoryview(source), 1 << 20
-        chunks = len(source) // chunk
-        c0 = time.process_time()
-        for k, at in enumerate(range(0, nbytes, chunk)):
-            j = k % chunks
-            os.pwrite(fd, view[j * chunk: (j + 1) * chunk], at)
-        return time.process_time() - c0
-    finally:
-        os.close(fd)  # its pages freed at once
+def in_turn(settings: list[tuple[str, str | None]], r: int) -> list[tuple[str, str | None]]:
+    """The settings in round ``r``'s order: forward in even rounds, backward in odd ones, so that
+    neither always runs right after the other."""
+    return settings[:: 1 if r % 2 == 0 else -1]
 
 
 def freed_and_idle(directory: Path, rounds: int = 3, idle: float = 8.0) -> tuple[list[float], list[float]]:
@@ -109,6 +110,6 @@ def freed_and_idle(directory: Path, rounds: int = 3, idle: float = 8.0) -> tuple
     freed, idled = [], []
     for _ in range(rounds):
         time.sleep(idle)
-        idled.append(write_cpu(directory, source))
-        freed.append(write_cpu(directory, source))
+        idled.append(write_new(directory, source, preallocate=True)[1])
+        freed.append(write_new(directory, source, preallocate=True)[1])  # the pages the write before freed
     return freed, idled

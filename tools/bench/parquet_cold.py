@@ -33,7 +33,7 @@ from pathlib import Path
 from .docs import write_section
 from .parquet_data import ensure_data
 from .parquet_views import NAME, REPO, cold_epochs, file_options, iterate, stamp_of
-from .page_reporting import KNOBS, new_pages, setting
+from .page_reporting import KNOBS, in_turn, new_pages, setting
 from .page_reporting import settings as reporting_settings
 from .proc import FuseDaemon, can_drop_caches
 
@@ -69,7 +69,7 @@ def run(data: Path, rows: int, rounds: int, group_rows: int, text: str = "letter
             iterate(view)
         epoch = 2
         for r in range(rounds):
-            for what, value in settings[:: 1 if r % 2 == 0 else -1]:
+            for what, value in in_turn(settings, r):
                 with setting(path, value):
                     for v, s, *_ in cold_epochs(d.pid, view, src, epoch, 1, EPOCHS):
                         got[what].append(v / s)
